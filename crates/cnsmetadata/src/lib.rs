@@ -1,1 +1,32 @@
-//! placeholder
+#![doc = include_str!("../README.md")]
+
+mod backend;
+mod backoff;
+mod config;
+mod crd;
+mod plan;
+mod reconciler;
+mod resource;
+mod run;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+mod validate;
+
+pub use backend::{
+    BackendError, BoxError, ClusterFlavor, ClusterType, ContainerCluster, EntityMetadata,
+    VolumeMetadataBackend, VolumeMetadataUpdate,
+};
+pub use backoff::PerObjectBackoff;
+pub use config::{Config, ConfigError, ENV_CLUSTER_FLAVOR, ENV_WORKER_THREADS, VSPHERE_CSI_DRIVER};
+pub use crd::{crd, crd_yaml};
+pub use plan::{plan_update, referred_entities};
+pub use reconciler::{
+    Context, FINALIZER, REASON_UPDATE_FAILED, REASON_UPDATE_SUCCEEDED, REPORTING_CONTROLLER,
+    ReconcileError, error_policy, reconcile,
+};
+pub use resource::{
+    API_VERSION, CRD_NAME, CnsVolumeMetadata, CnsVolumeMetadataSpec, CnsVolumeMetadataStatus,
+    EntityReference, EntityType, GROUP, KIND, PLURAL, VERSION, VolumeStatus,
+};
+pub use run::{Error, run};
+pub use validate::{InvalidSpec, Violation, validate};

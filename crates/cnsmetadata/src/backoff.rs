@@ -1,0 +1,160 @@
+//! Failure backoff per object, keyed by namespace and name.
+
+use std::{
+    collections::HashMap,
+    sync::{Mutex, MutexGuard},
+    time::Duration,
+};
+
+use kube_runtime::reflector::ObjectRef;
+
+use crate::resource::CnsVolumeMetadata;
+
+/// Retry delay per `CnsVolumeMetadata` object (Go: the package-level `backOffDuration` map).
+///
+/// The first failure of an object waits [`initial`](Self::initial), each further failure
+/// twice as long as the one before, up to [`max`](Self::max); a success
+/// ([`reset`](Self::reset)) starts over. kube's `error_policy` never sees successes, so the
+/// reconciler resets the delay itself.
+///
+/// Unlike Go, the key is namespace **and** name (objects of the same name in two
+/// namespaces do not share a delay) and the delay is capped.
+#[derive(Debug)]
+pub struct PerObjectBackoff {
+    initial: Duration,
+    max: Duration,
+    delays: Mutex<HashMap<ObjectRef<CnsVolumeMetadata>, Duration>>,
+}
+
+impl PerObjectBackoff {
+    /// Default first delay: 1 s.
+    pub const DEFAULT_INITIAL: Duration = Duration::from_secs(1);
+    /// Default cap: 5 min.
+    pub const DEFAULT_MAX: Duration = Duration::from_secs(5 * 60);
+
+    /// A backoff starting at `initial`, doubling, capped at `max` (raised to `initial` if smaller).
+    #[must_use]
+    pub fn new(initial: Duration, max: Duration) -> Self {
+        Self {
+            initial,
+            max: max.max(initial),
+            delays: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The first delay.
+    #[must_use]
+    pub fn initial(&self) -> Duration {
+        self.initial
+    }
+
+    /// The cap.
+    #[must_use]
+    pub fn max(&self) -> Duration {
+        self.max
+    }
+
+    fn delays(&self) -> MutexGuard<'_, HashMap<ObjectRef<CnsVolumeMetadata>, Duration>> {
+        // The map holds plain durations; a panic elsewhere cannot leave it inconsistent.
+        self.delays
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records a failure of `key` and returns how long to wait before retrying it.
+    pub fn next_delay(&self, key: &ObjectRef<CnsVolumeMetadata>) -> Duration {
+        let mut delays = self.delays();
+        let delay = delays.get(key).copied().unwrap_or(self.initial);
+        let next = delay.saturating_mul(2).min(self.max);
+        delays.insert(key.clone(), next);
+        delay
+    }
+
+    /// The delay the next failure of `key` would get, without recording anything.
+    #[must_use]
+    pub fn peek(&self, key: &ObjectRef<CnsVolumeMetadata>) -> Duration {
+        self.delays().get(key).copied().unwrap_or(self.initial)
+    }
+
+    /// Forgets the failures of `key` (after a success, or once the object is gone).
+    pub fn reset(&self, key: &ObjectRef<CnsVolumeMetadata>) {
+        self.delays().remove(key);
+    }
+
+    /// Number of objects with a recorded failure.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.delays().len()
+    }
+
+    /// Whether no object has a recorded failure.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.delays().is_empty()
+    }
+}
+
+impl Default for PerObjectBackoff {
+    /// 1 s doubling to 5 min, as the issue asks (Go starts at 1 s, doubles, never caps).
+    fn default() -> Self {
+        Self::new(Self::DEFAULT_INITIAL, Self::DEFAULT_MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(namespace: &str, name: &str) -> ObjectRef<CnsVolumeMetadata> {
+        ObjectRef::new(name).within(namespace)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delay_doubles_from_one_second_and_caps_at_five_minutes() {
+        let backoff = PerObjectBackoff::default();
+        let object = key("tenant", "gc-1-a");
+        let delays: Vec<u64> = (0..12)
+            .map(|_| backoff.next_delay(&object).as_secs())
+            .collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]);
+        // Time passing does not shrink the delay; only a success does.
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        assert_eq!(backoff.peek(&object), Duration::from_secs(300));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reset_starts_over_at_the_initial_delay() {
+        let backoff = PerObjectBackoff::default();
+        let object = key("tenant", "gc-1-a");
+        for _ in 0..4 {
+            backoff.next_delay(&object);
+        }
+        assert_eq!(backoff.peek(&object), Duration::from_secs(16));
+        backoff.reset(&object);
+        assert!(backoff.is_empty());
+        assert_eq!(backoff.next_delay(&object), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn same_name_in_two_namespaces_has_separate_delays() {
+        let backoff = PerObjectBackoff::default();
+        let a = key("team-a", "gc-1-x");
+        let b = key("team-b", "gc-1-x");
+        for _ in 0..3 {
+            backoff.next_delay(&a);
+        }
+        assert_eq!(backoff.next_delay(&b), Duration::from_secs(1));
+        assert_eq!(backoff.next_delay(&a), Duration::from_secs(8));
+        assert_eq!(backoff.len(), 2);
+        backoff.reset(&a);
+        assert_eq!(backoff.peek(&b), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn cap_below_initial_is_raised_to_initial() {
+        let backoff = PerObjectBackoff::new(Duration::from_secs(10), Duration::from_secs(1));
+        let object = key("ns", "x");
+        assert_eq!(backoff.next_delay(&object), Duration::from_secs(10));
+        assert_eq!(backoff.next_delay(&object), Duration::from_secs(10));
+    }
+}

@@ -1,0 +1,341 @@
+//! Test helpers (feature `testing`): an in-memory backend and object builders.
+
+use std::{
+    collections::{BTreeMap, HashMap, VecDeque},
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use async_trait::async_trait;
+use k8s_openapi::{
+    api::core::v1::{
+        CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaim,
+        PersistentVolumeClaimSpec, PersistentVolumeSpec, VolumeResourceRequirements,
+    },
+    apimachinery::pkg::api::resource::Quantity,
+};
+use kube_client::api::ObjectMeta;
+
+use crate::{
+    backend::{BackendError, VolumeMetadataBackend, VolumeMetadataUpdate},
+    resource::{CnsVolumeMetadataSpec, EntityReference, EntityType},
+};
+
+/// A scripted failure of [`InMemoryBackend`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// Fail with [`BackendError::NotFound`] for the update's volume.
+    NotFound,
+    /// Fail with [`BackendError::Other`] carrying this message.
+    Error(String),
+}
+
+impl Failure {
+    /// A [`Failure::Error`] with `message`.
+    #[must_use]
+    pub fn error(message: &str) -> Self {
+        Self::Error(message.to_owned())
+    }
+
+    fn to_error(&self, volume_id: &str) -> BackendError {
+        match self {
+            Self::NotFound => BackendError::not_found(volume_id),
+            Self::Error(message) => BackendError::other(message.clone()),
+        }
+    }
+}
+
+/// One call to [`InMemoryBackend`] and what it answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Call {
+    /// The update as received.
+    pub update: VolumeMetadataUpdate,
+    /// The scripted failure it got, or `None` when it succeeded.
+    pub failure: Option<Failure>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    calls: Vec<Call>,
+    next: VecDeque<Failure>,
+    always: Option<Failure>,
+    per_volume: HashMap<String, Failure>,
+}
+
+/// A [`VolumeMetadataBackend`] that records every call and fails on demand.
+///
+/// Failures are chosen in this order: a failure scripted for the volume
+/// ([`fail_volume`](Self::fail_volume)), then the queue of [`fail_next`](Self::fail_next),
+/// then [`fail_always`](Self::fail_always); otherwise the call succeeds. Clones share state.
+#[derive(Clone, Debug, Default)]
+pub struct InMemoryBackend {
+    state: Arc<Mutex<State>>,
+}
+
+impl InMemoryBackend {
+    /// A backend that accepts every update.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A test that panicked while holding the lock has already failed; keep going.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Fails the next `n` calls (after volume-specific failures) with `failure`.
+    pub fn fail_next(&self, n: usize, failure: Failure) {
+        self.state().next.extend(std::iter::repeat_n(failure, n));
+    }
+
+    /// Fails every call with `failure` until [`stop_failing`](Self::stop_failing).
+    pub fn fail_always(&self, failure: Failure) {
+        self.state().always = Some(failure);
+    }
+
+    /// Fails every call for `volume_id` with `failure` until [`stop_failing`](Self::stop_failing).
+    pub fn fail_volume(&self, volume_id: &str, failure: Failure) {
+        self.state()
+            .per_volume
+            .insert(volume_id.to_owned(), failure);
+    }
+
+    /// Clears every scripted failure.
+    pub fn stop_failing(&self) {
+        let mut state = self.state();
+        state.next.clear();
+        state.always = None;
+        state.per_volume.clear();
+    }
+
+    /// Every call so far, in order.
+    #[must_use]
+    pub fn calls(&self) -> Vec<Call> {
+        self.state().calls.clone()
+    }
+
+    /// Every update received so far, failed or not, in order.
+    #[must_use]
+    pub fn updates(&self) -> Vec<VolumeMetadataUpdate> {
+        self.state()
+            .calls
+            .iter()
+            .map(|c| c.update.clone())
+            .collect()
+    }
+
+    /// The updates that succeeded, in order.
+    #[must_use]
+    pub fn successful_updates(&self) -> Vec<VolumeMetadataUpdate> {
+        let state = self.state();
+        let ok = state.calls.iter().filter(|c| c.failure.is_none());
+        ok.map(|c| c.update.clone()).collect()
+    }
+
+    /// Forgets the recorded calls (scripted failures stay).
+    pub fn clear_calls(&self) {
+        self.state().calls.clear();
+    }
+}
+
+#[async_trait]
+impl VolumeMetadataBackend for InMemoryBackend {
+    async fn update_volume_metadata(
+        &self,
+        update: &VolumeMetadataUpdate,
+    ) -> Result<(), BackendError> {
+        let mut state = self.state();
+        let failure = match state.per_volume.get(&update.volume_id) {
+            Some(failure) => Some(failure.clone()),
+            None => state.next.pop_front().or_else(|| state.always.clone()),
+        };
+        state.calls.push(Call {
+            update: update.clone(),
+            failure: failure.clone(),
+        });
+        match failure {
+            Some(failure) => Err(failure.to_error(&update.volume_id)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Guest cluster ID used by the spec builders.
+pub const GUEST_CLUSTER_ID: &str = "gc-1";
+
+/// A valid PV entity: guest PV `pvc-guest-a` backed by supervisor PVC `gc-1-vol-a`.
+#[must_use]
+pub fn pv_spec() -> CnsVolumeMetadataSpec {
+    CnsVolumeMetadataSpec {
+        volume_names: vec!["gc-1-vol-a".into()],
+        guest_cluster_id: GUEST_CLUSTER_ID.into(),
+        entity_type: EntityType::PersistentVolume,
+        entity_name: "pvc-guest-a".into(),
+        entity_references: vec![EntityReference::new(
+            EntityType::PersistentVolumeClaim,
+            "gc-1-vol-a",
+            "tenant",
+            "",
+        )],
+        labels: BTreeMap::from([("tier".to_owned(), "gold".to_owned())]),
+        ..CnsVolumeMetadataSpec::default()
+    }
+}
+
+/// A valid PVC entity: guest claim `shop/data`, bound to guest PV `pvc-guest-a`.
+#[must_use]
+pub fn pvc_spec() -> CnsVolumeMetadataSpec {
+    CnsVolumeMetadataSpec {
+        volume_names: vec!["gc-1-vol-a".into()],
+        guest_cluster_id: GUEST_CLUSTER_ID.into(),
+        entity_type: EntityType::PersistentVolumeClaim,
+        entity_name: "data".into(),
+        entity_references: vec![EntityReference::new(
+            EntityType::PersistentVolume,
+            "pvc-guest-a",
+            "",
+            GUEST_CLUSTER_ID,
+        )],
+        labels: BTreeMap::from([("app".to_owned(), "db".to_owned())]),
+        namespace: "shop".into(),
+        cluster_distribution: "TKGService".into(),
+    }
+}
+
+/// A valid Pod entity: guest pod `shop/web-0` using claims `data` and `logs`.
+#[must_use]
+pub fn pod_spec() -> CnsVolumeMetadataSpec {
+    CnsVolumeMetadataSpec {
+        volume_names: vec!["gc-1-vol-a".into(), "gc-1-vol-b".into()],
+        guest_cluster_id: GUEST_CLUSTER_ID.into(),
+        entity_type: EntityType::Pod,
+        entity_name: "web-0".into(),
+        entity_references: vec![
+            EntityReference::new(
+                EntityType::PersistentVolumeClaim,
+                "data",
+                "shop",
+                GUEST_CLUSTER_ID,
+            ),
+            EntityReference::new(
+                EntityType::PersistentVolumeClaim,
+                "logs",
+                "shop",
+                GUEST_CLUSTER_ID,
+            ),
+        ],
+        namespace: "shop".into(),
+        ..CnsVolumeMetadataSpec::default()
+    }
+}
+
+fn one_gib() -> BTreeMap<String, Quantity> {
+    BTreeMap::from([("storage".to_owned(), Quantity("1Gi".to_owned()))])
+}
+
+/// A supervisor claim `namespace/name` (1 GiB, `ReadWriteOnce`) bound to the PV
+/// `volume_name`; an empty `volume_name` leaves it unbound.
+#[must_use]
+pub fn bound_claim(namespace: &str, name: &str, volume_name: &str) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(one_gib()),
+                ..VolumeResourceRequirements::default()
+            }),
+            volume_name: (!volume_name.is_empty()).then(|| volume_name.to_owned()),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// A PV `name` (1 GiB, `ReadWriteOnce`) of CSI driver `driver` with volume handle
+/// `volume_handle`.
+#[must_use]
+pub fn csi_volume(name: &str, driver: &str, volume_handle: &str) -> PersistentVolume {
+    PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
+            capacity: Some(one_gib()),
+            csi: Some(CSIPersistentVolumeSource {
+                driver: driver.to_owned(),
+                volume_handle: volume_handle.to_owned(),
+                ..CSIPersistentVolumeSource::default()
+            }),
+            ..PersistentVolumeSpec::default()
+        }),
+        status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{ClusterFlavor, ClusterType, ContainerCluster, EntityMetadata};
+
+    fn update(volume_id: &str) -> VolumeMetadataUpdate {
+        VolumeMetadataUpdate {
+            volume_id: volume_id.to_owned(),
+            entity_metadata: EntityMetadata {
+                entity_type: EntityType::Pod,
+                entity_name: "web-0".into(),
+                namespace: "shop".into(),
+                labels: BTreeMap::new(),
+                delete: false,
+                cluster_id: GUEST_CLUSTER_ID.into(),
+                referred_entities: Vec::new(),
+            },
+            container_cluster: ContainerCluster {
+                cluster_type: ClusterType::Kubernetes,
+                cluster_id: GUEST_CLUSTER_ID.into(),
+                vsphere_user: "admin".into(),
+                cluster_flavor: ClusterFlavor::GuestCluster,
+                cluster_distribution: String::new(),
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn scripted_failures_apply_in_order_then_stop() {
+        let backend = InMemoryBackend::new();
+        backend.fail_next(2, Failure::error("busy"));
+        backend.fail_volume("vol-nf", Failure::NotFound);
+        let first = backend.update_volume_metadata(&update("vol-1")).await;
+        let missing = backend.update_volume_metadata(&update("vol-nf")).await;
+        let second = backend.update_volume_metadata(&update("vol-1")).await;
+        let third = backend.update_volume_metadata(&update("vol-1")).await;
+        assert!(matches!(first, Err(BackendError::Other(_))));
+        assert!(missing.unwrap_err().is_not_found());
+        assert!(matches!(second, Err(BackendError::Other(_))));
+        assert!(third.is_ok());
+        assert_eq!(backend.updates().len(), 4);
+        assert_eq!(backend.successful_updates(), vec![update("vol-1")]);
+        assert_eq!(backend.calls()[1].failure, Some(Failure::NotFound));
+    }
+
+    #[tokio::test]
+    async fn fail_always_fails_until_stopped() {
+        let backend = InMemoryBackend::new();
+        backend.fail_always(Failure::error("down"));
+        for _ in 0..3 {
+            assert!(backend.update_volume_metadata(&update("v")).await.is_err());
+        }
+        backend.stop_failing();
+        assert!(backend.update_volume_metadata(&update("v")).await.is_ok());
+        backend.clear_calls();
+        assert!(backend.calls().is_empty());
+    }
+}

@@ -1,0 +1,269 @@
+//! `run` end to end against kube-sim: watch, predicate, finalizer, backend, status, events.
+
+mod support;
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use cnsmetadata::{
+    ClusterFlavor, ClusterType, ContainerCluster, EntityMetadata, EntityReference, EntityType,
+    FINALIZER, REASON_UPDATE_FAILED, REASON_UPDATE_SUCCEEDED, VolumeMetadataUpdate, VolumeStatus,
+    run,
+    testing::{pod_spec, pv_spec, pvc_spec},
+};
+use support::{Harness, config, harness, wait_for};
+use tokio::sync::oneshot;
+
+fn container_cluster(distribution: &str) -> ContainerCluster {
+    ContainerCluster {
+        cluster_type: ClusterType::Kubernetes,
+        cluster_id: "gc-1".into(),
+        vsphere_user: "cns-user@vsphere.local".into(),
+        cluster_flavor: ClusterFlavor::GuestCluster,
+        cluster_distribution: distribution.into(),
+    }
+}
+
+/// Starts `run` in a task owned by the test; returns the shutdown trigger and the handle.
+fn start(
+    h: &Harness,
+    config: cnsmetadata::Config,
+) -> (
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), cnsmetadata::Error>>,
+) {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let shutdown = async move {
+        let _ = stopped.await;
+    };
+    let handle = tokio::spawn(run(
+        h.client.clone(),
+        Arc::new(h.backend.clone()),
+        config,
+        shutdown,
+    ));
+    (stop, handle)
+}
+
+async fn stop(
+    stop: oneshot::Sender<()>,
+    handle: tokio::task::JoinHandle<Result<(), cnsmetadata::Error>>,
+) {
+    stop.send(()).unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(10), handle).await;
+    result.expect("run drains and returns").unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn pvc_entity_is_pushed_finalized_and_removed_on_delete() {
+    let h = harness().await;
+    h.vsphere_volume("tenant", "gc-1-vol-a").await;
+    let (trigger, handle) = start(&h, config());
+    h.create("tenant", "gc-1-data", pvc_spec()).await;
+
+    let object = wait_for("status of gc-1-data", || async {
+        let object = h.get("tenant", "gc-1-data").await?;
+        (!object.status.volume_status.is_empty()).then_some(object)
+    })
+    .await;
+    assert_eq!(
+        object.status.volume_status,
+        vec![VolumeStatus::updated("gc-1-vol-a")]
+    );
+    assert_eq!(object.metadata.finalizers, Some(vec![FINALIZER.to_owned()]));
+    let expected = VolumeMetadataUpdate {
+        volume_id: "fcd-gc-1-vol-a".into(),
+        entity_metadata: EntityMetadata {
+            entity_type: EntityType::PersistentVolumeClaim,
+            entity_name: "data".into(),
+            namespace: "shop".into(),
+            labels: BTreeMap::from([("app".into(), "db".into())]),
+            delete: false,
+            cluster_id: "gc-1".into(),
+            referred_entities: vec![EntityReference::new(
+                EntityType::PersistentVolume,
+                "pvc-guest-a",
+                "",
+                "gc-1",
+            )],
+        },
+        container_cluster: container_cluster("TKGService"),
+    };
+    assert_eq!(h.backend.updates(), vec![expected.clone()]);
+    let events = h.events("tenant", "gc-1-data").await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some(REASON_UPDATE_SUCCEEDED)
+                && e.type_.as_deref() == Some("Normal")),
+        "no UpdateSucceeded event in {events:?}"
+    );
+
+    h.delete("tenant", "gc-1-data").await;
+    wait_for("gc-1-data to be gone", || async {
+        h.get("tenant", "gc-1-data").await.is_none().then_some(())
+    })
+    .await;
+    let mut removal = expected.clone();
+    removal.entity_metadata.delete = true;
+    assert_eq!(h.backend.updates(), vec![expected, removal]);
+    stop(trigger, handle).await;
+}
+
+#[tokio::test]
+async fn pv_entity_references_get_the_supervisor_id_when_switched_on() {
+    let h = harness().await;
+    h.vsphere_volume("tenant", "gc-1-vol-a").await;
+    let (trigger, handle) = start(&h, config().use_supervisor_id_for_pv(true));
+    h.create("tenant", "gc-1-pv", pv_spec()).await;
+    wait_for("one update", || async {
+        (h.backend.updates().len() == 1).then_some(())
+    })
+    .await;
+    let expected = VolumeMetadataUpdate {
+        volume_id: "fcd-gc-1-vol-a".into(),
+        entity_metadata: EntityMetadata {
+            entity_type: EntityType::PersistentVolume,
+            entity_name: "pvc-guest-a".into(),
+            namespace: String::new(),
+            labels: BTreeMap::from([("tier".into(), "gold".into())]),
+            delete: false,
+            cluster_id: "gc-1".into(),
+            referred_entities: vec![EntityReference::new(
+                EntityType::PersistentVolumeClaim,
+                "gc-1-vol-a",
+                "tenant",
+                "supervisor-9",
+            )],
+        },
+        container_cluster: container_cluster(""),
+    };
+    assert_eq!(h.backend.updates(), vec![expected]);
+    stop(trigger, handle).await;
+}
+
+#[tokio::test]
+async fn pod_entity_pairs_each_volume_with_its_reference() {
+    let h = harness().await;
+    h.vsphere_volume("tenant", "gc-1-vol-a").await;
+    h.vsphere_volume("tenant", "gc-1-vol-b").await;
+    let (trigger, handle) = start(&h, config());
+    h.create("tenant", "gc-1-web-0", pod_spec()).await;
+    let object = wait_for("status of gc-1-web-0", || async {
+        let object = h.get("tenant", "gc-1-web-0").await?;
+        (object.status.volume_status.len() == 2).then_some(object)
+    })
+    .await;
+    assert_eq!(
+        object.status.volume_status,
+        vec![
+            VolumeStatus::updated("gc-1-vol-a"),
+            VolumeStatus::updated("gc-1-vol-b")
+        ]
+    );
+    let update = |volume_id: &str, claim: &str| VolumeMetadataUpdate {
+        volume_id: volume_id.into(),
+        entity_metadata: EntityMetadata {
+            entity_type: EntityType::Pod,
+            entity_name: "web-0".into(),
+            namespace: "shop".into(),
+            labels: BTreeMap::new(),
+            delete: false,
+            cluster_id: "gc-1".into(),
+            referred_entities: vec![EntityReference::new(
+                EntityType::PersistentVolumeClaim,
+                claim,
+                "shop",
+                "gc-1",
+            )],
+        },
+        container_cluster: container_cluster(""),
+    };
+    assert_eq!(
+        h.backend.updates(),
+        vec![
+            update("fcd-gc-1-vol-a", "data"),
+            update("fcd-gc-1-vol-b", "logs")
+        ]
+    );
+    stop(trigger, handle).await;
+}
+
+#[tokio::test]
+async fn invalid_object_gets_a_warning_event_naming_every_problem() {
+    let h = harness().await;
+    let (trigger, handle) = start(&h, config());
+    let mut spec = pod_spec();
+    spec.namespace.clear();
+    spec.labels.insert("app".into(), "web".into());
+    spec.volume_names.push("gc-1-vol-c".into());
+    h.create("tenant", "gc-1-bad", spec).await;
+    let event = wait_for("an UpdateFailed event", || async {
+        let events = h.events("tenant", "gc-1-bad").await;
+        events
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some(REASON_UPDATE_FAILED))
+    })
+    .await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        event.note.as_deref(),
+        Some(
+            "Failed to validate reconcile request: Namespace should be set for POD instances; \
+             Labels cannot be set for POD instances; VolumeNames and EntityReferences should \
+             have the same length for POD instances (got 3 volume names and 2 entity references)"
+        )
+    );
+    let object = h.get("tenant", "gc-1-bad").await.unwrap();
+    assert_eq!(
+        object.metadata.finalizers, None,
+        "invalid objects are not finalized"
+    );
+    assert!(h.backend.calls().is_empty());
+    stop(trigger, handle).await;
+}
+
+#[tokio::test]
+async fn other_flavors_start_nothing() {
+    let h = harness().await;
+    h.sim.clear_requests();
+    for flavor in [ClusterFlavor::GuestCluster, ClusterFlavor::Vanilla] {
+        let config = config().cluster_flavor(flavor);
+        let backend = Arc::new(h.backend.clone());
+        let never = futures::future::pending::<()>();
+        let result = tokio::time::timeout(
+            Duration::from_secs(5),
+            run(h.client.clone(), backend, config, never),
+        )
+        .await;
+        assert!(matches!(result, Ok(Ok(()))), "{flavor}: {result:?}");
+    }
+    assert_eq!(
+        h.sim.requests().len(),
+        0,
+        "no request may reach the API server"
+    );
+}
+
+#[tokio::test]
+async fn invalid_config_is_an_error_before_any_request() {
+    let h = harness().await;
+    h.sim.clear_requests();
+    let config = cnsmetadata::Config::default().use_supervisor_id_for_pv(true);
+    let backend = Arc::new(h.backend.clone());
+    let result = run(
+        h.client.clone(),
+        backend,
+        config,
+        futures::future::pending(),
+    )
+    .await;
+    assert!(
+        matches!(result, Err(cnsmetadata::Error::Config(_))),
+        "{result:?}"
+    );
+    assert_eq!(
+        h.sim.requests().len(),
+        0,
+        "no request may reach the API server"
+    );
+}
