@@ -1,0 +1,482 @@
+//! `csi-vsphere.conf`: the INI file vsphere-csi-driver reads (with gcfg).
+//!
+//! ```ini
+//! [Global]
+//! cluster-id = "demo-cluster"
+//!
+//! [VirtualCenter "vc.example.com"]
+//! user = "administrator@vsphere.local"
+//! password = "..."
+//! port = "443"
+//! datacenters = "dc-1, dc-2"
+//! thumbprint = "AA:BB:..."   # or ca-file = "/etc/ssl/vc.pem", or insecure-flag = "true"
+//! ```
+//!
+//! `[Global]` may also hold `user`, `password`, `port`, `insecure-flag`, `ca-file`,
+//! `thumbprint` and `datacenters`; a `[VirtualCenter]` section that leaves one unset
+//! inherits it, as upstream does.
+//!
+//! # Differences from gcfg
+//! - Unknown keys and sections are ignored with a warning (gcfg's `FatalOnly` drops them
+//!   silently); the warnings are kept in [`VsphereConfig::warnings`] and logged.
+//! - A section or a key given twice is an error (gcfg merges sections and lets the last
+//!   value win), so a pasted duplicate cannot silently change a password.
+//! - Environment variables (`VSPHERE_*`) are not read: libraries take configuration.
+
+mod error;
+mod ini;
+
+pub use error::ConfigError;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use crate::connection::VcConfig;
+use crate::secret::Secret;
+use crate::tls::{Thumbprint, TlsMode};
+use ini::Item;
+
+/// A parsed `csi-vsphere.conf`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VsphereConfig {
+    /// `[Global]`.
+    pub global: GlobalConfig,
+    /// Each `[VirtualCenter "host"]`, in file order, with `[Global]` defaults applied.
+    pub virtual_centers: Vec<VirtualCenterConfig>,
+    /// `[Labels]` (for example `region`, `zone`), keys lower-cased.
+    pub labels: BTreeMap<String, String>,
+    /// Unknown keys and sections that were ignored, as `file:line: ...` messages.
+    pub warnings: Vec<String>,
+}
+
+/// The `[Global]` settings that are not connection defaults.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GlobalConfig {
+    /// `cluster-id` (at most 64 characters; empty when unset).
+    pub cluster_id: String,
+    /// `supervisor-id`, as written (vsphere-csi-driver prefixes it with
+    /// `vSphereSupervisorID-` before use).
+    pub supervisor_id: Option<String>,
+    /// `cluster-distribution`, for example `OpenShift`.
+    pub cluster_distribution: Option<String>,
+}
+
+/// One `[VirtualCenter "host"]` section, with `[Global]` defaults applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VirtualCenterConfig {
+    /// The host from the section name.
+    pub host: String,
+    /// `user`.
+    pub user: String,
+    /// `password` (never printed).
+    pub password: Secret,
+    /// `port`, default 443.
+    pub port: u16,
+    /// `datacenters`, split at commas.
+    pub datacenters: Vec<String>,
+    /// `insecure-flag`: skip certificate verification.
+    pub insecure_flag: bool,
+    /// `ca-file`: a PEM bundle to verify the server against.
+    pub ca_file: Option<PathBuf>,
+    /// `thumbprint`: the server certificate's SHA-256 thumbprint.
+    pub thumbprint: Option<Thumbprint>,
+}
+
+impl VirtualCenterConfig {
+    /// The TLS mode these settings ask for: `insecure-flag`, else `thumbprint`, else
+    /// `ca-file`, else the system roots.
+    pub fn tls_mode(&self) -> TlsMode {
+        if self.insecure_flag {
+            TlsMode::Insecure
+        } else if let Some(thumbprint) = &self.thumbprint {
+            TlsMode::Thumbprint(thumbprint.clone())
+        } else if let Some(ca_file) = &self.ca_file {
+            TlsMode::CaFile(ca_file.clone())
+        } else {
+            TlsMode::Verified
+        }
+    }
+
+    /// Connection settings for [`CnsClient::connect`](crate::CnsClient::connect), with
+    /// default timeouts.
+    pub fn vc_config(&self) -> VcConfig {
+        VcConfig::new(self.host.clone(), self.user.clone(), self.password.clone())
+            .port(self.port)
+            .tls(self.tls_mode())
+    }
+}
+
+/// The section currently being filled.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Target {
+    None,
+    Global,
+    VirtualCenter(usize),
+    Labels,
+    Unknown,
+}
+
+/// Raw values of one section: key → (line, value).
+#[derive(Default)]
+struct Raw {
+    line: usize,
+    title: String,
+    host: String,
+    values: BTreeMap<String, (usize, Option<String>)>,
+}
+
+struct Parser<'a> {
+    file: &'a str,
+    warnings: Vec<String>,
+}
+
+impl Parser<'_> {
+    fn error(
+        &self,
+        line: Option<usize>,
+        section: Option<&Raw>,
+        key: Option<&str>,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError::Invalid {
+            file: self.file.to_owned(),
+            line,
+            section: section.map(|s| s.title.clone()),
+            key: key.map(str::to_owned),
+            message: message.into(),
+        }
+    }
+
+    fn text(&self, raw: &Raw, key: &str) -> Option<String> {
+        raw.values
+            .get(key)
+            .map(|(_, v)| v.clone().unwrap_or_default())
+    }
+
+    fn boolean(&self, raw: &Raw, key: &str) -> Result<Option<bool>, ConfigError> {
+        let Some((line, value)) = raw.values.get(key) else {
+            return Ok(None);
+        };
+        match value
+            .as_deref()
+            .map(|v| v.trim().to_ascii_lowercase())
+            .as_deref()
+        {
+            None | Some("true" | "yes" | "on" | "1") => Ok(Some(true)),
+            Some("false" | "no" | "off" | "0") => Ok(Some(false)),
+            Some(_) => Err(self.error(
+                Some(*line),
+                Some(raw),
+                Some(key),
+                format!(
+                    "{:?} is not a boolean (use true or false)",
+                    value.as_deref().unwrap_or_default()
+                ),
+            )),
+        }
+    }
+
+    fn port(&self, raw: &Raw) -> Result<Option<u16>, ConfigError> {
+        let Some((line, value)) = raw.values.get("port") else {
+            return Ok(None);
+        };
+        let value = value.as_deref().unwrap_or_default();
+        match value.trim().parse::<u16>() {
+            Ok(port) if port > 0 => Ok(Some(port)),
+            _ => Err(self.error(
+                Some(*line),
+                Some(raw),
+                Some("port"),
+                format!("{value:?} is not a port number"),
+            )),
+        }
+    }
+
+    fn thumbprint(&self, raw: &Raw) -> Result<Option<Thumbprint>, ConfigError> {
+        let Some((line, value)) = raw.values.get("thumbprint") else {
+            return Ok(None);
+        };
+        let value = value.as_deref().unwrap_or_default();
+        Thumbprint::parse(value).map(Some).map_err(|why| {
+            self.error(
+                Some(*line),
+                Some(raw),
+                Some("thumbprint"),
+                format!("{value:?} {why}"),
+            )
+        })
+    }
+
+    fn limited(&self, raw: &Raw, key: &str) -> Result<Option<String>, ConfigError> {
+        let value = self.text(raw, key);
+        if let Some(v) = &value
+            && v.chars().count() > 64
+        {
+            let line = raw.values.get(key).map(|(l, _)| *l);
+            return Err(self.error(line, Some(raw), Some(key), "must not exceed 64 characters"));
+        }
+        Ok(value)
+    }
+
+    fn warn_unknown(&mut self, raw: &Raw, known: &[&str]) {
+        for (key, (line, _)) in &raw.values {
+            if !known.contains(&key.as_str()) {
+                let message = format!(
+                    "{}:{line}: [{}] {key}: unknown key, ignored",
+                    self.file, raw.title
+                );
+                tracing::warn!("{message}");
+                self.warnings.push(message);
+            }
+        }
+    }
+}
+
+const GLOBAL_KEYS: &[&str] = &[
+    "cluster-id",
+    "supervisor-id",
+    "cluster-distribution",
+    "user",
+    "password",
+    "port",
+    "insecure-flag",
+    "ca-file",
+    "thumbprint",
+    "datacenters",
+];
+const VC_KEYS: &[&str] = &[
+    "user",
+    "password",
+    "port",
+    "datacenters",
+    "insecure-flag",
+    "ca-file",
+    "thumbprint",
+];
+
+impl VsphereConfig {
+    /// Parses the text of a `csi-vsphere.conf`; errors name the file as `csi-vsphere.conf`.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the line, section and key of the first problem.
+    pub fn parse(text: &str) -> Result<VsphereConfig, ConfigError> {
+        Self::parse_named(text, "csi-vsphere.conf")
+    }
+
+    /// Reads and parses the file at `path`; errors name the path.
+    ///
+    /// # Errors
+    /// [`ConfigError::Io`] when the file cannot be read; otherwise as [`VsphereConfig::parse`].
+    pub fn load(path: impl AsRef<Path>) -> Result<VsphereConfig, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse_named(&text, &path.display().to_string())
+    }
+
+    fn parse_named(text: &str, file: &str) -> Result<VsphereConfig, ConfigError> {
+        let mut parser = Parser {
+            file,
+            warnings: Vec::new(),
+        };
+        let items =
+            ini::tokenize(text).map_err(|e| parser.error(Some(e.line), None, None, e.message))?;
+        let mut global = Raw {
+            title: "Global".into(),
+            ..Raw::default()
+        };
+        let mut global_seen: Option<usize> = None;
+        let mut labels = Raw {
+            title: "Labels".into(),
+            ..Raw::default()
+        };
+        let mut labels_seen: Option<usize> = None;
+        let mut vcs: Vec<Raw> = Vec::new();
+        let mut target = Target::None;
+        for item in items {
+            match item {
+                Item::Section {
+                    line,
+                    name,
+                    display,
+                    sub,
+                } => {
+                    let title = match &sub {
+                        Some(sub) => format!("{display} {sub:?}"),
+                        None => display.clone(),
+                    };
+                    let duplicate = |first: usize| {
+                        parser.error(
+                            Some(line),
+                            None,
+                            None,
+                            format!("section [{title}] appears twice (first at line {first})"),
+                        )
+                    };
+                    target = match (name.as_str(), sub) {
+                        ("global", None) => {
+                            if let Some(first) = global_seen.replace(line) {
+                                return Err(duplicate(first));
+                            }
+                            global.line = line;
+                            Target::Global
+                        }
+                        ("labels", None) => {
+                            if let Some(first) = labels_seen.replace(line) {
+                                return Err(duplicate(first));
+                            }
+                            Target::Labels
+                        }
+                        ("virtualcenter", Some(host)) => {
+                            if host.trim().is_empty() {
+                                return Err(parser.error(
+                                    Some(line),
+                                    None,
+                                    None,
+                                    "[VirtualCenter \"\"] needs a host name",
+                                ));
+                            }
+                            if let Some(first) = vcs.iter().find(|v| v.host == host) {
+                                return Err(duplicate(first.line));
+                            }
+                            vcs.push(Raw {
+                                line,
+                                title: title.clone(),
+                                host,
+                                values: BTreeMap::new(),
+                            });
+                            Target::VirtualCenter(vcs.len() - 1)
+                        }
+                        ("virtualcenter", None) => {
+                            return Err(parser.error(Some(line), None, None,
+                                "[VirtualCenter] needs a host name, as in [VirtualCenter \"vc.example.com\"]"));
+                        }
+                        _ => {
+                            let message =
+                                format!("{file}:{line}: unknown section [{title}], ignored");
+                            tracing::warn!("{message}");
+                            parser.warnings.push(message);
+                            Target::Unknown
+                        }
+                    };
+                }
+                Item::Variable { line, name, value } => {
+                    let raw = match target {
+                        Target::None => {
+                            return Err(parser.error(
+                                Some(line),
+                                None,
+                                Some(&name),
+                                "key outside of any section",
+                            ));
+                        }
+                        Target::Unknown => continue,
+                        Target::Global => &mut global,
+                        Target::Labels => &mut labels,
+                        Target::VirtualCenter(i) => &mut vcs[i],
+                    };
+                    if let Some((first, _)) = raw.values.get(&name) {
+                        let (first, title) = (*first, raw.title.clone());
+                        return Err(ConfigError::Invalid {
+                            file: file.to_owned(),
+                            line: Some(line),
+                            section: Some(title),
+                            key: Some(name),
+                            message: format!("set twice (first at line {first})"),
+                        });
+                    }
+                    raw.values.insert(name, (line, value));
+                }
+            }
+        }
+        parser.warn_unknown(&global, GLOBAL_KEYS);
+        for vc in &vcs {
+            parser.warn_unknown(vc, VC_KEYS);
+        }
+        let global_config = GlobalConfig {
+            cluster_id: parser.limited(&global, "cluster-id")?.unwrap_or_default(),
+            supervisor_id: parser.limited(&global, "supervisor-id")?,
+            cluster_distribution: parser.text(&global, "cluster-distribution"),
+        };
+        if vcs.is_empty() {
+            return Err(parser.error(None, None, None, "no [VirtualCenter \"host\"] section"));
+        }
+        let mut virtual_centers = Vec::new();
+        for vc in &vcs {
+            virtual_centers.push(virtual_center(&parser, vc, &global)?);
+        }
+        Ok(VsphereConfig {
+            global: global_config,
+            virtual_centers,
+            labels: labels
+                .values
+                .into_iter()
+                .map(|(k, (_, v))| (k, v.unwrap_or_default()))
+                .collect(),
+            warnings: parser.warnings,
+        })
+    }
+}
+
+fn virtual_center(
+    parser: &Parser<'_>,
+    vc: &Raw,
+    global: &Raw,
+) -> Result<VirtualCenterConfig, ConfigError> {
+    let pick = |key: &str| {
+        parser
+            .text(vc, key)
+            .filter(|v| !v.is_empty())
+            .or_else(|| parser.text(global, key).filter(|v| !v.is_empty()))
+    };
+    let missing = |key: &str| {
+        parser.error(
+            Some(vc.line),
+            Some(vc),
+            Some(key),
+            format!("missing (set {key} here or in [Global])"),
+        )
+    };
+    let user = pick("user").ok_or_else(|| missing("user"))?;
+    let password = pick("password").ok_or_else(|| missing("password"))?;
+    let port = match parser.port(vc)? {
+        Some(port) => port,
+        None => parser.port(global)?.unwrap_or(VcConfig::DEFAULT_PORT),
+    };
+    let insecure_flag = parser.boolean(vc, "insecure-flag")?.unwrap_or(false)
+        || parser.boolean(global, "insecure-flag")?.unwrap_or(false);
+    let thumbprint = match parser.thumbprint(vc)? {
+        Some(t) => Some(t),
+        None => parser.thumbprint(global)?,
+    };
+    Ok(VirtualCenterConfig {
+        host: vc.host.clone(),
+        user,
+        password: Secret::new(password),
+        port,
+        datacenters: pick("datacenters")
+            .map(|d| {
+                d.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default(),
+        insecure_flag,
+        ca_file: pick("ca-file").map(PathBuf::from),
+        thumbprint,
+    })
+}
+
+impl fmt::Display for VirtualCenterConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}:{}", self.user, self.host, self.port)
+    }
+}
+
+#[cfg(test)]
+mod tests;

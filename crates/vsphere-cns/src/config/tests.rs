@@ -1,0 +1,223 @@
+use super::*;
+
+const GOOD: &str = r#"
+; csi-vsphere.conf as vsphere-csi-driver documents it
+[Global]
+cluster-id = "demo-cluster"
+cluster-distribution = "OpenShift"
+user = "global-user"
+password = "global-pass"
+port = "8443"
+
+[VirtualCenter "vc1.example.com"]
+user = "administrator@vsphere.local"
+password = "p;a#s\"s"
+port = "443"
+datacenters = "dc-1, dc-2,,"
+thumbprint = "AB:CD:EF:01:23:45:67:89:AB:CD:EF:01:23:45:67:89:AB:CD:EF:01:23:45:67:89:AB:CD:EF:01:23:45:67:89"
+
+[VirtualCenter "vc2.example.com"]
+insecure-flag = "true"
+
+[Labels]
+region = k8s-region
+zone = k8s-zone
+"#;
+
+#[test]
+fn parses_a_complete_file_with_global_defaults() {
+    let config = VsphereConfig::parse(GOOD).unwrap();
+    assert_eq!(config.global.cluster_id, "demo-cluster");
+    assert_eq!(
+        config.global.cluster_distribution.as_deref(),
+        Some("OpenShift")
+    );
+    assert_eq!(config.global.supervisor_id, None);
+    assert_eq!(config.virtual_centers.len(), 2);
+
+    let vc1 = &config.virtual_centers[0];
+    assert_eq!(vc1.host, "vc1.example.com");
+    assert_eq!(vc1.user, "administrator@vsphere.local");
+    assert_eq!(vc1.password.expose(), "p;a#s\"s");
+    assert_eq!(vc1.port, 443);
+    assert_eq!(vc1.datacenters, ["dc-1", "dc-2"]);
+    assert!(!vc1.insecure_flag);
+    assert!(matches!(vc1.tls_mode(), TlsMode::Thumbprint(_)));
+
+    let vc2 = &config.virtual_centers[1];
+    assert_eq!(vc2.user, "global-user");
+    assert_eq!(vc2.password.expose(), "global-pass");
+    assert_eq!(vc2.port, 8443);
+    assert_eq!(vc2.tls_mode(), TlsMode::Insecure);
+    assert_eq!(
+        config.labels.get("zone").map(String::as_str),
+        Some("k8s-zone")
+    );
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+}
+
+#[test]
+fn vc_config_carries_host_port_credentials_and_tls() {
+    let config = VsphereConfig::parse(GOOD).unwrap();
+    let vc = config.virtual_centers[1].vc_config();
+    assert_eq!(vc.base_url(), "https://vc2.example.com:8443");
+    assert_eq!(vc.user, "global-user");
+    assert_eq!(vc.tls, TlsMode::Insecure);
+}
+
+#[test]
+fn minimal_file_defaults_port_443_and_verified_tls() {
+    let config = VsphereConfig::parse("[VirtualCenter \"vc\"]\nuser = u\npassword = p\n").unwrap();
+    let vc = &config.virtual_centers[0];
+    assert_eq!(vc.port, 443);
+    assert_eq!(vc.tls_mode(), TlsMode::Verified);
+    assert_eq!(config.global.cluster_id, "");
+}
+
+#[test]
+fn ca_file_and_bare_boolean_keys() {
+    let text =
+        "[Global]\nca-file = /etc/ssl/vc.pem\n[VirtualCenter \"vc\"]\nuser = u\npassword = p\n";
+    let vc = &VsphereConfig::parse(text).unwrap().virtual_centers[0];
+    assert_eq!(vc.tls_mode(), TlsMode::CaFile("/etc/ssl/vc.pem".into()));
+    let text = "[VirtualCenter \"vc\"]\nuser = u\npassword = p\ninsecure-flag\n";
+    assert!(VsphereConfig::parse(text).unwrap().virtual_centers[0].insecure_flag);
+}
+
+#[test]
+fn unknown_keys_and_sections_are_warnings_like_gcfg_fatal_only() {
+    let text = "[Global]\nquery-limit = 100\n[Workspace]\nserver = x\n[VirtualCenter \"vc\"]\nuser = u\npassword = p\ntargetvSANFileShareDatastoreURLs = x\n";
+    let config = VsphereConfig::parse(text).unwrap();
+    assert_eq!(config.warnings.len(), 3, "{:?}", config.warnings);
+    assert!(config.warnings[0].contains("csi-vsphere.conf:3: unknown section [Workspace]"));
+    assert!(
+        config
+            .warnings
+            .iter()
+            .any(|w| w.contains(":2: [Global] query-limit: unknown key"))
+    );
+}
+
+#[test]
+fn bad_files_are_rejected_with_file_line_section_and_key() {
+    let vc = "[VirtualCenter \"vc1\"]\nuser = u\npassword = p\n";
+    let cases: &[(&str, String, &str)] = &[
+        (
+            "missing VirtualCenter",
+            "[Global]\ncluster-id = c\n".into(),
+            "csi-vsphere.conf: no [VirtualCenter \"host\"] section",
+        ),
+        (
+            "missing user",
+            "[VirtualCenter \"vc1\"]\npassword = p\n".into(),
+            "csi-vsphere.conf:1: [VirtualCenter \"vc1\"] user: missing (set user here or in [Global])",
+        ),
+        (
+            "missing password",
+            "\n[VirtualCenter \"vc1\"]\nuser = u\n".into(),
+            "csi-vsphere.conf:2: [VirtualCenter \"vc1\"] password: missing",
+        ),
+        (
+            "bad port",
+            format!("{vc}\n\n\nport = \"abc\"\n"),
+            "csi-vsphere.conf:7: [VirtualCenter \"vc1\"] port: \"abc\" is not a port number",
+        ),
+        (
+            "port zero",
+            format!("{vc}port = 0\n"),
+            "csi-vsphere.conf:4: [VirtualCenter \"vc1\"] port: \"0\" is not a port number",
+        ),
+        (
+            "port too big",
+            format!("[Global]\nport = 70000\n{vc}"),
+            "csi-vsphere.conf:2: [Global] port: \"70000\" is not a port number",
+        ),
+        (
+            "bad bool",
+            format!("{vc}insecure-flag = maybe\n"),
+            "csi-vsphere.conf:4: [VirtualCenter \"vc1\"] insecure-flag: \"maybe\" is not a boolean",
+        ),
+        (
+            "bad thumbprint",
+            format!("{vc}thumbprint = AB:CD\n"),
+            "csi-vsphere.conf:4: [VirtualCenter \"vc1\"] thumbprint: \"AB:CD\" is not a SHA-256",
+        ),
+        (
+            "duplicate section",
+            format!("{vc}{vc}"),
+            "csi-vsphere.conf:4: section [VirtualCenter \"vc1\"] appears twice (first at line 1)",
+        ),
+        (
+            "duplicate global",
+            format!("[Global]\n[Global]\n{vc}"),
+            "csi-vsphere.conf:2: section [Global] appears twice (first at line 1)",
+        ),
+        (
+            "duplicate key",
+            format!("{vc}user = other\n"),
+            "csi-vsphere.conf:4: [VirtualCenter \"vc1\"] user: set twice (first at line 2)",
+        ),
+        (
+            "unterminated quote",
+            format!("{vc}datacenters = \"dc-1\n"),
+            "csi-vsphere.conf:4: unterminated quote in value",
+        ),
+        (
+            "unterminated section quote",
+            "[VirtualCenter \"vc1]\n".into(),
+            "csi-vsphere.conf:1: unterminated quote in section",
+        ),
+        (
+            "host missing",
+            "[VirtualCenter]\nuser = u\n".into(),
+            "csi-vsphere.conf:1: [VirtualCenter] needs a host name",
+        ),
+        (
+            "key outside section",
+            format!("user = u\n{vc}"),
+            "csi-vsphere.conf:1: user: key outside of any section",
+        ),
+        (
+            "cluster id too long",
+            format!("[Global]\ncluster-id = {}\n{vc}", "c".repeat(65)),
+            "csi-vsphere.conf:2: [Global] cluster-id: must not exceed 64 characters",
+        ),
+        (
+            "garbage line",
+            format!("{vc}this is not ini\n"),
+            "csi-vsphere.conf:4: invalid line",
+        ),
+    ];
+    for (name, text, expected) in cases {
+        let err = VsphereConfig::parse(text).expect_err(name).to_string();
+        assert!(
+            err.starts_with(expected),
+            "{name}: got {err:?}, want prefix {expected:?}"
+        );
+    }
+}
+
+#[test]
+fn errors_never_contain_the_password() {
+    let text = "[VirtualCenter \"vc1\"]\nuser = u\npassword = hunter2\nport = x\n";
+    let err = VsphereConfig::parse(text).unwrap_err().to_string();
+    assert!(!err.contains("hunter2"), "{err}");
+    let config =
+        VsphereConfig::parse("[VirtualCenter \"vc1\"]\nuser = u\npassword = hunter2\n").unwrap();
+    assert!(!format!("{config:?}").contains("hunter2"));
+}
+
+#[test]
+fn load_names_the_path_in_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vsphere.conf");
+    std::fs::write(
+        &path,
+        "[VirtualCenter \"vc1\"]\nuser = u\npassword = p\nport = abc\n",
+    )
+    .unwrap();
+    let err = VsphereConfig::load(&path).unwrap_err().to_string();
+    assert!(err.starts_with(&format!("{}:4: ", path.display())), "{err}");
+    let missing = VsphereConfig::load(dir.path().join("nope.conf")).unwrap_err();
+    assert!(matches!(missing, ConfigError::Io { .. }));
+}

@@ -1,0 +1,329 @@
+//! A small namespace-aware XML tree and a writer that produces the bytes govmomi produces.
+//!
+//! Parsing uses quick-xml's `NsReader`, so `xsi:type` is found by namespace (any prefix,
+//! including govmomi's `_XMLSchema-instance`), not by the literal prefix. Writing is a plain
+//! string builder: element order is decided by the callers (`soap::request`), escaping
+//! follows Go's `encoding/xml` so golden comparisons with govmomi's requests are exact.
+
+use quick_xml::events::{BytesStart, Event};
+use quick_xml::name::ResolveResult;
+use quick_xml::reader::NsReader;
+
+/// The XML Schema instance namespace (`xsi`).
+pub(crate) const XSI_NS: &str = "http://www.w3.org/2001/XMLSchema-instance";
+/// The SOAP 1.1 envelope namespace.
+pub(crate) const SOAP_ENV_NS: &str = "http://schemas.xmlsoap.org/soap/envelope/";
+
+/// Why a document could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed XML: {0}")]
+pub(crate) struct XmlError(pub(crate) String);
+
+/// One attribute, with its namespace resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Attr {
+    pub(crate) ns: Option<String>,
+    pub(crate) name: String,
+    pub(crate) value: String,
+}
+
+/// One element: resolved namespace, local name, attributes, child elements and text.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Element {
+    pub(crate) ns: Option<String>,
+    pub(crate) name: String,
+    pub(crate) attrs: Vec<Attr>,
+    pub(crate) children: Vec<Element>,
+    pub(crate) text: String,
+}
+
+impl Element {
+    /// Parses a whole document and returns its root element.
+    pub(crate) fn parse(xml: &str) -> Result<Element, XmlError> {
+        let mut reader = NsReader::from_str(xml);
+        let mut stack: Vec<Element> = Vec::new();
+        let err = |e: &dyn std::fmt::Display| XmlError(e.to_string());
+        loop {
+            let (resolved, event) = reader.read_resolved_event().map_err(|e| err(&e))?;
+            let ns = namespace(resolved);
+            match event {
+                Event::Start(ref start) => {
+                    let element = start_element(&reader, ns, start)?;
+                    stack.push(element);
+                }
+                Event::Empty(ref start) => {
+                    let element = start_element(&reader, ns, start)?;
+                    match stack.last_mut() {
+                        Some(parent) => parent.children.push(element),
+                        None => return Ok(element),
+                    }
+                }
+                Event::End(_) => {
+                    let done = stack
+                        .pop()
+                        .ok_or_else(|| XmlError("unbalanced end tag".into()))?;
+                    match stack.last_mut() {
+                        Some(parent) => parent.children.push(done),
+                        None => return Ok(done),
+                    }
+                }
+                Event::Text(text) => {
+                    if let Some(current) = stack.last_mut() {
+                        current
+                            .text
+                            .push_str(&text.xml_content().map_err(|e| err(&e))?);
+                    }
+                }
+                Event::CData(data) => {
+                    if let Some(current) = stack.last_mut() {
+                        current
+                            .text
+                            .push_str(&data.xml_content().map_err(|e| err(&e))?);
+                    }
+                }
+                Event::GeneralRef(reference) => {
+                    let resolved = match reference.resolve_char_ref().map_err(|e| err(&e))? {
+                        Some(ch) => ch,
+                        None => match reference.decode().map_err(|e| err(&e))?.as_ref() {
+                            "amp" => '&',
+                            "lt" => '<',
+                            "gt" => '>',
+                            "quot" => '"',
+                            "apos" => '\'',
+                            other => return Err(XmlError(format!("unknown entity &{other};"))),
+                        },
+                    };
+                    if let Some(current) = stack.last_mut() {
+                        current.text.push(resolved);
+                    }
+                }
+                Event::Eof => return Err(XmlError("document has no complete root element".into())),
+                _ => {}
+            }
+        }
+    }
+
+    /// The first child with this local name (any namespace).
+    pub(crate) fn child(&self, name: &str) -> Option<&Element> {
+        self.children.iter().find(|c| c.name == name)
+    }
+
+    /// Every child with this local name, in document order.
+    pub(crate) fn children_named<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> impl Iterator<Item = &'a Element> + 'a {
+        self.children.iter().filter(move |c| c.name == name)
+    }
+
+    /// The text of the first child with this local name.
+    pub(crate) fn child_text(&self, name: &str) -> Option<&str> {
+        self.child(name).map(|c| c.text.as_str())
+    }
+
+    /// An attribute without namespace, such as a MoRef's `type`.
+    pub(crate) fn attr(&self, name: &str) -> Option<&str> {
+        self.attrs
+            .iter()
+            .find(|a| a.ns.is_none() && a.name == name)
+            .map(|a| a.value.as_str())
+    }
+
+    /// The local part of the `type` attribute in the XSI namespace, under any prefix.
+    pub(crate) fn xsi_type(&self) -> Option<&str> {
+        self.attrs
+            .iter()
+            .find(|a| a.ns.as_deref() == Some(XSI_NS) && a.name == "type")
+            .map(|a| a.value.rsplit(':').next().unwrap_or(&a.value))
+    }
+}
+
+fn start_element(
+    reader: &NsReader<&[u8]>,
+    ns: Option<String>,
+    start: &BytesStart<'_>,
+) -> Result<Element, XmlError> {
+    let err = |e: &dyn std::fmt::Display| XmlError(e.to_string());
+    let name = String::from_utf8_lossy(start.local_name().as_ref()).into_owned();
+    let mut element = Element {
+        ns,
+        name,
+        ..Element::default()
+    };
+    for attr in start.attributes() {
+        let attr = attr.map_err(|e| err(&e))?;
+        let key = attr.key;
+        if key.as_ref() == b"xmlns" || key.as_ref().starts_with(b"xmlns:") {
+            continue;
+        }
+        let (attr_ns, local) = reader.resolve_attribute(key);
+        let value = attr.unescape_value().map_err(|e| err(&e))?.into_owned();
+        element.attrs.push(Attr {
+            ns: namespace(attr_ns),
+            name: String::from_utf8_lossy(local.as_ref()).into_owned(),
+            value,
+        });
+    }
+    Ok(element)
+}
+
+fn namespace(resolved: ResolveResult<'_>) -> Option<String> {
+    match resolved {
+        ResolveResult::Bound(ns) => Some(String::from_utf8_lossy(ns.as_ref()).into_owned()),
+        ResolveResult::Unbound | ResolveResult::Unknown(_) => None,
+    }
+}
+
+/// Escapes text and attribute values the way Go's `encoding/xml` does.
+pub(crate) fn escape(raw: &str, out: &mut String) {
+    for ch in raw.chars() {
+        match ch {
+            '"' => out.push_str("&#34;"),
+            '\'' => out.push_str("&#39;"),
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '\t' => out.push_str("&#x9;"),
+            '\n' => out.push_str("&#xA;"),
+            '\r' => out.push_str("&#xD;"),
+            other => out.push(other),
+        }
+    }
+}
+
+/// Writes elements into a string, in the order they are called.
+#[derive(Debug, Default)]
+pub(crate) struct XmlWriter {
+    buf: String,
+}
+
+impl XmlWriter {
+    /// A writer with an empty buffer.
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    /// `<name>`
+    pub(crate) fn start(&mut self, name: &str) -> &mut Self {
+        self.buf.push('<');
+        self.buf.push_str(name);
+        self.buf.push('>');
+        self
+    }
+
+    /// `<name a="v" ...>`
+    pub(crate) fn start_with(&mut self, name: &str, attrs: &[(&str, &str)]) -> &mut Self {
+        self.buf.push('<');
+        self.buf.push_str(name);
+        for (key, value) in attrs {
+            self.buf.push(' ');
+            self.buf.push_str(key);
+            self.buf.push_str("=\"");
+            escape(value, &mut self.buf);
+            self.buf.push('"');
+        }
+        self.buf.push('>');
+        self
+    }
+
+    /// `<name xmlns:_XMLSchema-instance="..." _XMLSchema-instance:type="T">`, as govmomi writes
+    /// a polymorphic field.
+    pub(crate) fn start_typed(&mut self, name: &str, xsi_type: &str) -> &mut Self {
+        self.start_with(
+            name,
+            &[
+                ("xmlns:_XMLSchema-instance", XSI_NS),
+                ("_XMLSchema-instance:type", xsi_type),
+            ],
+        )
+    }
+
+    /// `</name>`
+    pub(crate) fn end(&mut self, name: &str) -> &mut Self {
+        self.buf.push_str("</");
+        self.buf.push_str(name);
+        self.buf.push('>');
+        self
+    }
+
+    /// `<name>escaped text</name>`
+    pub(crate) fn text(&mut self, name: &str, text: &str) -> &mut Self {
+        self.start(name);
+        escape(text, &mut self.buf);
+        self.end(name)
+    }
+
+    /// `<name>text</name>` only when `text` is set (Go's `omitempty`).
+    pub(crate) fn opt_text(&mut self, name: &str, text: Option<&str>) -> &mut Self {
+        if let Some(text) = text {
+            self.text(name, text);
+        }
+        self
+    }
+
+    /// `<name type="kind">value</name>`: a managed object reference.
+    pub(crate) fn moref(&mut self, name: &str, kind: &str, value: &str) -> &mut Self {
+        self.start_with(name, &[("type", kind)]);
+        escape(value, &mut self.buf);
+        self.end(name)
+    }
+
+    /// The XML written so far.
+    pub(crate) fn finish(self) -> String {
+        self.buf
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xsi_type_is_found_under_any_prefix() {
+        for doc in [
+            r#"<a xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" xsi:type="T"/>"#,
+            r#"<a xmlns:_XMLSchema-instance="http://www.w3.org/2001/XMLSchema-instance" _XMLSchema-instance:type="T"/>"#,
+            r#"<a xmlns:q="http://www.w3.org/2001/XMLSchema-instance" q:type="vim25:T"/>"#,
+        ] {
+            assert_eq!(Element::parse(doc).unwrap().xsi_type(), Some("T"), "{doc}");
+        }
+    }
+
+    #[test]
+    fn a_type_attribute_in_another_namespace_is_not_xsi_type() {
+        let doc = r#"<a xmlns:o="urn:other" o:type="T" type="Datastore"/>"#;
+        let root = Element::parse(doc).unwrap();
+        assert_eq!(root.xsi_type(), None);
+        assert_eq!(root.attr("type"), Some("Datastore"));
+    }
+
+    #[test]
+    fn parses_namespaces_text_and_entities() {
+        let doc = r#"<?xml version="1.0"?><e:Envelope xmlns:e="urn:env"><Body xmlns="urn:b"><x>a &amp; b &#34;c&#x27;</x><y/></Body></e:Envelope>"#;
+        let root = Element::parse(doc).unwrap();
+        assert_eq!(root.name, "Envelope");
+        assert_eq!(root.ns.as_deref(), Some("urn:env"));
+        let body = root.child("Body").unwrap();
+        assert_eq!(body.ns.as_deref(), Some("urn:b"));
+        assert_eq!(body.child_text("x"), Some("a & b \"c'"));
+        assert_eq!(body.child_text("y"), Some(""));
+    }
+
+    #[test]
+    fn malformed_documents_are_errors_not_panics() {
+        for doc in ["", "<a>", "<a></b>", "<a>&bogus;</a>", "text only"] {
+            assert!(Element::parse(doc).is_err(), "{doc:?} should not parse");
+        }
+    }
+
+    #[test]
+    fn writer_escapes_like_go() {
+        let mut w = XmlWriter::new();
+        w.text("k", "a<b>&\"'\t\n");
+        w.moref("m", "T\"", "v");
+        assert_eq!(
+            w.finish(),
+            "<k>a&lt;b&gt;&amp;&#34;&#39;&#x9;&#xA;</k><m type=\"T&#34;\">v</m>"
+        );
+    }
+}
