@@ -1,1 +1,82 @@
-//! placeholder
+#![doc = include_str!("../README.md")]
+//!
+//! # Go options and their Rust form
+//!
+//! | Go (`sig-storage-lib-external-provisioner/controller`) | Rust |
+//! |---|---|
+//! | `NewProvisionController(client, name, provisioner, opts...)` | [`ProvisionController::new`] + builder methods |
+//! | `Run(ctx)` | [`ProvisionController::run`]`(shutdown)`, consumes the controller |
+//! | `Qualifier`, `DeletionGuard`, `BlockProvisioner` (type assertions) | [`ProvisionController::qualifier`], [`ProvisionController::deletion_guard`], [`Provisioner::supports_block`] |
+//! | `ProvisioningState` + `error`, `IgnoredError` | [`ProvisionError`] variants, [`DeleteError::Ignored`] |
+//! | `ResyncPeriod` (15 min) | [`Config::resync_period`] |
+//! | `Threadiness` (4) | [`Config::threads`] (`NonZeroU16`) |
+//! | `ExponentialBackOffOnError` (true), `RateLimiter` | [`Config::failure_backoff`]: [`FailureBackoff::Exponential`] / [`FailureBackoff::Flat`] / [`FailureBackoff::Custom`] |
+//! | `FailedProvisionThreshold`, `FailedDeleteThreshold` (15, 0 = forever) | [`Config::failed_provision_threshold`], [`Config::failed_delete_threshold`] |
+//! | `CreateProvisionedPVRetryCount` (5), `CreateProvisionedPVInterval` (10 s) | [`Config::pv_save`]: [`PvSaveStrategy::Blocking`] |
+//! | `CreateProvisionedPVBackoff` | [`PvSaveStrategy::Backoff`] |
+//! | `CreateProvisionedPVLimiter` | [`PvSaveStrategy::Background`] |
+//! | `LeaderElection` (true), `LeaderElectionNamespace`, `LeaseDuration` (15 s), `RenewDeadline` (10 s), `RetryPeriod` (2 s) | [`Config::leader_election`]`(Option<`[`LeaderElectionConfig`]`>)`; namespace via [`Config::from_lookup`] |
+//! | `AdditionalProvisionerNames` | [`Config::additional_provisioner_names`] |
+//! | `AddFinalizer` (false) | [`Config::add_finalizer`] |
+//! | `ProvisionTimeout`, `DeletionTimeout` (none) | [`Config::provision_timeout`], [`Config::deletion_timeout`] |
+//! | `getProvisionedVolumeNameForClaim` (`pvc-<uid>`) | [`Config::volume_namer`] ([`VolumeNamer`]) |
+//! | `MetricsAddress`, `MetricsPort` (0 = off), `MetricsPath` | [`Config::metrics_address`], [`Config::metrics_port`], [`Config::metrics_path`] |
+//! | `MetricsInstance` | [`ProvisionController::metrics`], [`ProvisionController::metrics_registry`] |
+//! | `ClaimsInformer`, `VolumesInformer`, `ClassesInformer` | [`ProvisionController::claims_cache`], [`ProvisionController::volumes_cache`], [`ProvisionController::classes_cache`] with a [`SharedCache`] |
+//! | `NodesLister` | not offered: the selected node is read with a GET, as Go does without a lister |
+//!
+//! # Differences from Go
+//!
+//! - **No leaked volume when a claim gives up.** Go drops a claim from its "claims in
+//!   progress" when the failure threshold is reached, even while the driver is still
+//!   creating its volume in the background; the asset is then never saved nor deleted.
+//!   Here such a claim keeps being retried (at the limiter's pace) until the driver
+//!   returns a volume, which is saved and then reclaimed as usual, or a final answer.
+//! - **Stop outcomes are not failures.** A PV that already exists, a claim the driver
+//!   ignores, an unsupported block claim or a rescheduled claim count in
+//!   `..._provision_stopped_total`, not in `..._provision_failed_total`.
+//! - **Timeouts bound every call.** [`Config::provision_timeout`] and
+//!   [`Config::deletion_timeout`] limit each API and backend call of an operation,
+//!   including PV saving and the cleanup after a failed save (Go's blocking save used an
+//!   unbounded context). A provision call that times out is treated as running in the
+//!   background, so its claim is driven to the end.
+//! - **A panicking driver** fails that call only: an event, a retry, the claim keeps its
+//!   remembered state ([`ProvisionError::NoChange`]).
+//! - **Additional names delete too.** A released PV whose provisioned-by annotation holds
+//!   one of [`Config::additional_provisioner_names`] is deleted; Go only matched the main name.
+//! - **Deleting a PV that is already gone** counts as done instead of an error.
+//! - **A new or changed StorageClass requeues its unbound claims**, so a claim that
+//!   arrived before its class is provisioned at once instead of after its backoff.
+//! - **The qualifier is asked only about claims that name this provisioner** (same
+//!   decisions as Go, fewer calls).
+//! - **Finalizers are written with a merge patch** guarded by the resourceVersion; the
+//!   finalizer is put only on PVs with reclaim policy Delete at provisioning time (Go adds
+//!   it and removes it again on the next sync for Retain volumes).
+//! - **Volumes whose CSI driver is ours** count as ours, as in newer upstream
+//!   (`isProvisionerForVolume`), besides the provisioned-by and migrated-to annotations.
+//! - Events are written with the `events.k8s.io/v1` API (kube-runtime's recorder).
+
+pub mod http;
+pub mod leader;
+pub mod metrics;
+pub(crate) mod queue;
+pub mod ratelimit;
+
+pub mod annotations;
+mod cache;
+mod config;
+mod controller;
+mod error;
+pub mod events;
+mod provisioner;
+mod strategy;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+
+pub use cache::SharedCache;
+pub use config::{Config, LeaderElectionConfig, SERVICE_ACCOUNT_NAMESPACE_PATH, VolumeNamer};
+pub use controller::ProvisionController;
+pub use error::{BoxError, ConfigError, DeleteError, Error, ProvisionError, Result};
+pub use metrics::ControllerMetrics;
+pub use provisioner::{DeletionGuard, ProvisionOptions, Provisioner, Qualifier};
+pub use strategy::{FailureBackoff, PvSaveStrategy};

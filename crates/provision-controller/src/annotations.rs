@@ -1,0 +1,146 @@
+//! Annotation and finalizer names the controller reads and writes, with typed getters.
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+
+/// On a PV: the provisioner that created it (Go: `annDynamicallyProvisioned`).
+#[doc(alias = "annDynamicallyProvisioned")]
+pub const ANN_PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
+/// On a PV: the CSI driver a migrated in-tree volume now belongs to (Go: `annMigratedTo`).
+#[doc(alias = "annMigratedTo")]
+pub const ANN_MIGRATED_TO: &str = "pv.kubernetes.io/migrated-to";
+/// On a claim: the provisioner asked to provision it (Go: `annStorageProvisioner`).
+#[doc(alias = "annStorageProvisioner")]
+pub const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
+/// On a claim: the beta form of [`ANN_STORAGE_PROVISIONER`], read when that one is absent.
+#[doc(alias = "annBetaStorageProvisioner")]
+pub const ANN_BETA_STORAGE_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-provisioner";
+/// On a claim: the node the scheduler chose (Go: `annSelectedNode`).
+#[doc(alias = "annSelectedNode")]
+pub const ANN_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+/// On a claim: the Kubernetes 1.11 form of [`ANN_SELECTED_NODE`] (Go: `annAlphaSelectedNode`).
+#[doc(alias = "annAlphaSelectedNode")]
+pub const ANN_ALPHA_SELECTED_NODE: &str = "volume.alpha.kubernetes.io/selected-node";
+/// PV finalizer marking the provisioner as owner of its cleanup (Go: `finalizerPV`).
+#[doc(alias = "finalizerPV")]
+pub const FINALIZER_PV: &str = "external-provisioner.volume.kubernetes.io/finalizer";
+
+fn annotation<'a>(
+    meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    key: &str,
+) -> Option<&'a str> {
+    meta.annotations.as_ref()?.get(key).map(String::as_str)
+}
+
+/// The provisioner a claim asks for: [`ANN_STORAGE_PROVISIONER`], else its beta form.
+#[must_use]
+pub fn storage_provisioner(claim: &PersistentVolumeClaim) -> Option<&str> {
+    annotation(&claim.metadata, ANN_STORAGE_PROVISIONER)
+        .or_else(|| annotation(&claim.metadata, ANN_BETA_STORAGE_PROVISIONER))
+}
+
+/// The node the scheduler chose: [`ANN_SELECTED_NODE`], else its alpha form.
+#[must_use]
+pub fn selected_node(claim: &PersistentVolumeClaim) -> Option<&str> {
+    annotation(&claim.metadata, ANN_SELECTED_NODE)
+        .or_else(|| annotation(&claim.metadata, ANN_ALPHA_SELECTED_NODE))
+}
+
+/// Whether the claim carries [`ANN_SELECTED_NODE`] (any value); the alpha form does not count.
+#[must_use]
+pub fn has_selected_node(claim: &PersistentVolumeClaim) -> bool {
+    annotation(&claim.metadata, ANN_SELECTED_NODE).is_some()
+}
+
+/// The claim's storage class name: `spec.storageClassName`, or `""` (Go: `GetPersistentVolumeClaimClass`).
+///
+/// The deprecated `volume.beta.kubernetes.io/storage-class` annotation wins when present,
+/// as in Kubernetes.
+#[must_use]
+pub fn claim_class(claim: &PersistentVolumeClaim) -> &str {
+    if let Some(class) = annotation(&claim.metadata, "volume.beta.kubernetes.io/storage-class") {
+        return class;
+    }
+    claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.as_deref())
+        .unwrap_or("")
+}
+
+/// Whether the claim asks for `volumeMode: Block`.
+#[must_use]
+pub fn is_block(claim: &PersistentVolumeClaim) -> bool {
+    claim.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block")
+}
+
+/// The PV's `pv.kubernetes.io/provisioned-by` value.
+#[must_use]
+pub fn provisioned_by(volume: &PersistentVolume) -> Option<&str> {
+    annotation(&volume.metadata, ANN_PROVISIONED_BY)
+}
+
+/// The PV's `pv.kubernetes.io/migrated-to` value.
+#[must_use]
+pub fn migrated_to(volume: &PersistentVolume) -> Option<&str> {
+    annotation(&volume.metadata, ANN_MIGRATED_TO)
+}
+
+/// Whether the PV carries `finalizer`.
+#[must_use]
+pub fn has_finalizer(volume: &PersistentVolume, finalizer: &str) -> bool {
+    volume
+        .metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|x| x == finalizer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{pv, pvc};
+
+    #[test]
+    fn storage_provisioner_prefers_the_ga_annotation_over_the_beta_one() {
+        let claim = pvc("c")
+            .annotation(ANN_BETA_STORAGE_PROVISIONER, "beta")
+            .annotation(ANN_STORAGE_PROVISIONER, "ga")
+            .build();
+        assert_eq!(storage_provisioner(&claim), Some("ga"));
+        let beta_only = pvc("c")
+            .annotation(ANN_BETA_STORAGE_PROVISIONER, "beta")
+            .build();
+        assert_eq!(storage_provisioner(&beta_only), Some("beta"));
+        assert_eq!(storage_provisioner(&pvc("c").build()), None);
+    }
+
+    #[test]
+    fn selected_node_falls_back_to_the_alpha_annotation() {
+        let alpha = pvc("c").annotation(ANN_ALPHA_SELECTED_NODE, "n1").build();
+        assert_eq!(selected_node(&alpha), Some("n1"));
+        assert!(!has_selected_node(&alpha));
+        let ga = pvc("c").selected_node("n2").build();
+        assert_eq!(selected_node(&ga), Some("n2"));
+        assert!(has_selected_node(&ga));
+    }
+
+    #[test]
+    fn claim_class_reads_the_spec_or_the_legacy_annotation() {
+        assert_eq!(claim_class(&pvc("c").storage_class("fast").build()), "fast");
+        assert_eq!(claim_class(&pvc("c").build()), "");
+        let legacy = pvc("c")
+            .storage_class("fast")
+            .annotation("volume.beta.kubernetes.io/storage-class", "old")
+            .build();
+        assert_eq!(claim_class(&legacy), "old");
+    }
+
+    #[test]
+    fn finalizer_presence_is_detected() {
+        assert!(has_finalizer(
+            &pv("v").finalizer(FINALIZER_PV).build(),
+            FINALIZER_PV
+        ));
+        assert!(!has_finalizer(&pv("v").build(), FINALIZER_PV));
+    }
+}

@@ -1,0 +1,473 @@
+//! [`Config`]: every option of the Go controller, with its default.
+
+use std::{
+    fmt,
+    net::{IpAddr, Ipv4Addr},
+    num::NonZeroU16,
+    sync::Arc,
+    time::Duration,
+};
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+
+use crate::{
+    error::ConfigError,
+    strategy::{FailureBackoff, PvSaveStrategy},
+};
+
+/// Leader election on a `coordination.k8s.io/v1` Lease named after the provisioner.
+///
+/// # Caveats
+/// The election itself is not implemented yet (it arrives with the next release):
+/// when enabled, [`ProvisionController::run`](crate::ProvisionController::run) logs a
+/// warning and runs without it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[doc(alias = "LeaderElection")]
+pub struct LeaderElectionConfig {
+    /// Namespace of the Lease (Go `LeaderElectionNamespace`); see [`Config::from_lookup`].
+    pub namespace: String,
+    /// How long non-leaders wait before taking over (Go `LeaseDuration`, default 15 s).
+    pub lease_duration: Duration,
+    /// How long the leader retries renewing before giving up (Go `RenewDeadline`, default 10 s).
+    pub renew_deadline: Duration,
+    /// Pause between election actions (Go `RetryPeriod`, default 2 s).
+    pub retry_period: Duration,
+}
+
+impl Default for LeaderElectionConfig {
+    fn default() -> Self {
+        Self {
+            namespace: "default".into(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Computes the PV name for a claim (Go `getProvisionedVolumeNameForClaim`).
+#[derive(Clone)]
+pub struct VolumeNamer(Arc<dyn Fn(&PersistentVolumeClaim) -> String + Send + Sync>);
+
+impl VolumeNamer {
+    /// A hook from a closure; the name must be unique per claim and stable across calls.
+    pub fn new(f: impl Fn(&PersistentVolumeClaim) -> String + Send + Sync + 'static) -> Self {
+        Self(Arc::new(f))
+    }
+    /// The name for `claim`.
+    #[must_use]
+    pub fn name(&self, claim: &PersistentVolumeClaim) -> String {
+        (self.0)(claim)
+    }
+}
+
+impl Default for VolumeNamer {
+    /// `pvc-<claim uid>`.
+    fn default() -> Self {
+        Self::new(|claim| format!("pvc-{}", claim.metadata.uid.as_deref().unwrap_or_default()))
+    }
+}
+
+impl fmt::Debug for VolumeNamer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("VolumeNamer(..)")
+    }
+}
+
+/// Options for [`ProvisionController`](crate::ProvisionController); every field has a
+/// documented default (the Go one).
+///
+/// Setters cannot fail: the types carry the invariants. Checks across options are in
+/// [`Config::validate`], which `run` calls first.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub(crate) resync_period: Duration,
+    pub(crate) threads: NonZeroU16,
+    pub(crate) failure_backoff: FailureBackoff,
+    pub(crate) failed_provision_threshold: u32,
+    pub(crate) failed_delete_threshold: u32,
+    pub(crate) pv_save: PvSaveStrategy,
+    pub(crate) leader_election: Option<LeaderElectionConfig>,
+    pub(crate) additional_provisioner_names: Vec<String>,
+    pub(crate) add_finalizer: bool,
+    pub(crate) provision_timeout: Option<Duration>,
+    pub(crate) deletion_timeout: Option<Duration>,
+    pub(crate) volume_namer: VolumeNamer,
+    pub(crate) metrics_address: IpAddr,
+    pub(crate) metrics_port: u16,
+    pub(crate) metrics_path: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            resync_period: Self::DEFAULT_RESYNC_PERIOD,
+            threads: Self::DEFAULT_THREADS,
+            failure_backoff: FailureBackoff::Exponential,
+            failed_provision_threshold: Self::DEFAULT_FAILED_THRESHOLD,
+            failed_delete_threshold: Self::DEFAULT_FAILED_THRESHOLD,
+            pv_save: PvSaveStrategy::default(),
+            leader_election: Some(LeaderElectionConfig::default()),
+            additional_provisioner_names: Vec::new(),
+            add_finalizer: false,
+            provision_timeout: None,
+            deletion_timeout: None,
+            volume_namer: VolumeNamer::default(),
+            metrics_address: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            metrics_port: 0,
+            metrics_path: "/metrics".into(),
+        }
+    }
+}
+
+/// Where [`Config::from_lookup`] reads the service-account namespace.
+pub const SERVICE_ACCOUNT_NAMESPACE_PATH: &str =
+    "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+impl Config {
+    /// Default resync period (Go `DefaultResyncPeriod`).
+    pub const DEFAULT_RESYNC_PERIOD: Duration = Duration::from_secs(15 * 60);
+    /// Default number of claim workers and of volume workers (Go `DefaultThreadiness`).
+    pub const DEFAULT_THREADS: NonZeroU16 = NonZeroU16::new(4).expect("4 is not zero");
+    /// Default failure thresholds (Go `DefaultFailedProvisionThreshold`/`DefaultFailedDeleteThreshold`).
+    pub const DEFAULT_FAILED_THRESHOLD: u32 = 15;
+    /// Default PV create attempts (Go `DefaultCreateProvisionedPVRetryCount`).
+    pub const DEFAULT_CREATE_PV_RETRIES: u32 = 5;
+    /// Default pause between PV create attempts (Go `DefaultCreateProvisionedPVInterval`).
+    pub const DEFAULT_CREATE_PV_INTERVAL: Duration = Duration::from_secs(10);
+
+    /// The default config with the leader-election namespace of an in-cluster process:
+    /// `POD_NAMESPACE`, else the service-account namespace file, else `"default"`.
+    ///
+    /// `lookup` is asked for `"POD_NAMESPACE"` (an environment variable) and for
+    /// [`SERVICE_ACCOUNT_NAMESPACE_PATH`] (a file's content); the library itself reads
+    /// neither. A binary passes
+    /// `|k| if k.starts_with('/') { std::fs::read_to_string(k).ok() } else { std::env::var(k).ok() }`.
+    ///
+    /// # Errors
+    /// None today; the `Result` leaves room for more variables.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let namespace = [
+            lookup("POD_NAMESPACE"),
+            lookup(SERVICE_ACCOUNT_NAMESPACE_PATH),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|ns| ns.trim().to_owned())
+        .find(|ns| !ns.is_empty())
+        .unwrap_or_else(|| "default".into());
+        let election = LeaderElectionConfig {
+            namespace,
+            ..LeaderElectionConfig::default()
+        };
+        Ok(Self::default().leader_election(Some(election)))
+    }
+
+    /// Checks the options together.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the first invalid option.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.resync_period.is_zero() {
+            return Err(ConfigError::invalid(
+                "resync_period",
+                "must be greater than zero",
+            ));
+        }
+        match self.pv_save {
+            PvSaveStrategy::Blocking { retries: 0, .. } => {
+                return Err(ConfigError::invalid(
+                    "pv_save",
+                    "retries must be at least 1",
+                ));
+            }
+            PvSaveStrategy::Backoff { steps, factor, .. } => {
+                if steps == 0 {
+                    return Err(ConfigError::invalid("pv_save", "steps must be at least 1"));
+                }
+                if !factor.is_finite() || factor < 1.0 {
+                    return Err(ConfigError::invalid(
+                        "pv_save",
+                        format!("factor must be a finite number >= 1, got {factor}"),
+                    ));
+                }
+            }
+            _ => {}
+        }
+        if let Some(le) = &self.leader_election {
+            if le.namespace.is_empty() {
+                return Err(ConfigError::invalid(
+                    "leader_election.namespace",
+                    "is empty",
+                ));
+            }
+            if le.retry_period.is_zero() {
+                return Err(ConfigError::invalid(
+                    "leader_election.retry_period",
+                    "must be greater than zero",
+                ));
+            }
+            if le.renew_deadline >= le.lease_duration {
+                return Err(ConfigError::invalid(
+                    "leader_election.renew_deadline",
+                    format!(
+                        "{:?} must be shorter than lease_duration {:?}",
+                        le.renew_deadline, le.lease_duration
+                    ),
+                ));
+            }
+            if le.retry_period >= le.renew_deadline {
+                return Err(ConfigError::invalid(
+                    "leader_election.retry_period",
+                    format!(
+                        "{:?} must be shorter than renew_deadline {:?}",
+                        le.retry_period, le.renew_deadline
+                    ),
+                ));
+            }
+        }
+        if self
+            .additional_provisioner_names
+            .iter()
+            .any(String::is_empty)
+        {
+            return Err(ConfigError::invalid(
+                "additional_provisioner_names",
+                "contains an empty name",
+            ));
+        }
+        for (option, timeout) in [
+            ("provision_timeout", self.provision_timeout),
+            ("deletion_timeout", self.deletion_timeout),
+        ] {
+            if timeout.is_some_and(|t| t.is_zero()) {
+                return Err(ConfigError::invalid(
+                    option,
+                    "must be greater than zero (None = no limit)",
+                ));
+            }
+        }
+        if !self.metrics_path.starts_with('/') {
+            return Err(ConfigError::invalid(
+                "metrics_path",
+                format!("{:?} must start with '/'", self.metrics_path),
+            ));
+        }
+        Ok(())
+    }
+}
+
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty;)*) => {
+        impl Config {
+            $(
+                $(#[$doc])*
+                #[must_use]
+                pub fn $name(mut self, value: $ty) -> Self {
+                    self.$name = value;
+                    self
+                }
+            )*
+        }
+    };
+}
+
+setters! {
+    /// How often every claim and volume is processed again even without a change
+    /// (Go `ResyncPeriod`). Default 15 minutes.
+    #[doc(alias = "ResyncPeriod")]
+    resync_period: Duration;
+    /// Number of claim workers, and of volume workers (Go `Threadiness`). Default 4.
+    #[doc(alias = "Threadiness")]
+    threads: NonZeroU16;
+    /// Delay of failed claims and volumes (Go `ExponentialBackOffOnError`, `RateLimiter`).
+    /// Default [`FailureBackoff::Exponential`].
+    failure_backoff: FailureBackoff;
+    /// Attempts at a claim before giving up until its next change or resync; 0 retries
+    /// forever (Go `FailedProvisionThreshold`). Default 15.
+    ///
+    /// A claim whose provisioning runs in the background is never given up (see the
+    /// crate docs: this avoids leaking its volume).
+    #[doc(alias = "FailedProvisionThreshold")]
+    failed_provision_threshold: u32;
+    /// Attempts at deleting a volume before giving up until its next change or resync;
+    /// 0 retries forever (Go `FailedDeleteThreshold`). Default 15.
+    #[doc(alias = "FailedDeleteThreshold")]
+    failed_delete_threshold: u32;
+    /// How provisioned PVs are saved. Default [`PvSaveStrategy::Blocking`], 5 tries 10 s apart.
+    pv_save: PvSaveStrategy;
+    /// Leader election, or `None` to run without (Go `LeaderElectionConfig`, default on).
+    #[doc(alias = "LeaderElectionNamespace")]
+    #[doc(alias = "LeaseDuration")]
+    #[doc(alias = "RenewDeadline")]
+    #[doc(alias = "RetryPeriod")]
+    leader_election: Option<LeaderElectionConfig>;
+    /// Further names this controller answers to in claims' storage-provisioner annotation
+    /// and classes' provisioner field (Go `AdditionalProvisionerNames`). Default none.
+    #[doc(alias = "AdditionalProvisionerNames")]
+    additional_provisioner_names: Vec<String>;
+    /// Put [`FINALIZER_PV`](crate::annotations::FINALIZER_PV) on provisioned PVs with reclaim
+    /// policy Delete, so they stay until their asset is deleted (Go `AddFinalizer`). Default off.
+    #[doc(alias = "AddFinalizer")]
+    add_finalizer: bool;
+    /// Limit of each API and backend call while provisioning (Go `ProvisionTimeout`).
+    /// Default none.
+    #[doc(alias = "ProvisionTimeout")]
+    provision_timeout: Option<Duration>;
+    /// Limit of each API and backend call while deleting (Go `DeletionTimeout`). Default none.
+    #[doc(alias = "DeletionTimeout")]
+    deletion_timeout: Option<Duration>;
+    /// The PV name for a claim. Default `pvc-<claim uid>`.
+    volume_namer: VolumeNamer;
+    /// Address of the metrics server (Go `MetricsAddress`). Default `0.0.0.0`.
+    #[doc(alias = "MetricsAddress")]
+    metrics_address: IpAddr;
+    /// Port of the metrics server, 0 = off (Go `MetricsPort`). Default 0.
+    #[doc(alias = "MetricsPort")]
+    metrics_port: u16;
+    /// Path of the metrics endpoint (Go `MetricsPath`). Default `/metrics`.
+    #[doc(alias = "MetricsPath")]
+    metrics_path: String;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn election(lease: u64, renew: u64, retry: u64) -> Option<LeaderElectionConfig> {
+        Some(LeaderElectionConfig {
+            namespace: "ns".into(),
+            lease_duration: Duration::from_secs(lease),
+            renew_deadline: Duration::from_secs(renew),
+            retry_period: Duration::from_secs(retry),
+        })
+    }
+
+    #[test]
+    fn defaults_are_the_go_defaults() {
+        let c = Config::default();
+        assert_eq!(c.resync_period, Duration::from_secs(900));
+        assert_eq!(c.threads.get(), 4);
+        assert!(matches!(c.failure_backoff, FailureBackoff::Exponential));
+        assert_eq!(
+            (c.failed_provision_threshold, c.failed_delete_threshold),
+            (15, 15)
+        );
+        assert_eq!(c.pv_save.pauses(), Some(vec![Duration::from_secs(10); 4]));
+        assert_eq!(c.leader_election, Some(LeaderElectionConfig::default()));
+        assert!(!c.add_finalizer);
+        assert_eq!((c.provision_timeout, c.deletion_timeout), (None, None));
+        assert_eq!((c.metrics_port, c.metrics_path.as_str()), (0, "/metrics"));
+        assert_eq!(c.metrics_address.to_string(), "0.0.0.0");
+        let claim = crate::testing::pvc("c").uid("1234").build();
+        assert_eq!(c.volume_namer.name(&claim), "pvc-1234");
+        assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
+    fn validation_names_the_invalid_option() {
+        let cases: Vec<(&str, Config, Option<&str>)> = vec![
+            ("defaults are valid", Config::default(), None),
+            (
+                "zero resync",
+                Config::default().resync_period(Duration::ZERO),
+                Some("resync_period"),
+            ),
+            (
+                "renew deadline not shorter than lease",
+                Config::default().leader_election(election(10, 10, 2)),
+                Some("leader_election.renew_deadline"),
+            ),
+            (
+                "retry period not shorter than renew deadline",
+                Config::default().leader_election(election(15, 10, 10)),
+                Some("leader_election.retry_period"),
+            ),
+            (
+                "zero retry period",
+                Config::default().leader_election(election(15, 10, 0)),
+                Some("leader_election.retry_period"),
+            ),
+            (
+                "election off skips its checks",
+                Config::default().leader_election(None),
+                None,
+            ),
+            (
+                "zero save retries",
+                Config::default().pv_save(PvSaveStrategy::Blocking {
+                    retries: 0,
+                    interval: Duration::ZERO,
+                }),
+                Some("pv_save"),
+            ),
+            (
+                "backoff factor below one",
+                Config::default().pv_save(PvSaveStrategy::Backoff {
+                    initial: Duration::from_secs(1),
+                    factor: 0.5,
+                    steps: 3,
+                    cap: None,
+                }),
+                Some("pv_save"),
+            ),
+            (
+                "empty additional name",
+                Config::default().additional_provisioner_names(vec![String::new()]),
+                Some("additional_provisioner_names"),
+            ),
+            (
+                "zero provision timeout",
+                Config::default().provision_timeout(Some(Duration::ZERO)),
+                Some("provision_timeout"),
+            ),
+            (
+                "zero deletion timeout",
+                Config::default().deletion_timeout(Some(Duration::ZERO)),
+                Some("deletion_timeout"),
+            ),
+            (
+                "relative metrics path",
+                Config::default().metrics_path("m".into()),
+                Some("metrics_path"),
+            ),
+        ];
+        for (name, config, want) in cases {
+            let got = config
+                .validate()
+                .err()
+                .map(|ConfigError::Invalid { option, .. }| option);
+            assert_eq!(got, want, "case: {name}");
+        }
+    }
+
+    #[test]
+    fn leader_election_namespace_comes_from_pod_namespace_then_service_account_then_default() {
+        let ns = |vars: &[(&str, &str)]| {
+            let vars: std::collections::HashMap<String, String> = vars
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect();
+            Config::from_lookup(|k| vars.get(k).cloned())
+                .unwrap()
+                .leader_election
+                .unwrap()
+                .namespace
+        };
+        assert_eq!(
+            ns(&[
+                ("POD_NAMESPACE", "pods"),
+                (SERVICE_ACCOUNT_NAMESPACE_PATH, "sa")
+            ]),
+            "pods"
+        );
+        assert_eq!(
+            ns(&[
+                ("POD_NAMESPACE", ""),
+                (SERVICE_ACCOUNT_NAMESPACE_PATH, "sa\n")
+            ]),
+            "sa"
+        );
+        assert_eq!(ns(&[]), "default");
+    }
+}

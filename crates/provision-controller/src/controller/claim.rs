@@ -1,0 +1,513 @@
+//! The claim flow: `should_provision` and `can_provision` (pure), then `sync_claim` and
+//! `provision_claim` (I/O). Go: `syncClaim`, `shouldProvision`, `canProvision`,
+//! `provisionClaimOperation`, `provisionVolumeErrorHandling`, `rescheduleProvisioning`.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::{
+    core::v1::{Node, ObjectReference, PersistentVolumeClaim},
+    storage::v1::StorageClass,
+};
+use kube_client::{Api, api::PostParams};
+use tokio::time::Instant;
+
+use super::{
+    Context,
+    op::{self, Names, OpError, api, call, chain, is_api},
+};
+use crate::{
+    ProvisionError, ProvisionOptions,
+    annotations::{self, ANN_PROVISIONED_BY, ANN_SELECTED_NODE, FINALIZER_PV},
+    events,
+};
+
+/// Go's `ProvisioningState` after a failed attempt: what the controller must remember.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum State {
+    /// Work may continue in the backend: keep driving the claim even once it is deleted.
+    InBackground,
+    /// Nothing runs in the backend.
+    Finished,
+    /// Keep whatever was remembered.
+    NoChange,
+}
+
+/// How an attempt ended without failing.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// The PV was saved (or handed to the background saver).
+    Provisioned,
+    /// Nothing more to do for now (Go `errStopProvision`): not a failure.
+    Stopped(&'static str),
+}
+
+type Attempt = Result<Outcome, (State, OpError)>;
+
+/// Whether the claim should get a volume from us (Go `shouldProvision`, after the qualifier).
+///
+/// # Errors
+/// [`OpError::ClassNotFound`] when the claim names us but its class is missing: the
+/// claim is retried, since the class may be created later.
+pub(crate) fn should_provision(
+    claim: &PersistentVolumeClaim,
+    names: Names<'_>,
+    class_of: impl Fn(&str) -> Option<Arc<StorageClass>>,
+) -> Result<bool, OpError> {
+    if is_bound(claim) {
+        return Ok(false);
+    }
+    let Some(provisioner) = annotations::storage_provisioner(claim) else {
+        return Ok(false);
+    };
+    if !names.knows(provisioner) {
+        return Ok(false);
+    }
+    let class_name = annotations::claim_class(claim);
+    let class = class_of(class_name).ok_or_else(|| OpError::ClassNotFound {
+        name: class_name.to_owned(),
+    })?;
+    if class.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer") {
+        // The scheduler's choice is required; we remove it ourselves to reschedule.
+        return Ok(
+            annotations::selected_node(claim).is_some_and(|n| !n.is_empty())
+                && annotations::has_selected_node(claim),
+        );
+    }
+    Ok(true)
+}
+
+fn is_bound(claim: &PersistentVolumeClaim) -> bool {
+    claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .is_some_and(|v| !v.is_empty())
+}
+
+/// Whether this driver can serve the claim at all (Go `canProvision`).
+///
+/// # Errors
+/// The message for the `ProvisioningFailed` event.
+pub(crate) fn can_provision(
+    claim: &PersistentVolumeClaim,
+    supports_block: bool,
+    provisioner: &str,
+) -> Result<(), String> {
+    if annotations::is_block(claim) && !supports_block {
+        return Err(format!(
+            "{provisioner} does not support block volume provisioning"
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn claim_key(claim: &PersistentVolumeClaim) -> String {
+    format!(
+        "{}/{}",
+        claim.metadata.namespace.as_deref().unwrap_or_default(),
+        claim.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+fn data_source_kind(claim: &PersistentVolumeClaim) -> &str {
+    claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.data_source.as_ref())
+        .map_or("", |d| d.kind.as_str())
+}
+
+/// Processes the claim with this UID; an error requeues it (Go `syncClaimHandler` + `syncClaim`).
+pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> {
+    let claim = ctx
+        .caches
+        .claim_by_uid(uid)
+        .or_else(|| ctx.in_progress_claim(uid));
+    let Some(claim) = claim else {
+        tracing::debug!(claim_uid = uid, "claim in work queue no longer exists");
+        return Ok(());
+    };
+    let class = annotations::claim_class(&claim).to_owned();
+    let source = data_source_kind(&claim).to_owned();
+    // The qualifier is asked only about claims that are ours (same answers as Go, which
+    // asks it first, without calling a possibly costly qualifier for every claim).
+    let should = match should_provision(&claim, ctx.names(), |c| ctx.caches.class(c)) {
+        Ok(false) => Ok(false),
+        decision if ctx.qualified(&claim).await => decision,
+        _ => Ok(false),
+    };
+    match should {
+        Err(err) => {
+            if let Some(m) = &ctx.metrics {
+                m.provision_failed(&class, &source, std::time::Duration::ZERO);
+            }
+            return Err(err);
+        }
+        Ok(false) => return Ok(()),
+        Ok(true) => {}
+    }
+    let start = Instant::now();
+    let attempt = provision_claim(ctx, &claim).await;
+    let elapsed = start.elapsed();
+    match attempt {
+        Ok(Outcome::Provisioned) => {
+            if let Some(m) = &ctx.metrics {
+                m.provision_succeeded(&class, &source, elapsed);
+            }
+            ctx.set_in_progress(uid, None);
+            Ok(())
+        }
+        Ok(Outcome::Stopped(why)) => {
+            tracing::info!(pvc = %claim_key(&claim), why, "stopped provisioning");
+            if let Some(m) = &ctx.metrics {
+                m.provision_stopped(&class, &source);
+            }
+            ctx.set_in_progress(uid, None);
+            Ok(())
+        }
+        Err((state, err)) => {
+            if let Some(m) = &ctx.metrics {
+                m.provision_failed(&class, &source, elapsed);
+            }
+            match state {
+                State::Finished => ctx.set_in_progress(uid, None),
+                State::InBackground => ctx.set_in_progress(uid, Some(Arc::clone(&claim))),
+                State::NoChange => {}
+            }
+            Err(err)
+        }
+    }
+}
+
+/// One provisioning attempt (Go `provisionClaimOperation`).
+#[tracing::instrument(skip_all, fields(pvc = %claim_key(claim)))]
+async fn provision_claim(ctx: &Context, claim: &Arc<PersistentVolumeClaim>) -> Attempt {
+    let limit = ctx.config.provision_timeout;
+    let class_name = annotations::claim_class(claim).to_owned();
+    let pv_name = ctx.config.volume_namer.name(claim);
+    if ctx.caches.volume_exists(&pv_name) {
+        return Ok(Outcome::Stopped("persistentvolume already exists"));
+    }
+    let claim_ref = claim_reference(claim).map_err(|e| (State::NoChange, e))?;
+
+    if let Err(message) = can_provision(claim, ctx.provisioner.supports_block(), &ctx.name) {
+        tracing::error!(%message, "cannot provision claim");
+        ctx.events
+            .warning(&**claim, events::PROVISIONING_FAILED, message)
+            .await;
+        return Ok(Outcome::Stopped("provisioner cannot serve the claim"));
+    }
+    let Some(class) = ctx.caches.class(&class_name) else {
+        return Err((State::Finished, OpError::ClassNotFound { name: class_name }));
+    };
+    if !ctx.names().knows(&class.provisioner) {
+        tracing::error!(provisioner = %class.provisioner, "unknown provisioner requested in the claim's class");
+        return Ok(Outcome::Stopped("class names another provisioner"));
+    }
+
+    let selected_node = annotations::selected_node(claim).map(str::to_owned);
+    if let Some(node) = &selected_node {
+        let nodes: Api<Node> = Api::all(ctx.client.clone());
+        match call(limit, nodes.get(node)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(source)) if is_api(&source, |s| s.is_not_found()) => {
+                let err = OpError::Node {
+                    node: node.clone(),
+                    source,
+                };
+                return error_handling(ctx, claim, State::Finished, true, err).await;
+            }
+            Ok(Err(source)) => {
+                let err = OpError::Node {
+                    node: node.clone(),
+                    source,
+                };
+                ctx.events
+                    .warning(&**claim, events::PROVISIONING_FAILED, chain(&err))
+                    .await;
+                return Err((State::NoChange, err));
+            }
+            Err(e) => return Err((State::NoChange, e.into_op(format!("get node {node}")))),
+        }
+    }
+
+    let options = ProvisionOptions::new(
+        Arc::clone(&class),
+        pv_name,
+        Arc::clone(claim),
+        selected_node,
+    );
+    let note = format!(
+        "External provisioner is provisioning volume for claim {:?}",
+        claim_key(claim)
+    );
+    ctx.events
+        .normal(&**claim, events::PROVISIONING, note)
+        .await;
+
+    let mut volume = match call(limit, ctx.provisioner.provision(&options)).await {
+        Ok(Ok(volume)) => volume,
+        Ok(Err(ProvisionError::Ignored { reason })) => {
+            tracing::info!(%reason, "volume provision ignored");
+            return Ok(Outcome::Stopped("provisioner ignored the claim"));
+        }
+        Ok(Err(source)) => {
+            let (state, reschedule) = match &source {
+                ProvisionError::InBackground(_) => (State::InBackground, false),
+                ProvisionError::NoChange(_) => (State::NoChange, false),
+                ProvisionError::Reschedule(_) => (State::Finished, true),
+                _ => (State::Finished, false),
+            };
+            let err = OpError::Provision {
+                class: class_name,
+                source,
+            };
+            return error_handling(ctx, claim, state, reschedule, err).await;
+        }
+        // The backend may still be working on a timed-out call.
+        Err(e @ op::CallError::Timeout(_)) => {
+            let err = e.into_op("provision");
+            return error_handling(ctx, claim, State::InBackground, false, err).await;
+        }
+        // We cannot know what a panicking driver did: keep the remembered state.
+        Err(e @ op::CallError::Panicked(_)) => {
+            let err = e.into_op("provision");
+            return error_handling(ctx, claim, State::NoChange, false, err).await;
+        }
+    };
+    tracing::info!(pv = ?volume.metadata.name, "volume provisioned");
+
+    let spec = volume.spec.get_or_insert_with(Default::default);
+    spec.claim_ref = Some(claim_ref);
+    spec.storage_class_name = Some(class_name);
+    let reclaim_delete = spec.persistent_volume_reclaim_policy.as_deref() == Some("Delete");
+    if ctx.config.add_finalizer && reclaim_delete {
+        let finalizers = volume.metadata.finalizers.get_or_insert_with(Vec::new);
+        if !finalizers.iter().any(|f| f == FINALIZER_PV) {
+            finalizers.push(FINALIZER_PV.to_owned());
+        }
+    }
+    volume
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(ANN_PROVISIONED_BY.to_owned(), class.provisioner.clone());
+
+    let name = volume.metadata.name.clone().unwrap_or_default();
+    ctx.saver
+        .store(ctx, claim, volume)
+        .await
+        .map_err(|e| (State::Finished, e))?;
+    ctx.caches.mark_saved(&name);
+    Ok(Outcome::Provisioned)
+}
+
+/// Go `provisionVolumeErrorHandling`: the event, then a reschedule when asked for.
+async fn error_handling(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    state: State,
+    reschedule: bool,
+    err: OpError,
+) -> Attempt {
+    ctx.events
+        .warning(claim, events::PROVISIONING_FAILED, chain(&err))
+        .await;
+    if reschedule && annotations::has_selected_node(claim) {
+        return match reschedule_claim(ctx, claim).await {
+            Ok(()) => {
+                tracing::info!(reason = %chain(&err), "volume rescheduled");
+                Ok(Outcome::Stopped("rescheduled to another node"))
+            }
+            Err(update) => {
+                tracing::info!(error = %chain(&update), "volume rescheduling failed");
+                Err((State::Finished, err))
+            }
+        };
+    }
+    Err((state, err))
+}
+
+/// Removes the selected-node annotation so the scheduler picks again (Go `rescheduleProvisioning`).
+///
+/// An update, not a patch: it fails with a conflict when our copy is stale, so we never
+/// drop a node the scheduler chose after we read the claim.
+async fn reschedule_claim(ctx: &Context, claim: &PersistentVolumeClaim) -> Result<(), OpError> {
+    let mut updated = claim.clone();
+    if let Some(annotations) = updated.metadata.annotations.as_mut() {
+        annotations.remove(ANN_SELECTED_NODE);
+    }
+    let namespace = claim.metadata.namespace.as_deref().unwrap_or("default");
+    let name = claim.metadata.name.clone().unwrap_or_default();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
+    api(
+        ctx.config.provision_timeout,
+        || {
+            format!(
+                "delete annotation {ANN_SELECTED_NODE} of claim {}",
+                claim_key(claim)
+            )
+        },
+        claims.replace(&name, &PostParams::default(), &updated),
+    )
+    .await?;
+    Ok(())
+}
+
+fn claim_reference(claim: &PersistentVolumeClaim) -> Result<ObjectReference, OpError> {
+    if claim.metadata.uid.is_none() {
+        return Err(OpError::NoUid {
+            claim: claim_key(claim),
+        });
+    }
+    Ok(ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("PersistentVolumeClaim".into()),
+        namespace: claim.metadata.namespace.clone(),
+        name: claim.metadata.name.clone(),
+        uid: claim.metadata.uid.clone(),
+        resource_version: claim.metadata.resource_version.clone(),
+        ..ObjectReference::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::annotations::{ANN_ALPHA_SELECTED_NODE, ANN_BETA_STORAGE_PROVISIONER};
+    use crate::testing::{class, pvc};
+
+    const ME: &str = "example.com/me";
+
+    fn decide(claim: PersistentVolumeClaim, classes: &[StorageClass]) -> Result<bool, String> {
+        let additional = vec!["example.com/old-name".to_owned()];
+        let names = Names {
+            primary: ME,
+            additional: &additional,
+        };
+        should_provision(&claim, names, |name| {
+            classes
+                .iter()
+                .find(|c| c.metadata.name.as_deref() == Some(name))
+                .cloned()
+                .map(Arc::new)
+        })
+        .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn should_provision_decisions() {
+        let fast = class("fast").provisioner(ME).build();
+        let wffc = class("wffc")
+            .provisioner(ME)
+            .wait_for_first_consumer()
+            .build();
+        let classes = [fast, wffc];
+        let base = || pvc("c").uid("u1").storage_class("fast");
+        let cases: Vec<(&str, PersistentVolumeClaim, Result<bool, String>)> = vec![
+            (
+                "should provision a claim that names us",
+                base().provisioner(ME).build(),
+                Ok(true),
+            ),
+            (
+                "should provision a claim naming us in the beta annotation",
+                base().annotation(ANN_BETA_STORAGE_PROVISIONER, ME).build(),
+                Ok(true),
+            ),
+            (
+                "should provision a claim naming an additional name",
+                base().provisioner("example.com/old-name").build(),
+                Ok(true),
+            ),
+            (
+                "should not provision a bound claim",
+                base().provisioner(ME).volume_name("pv-1").build(),
+                Ok(false),
+            ),
+            (
+                "should not provision a claim without annotation",
+                base().build(),
+                Ok(false),
+            ),
+            (
+                "should not provision a claim for another provisioner",
+                base().provisioner("example.com/other").build(),
+                Ok(false),
+            ),
+            (
+                "should fail when the class is missing",
+                pvc("c").storage_class("gone").provisioner(ME).build(),
+                Err("storageclass \"gone\" not found".into()),
+            ),
+            (
+                "should not provision a wait-for-first-consumer claim without a selected node",
+                pvc("c").storage_class("wffc").provisioner(ME).build(),
+                Ok(false),
+            ),
+            (
+                "should provision a wait-for-first-consumer claim with a selected node",
+                pvc("c")
+                    .storage_class("wffc")
+                    .provisioner(ME)
+                    .selected_node("n1")
+                    .build(),
+                Ok(true),
+            ),
+            (
+                "should not provision a wait-for-first-consumer claim with an empty selected node",
+                pvc("c")
+                    .storage_class("wffc")
+                    .provisioner(ME)
+                    .selected_node("")
+                    .build(),
+                Ok(false),
+            ),
+            (
+                "should not provision a wait-for-first-consumer claim with only the alpha node",
+                pvc("c")
+                    .storage_class("wffc")
+                    .provisioner(ME)
+                    .annotation(ANN_ALPHA_SELECTED_NODE, "n1")
+                    .build(),
+                Ok(false),
+            ),
+        ];
+        for (name, claim, want) in cases {
+            assert_eq!(decide(claim, &classes), want, "case: {name}");
+        }
+    }
+
+    #[test]
+    fn can_provision_decisions() {
+        let block = pvc("c").block().build();
+        let fs = pvc("c").build();
+        assert_eq!(can_provision(&fs, false, ME), Ok(()));
+        assert_eq!(can_provision(&block, true, ME), Ok(()));
+        assert_eq!(
+            can_provision(&block, false, ME),
+            Err("example.com/me does not support block volume provisioning".into())
+        );
+    }
+
+    #[test]
+    fn claim_reference_names_the_claim_and_needs_a_uid() {
+        let claim = pvc("c").namespace("ns").uid("u1").build();
+        let r = claim_reference(&claim).unwrap();
+        assert_eq!(
+            (
+                r.kind.as_deref(),
+                r.namespace.as_deref(),
+                r.name.as_deref(),
+                r.uid.as_deref()
+            ),
+            (
+                Some("PersistentVolumeClaim"),
+                Some("ns"),
+                Some("c"),
+                Some("u1")
+            )
+        );
+        assert!(claim_reference(&pvc("c").build()).is_err());
+    }
+}

@@ -1,0 +1,162 @@
+//! What every operation shares: its error type, and calls bounded by a timeout with
+//! panics caught.
+
+use std::{fmt::Write as _, future::Future, panic::AssertUnwindSafe, time::Duration};
+
+use futures::FutureExt;
+
+use crate::error::{BoxError, ProvisionError};
+
+/// Why one claim or volume operation failed (the claim or volume is retried).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum OpError {
+    #[error("{what} failed")]
+    Api {
+        what: String,
+        #[source]
+        source: kube_client::Error,
+    },
+    #[error("{what} timed out after {limit:?}")]
+    Timeout { what: String, limit: Duration },
+    #[error("{what} panicked: {message}")]
+    Panicked { what: String, message: String },
+    #[error("storageclass {name:?} not found")]
+    ClassNotFound { name: String },
+    #[error("claim {claim} has no uid")]
+    NoUid { claim: String },
+    #[error("failed to provision volume with StorageClass {class:?}")]
+    Provision {
+        class: String,
+        #[source]
+        source: ProvisionError,
+    },
+    #[error("failed to get target node {node:?}")]
+    Node {
+        node: String,
+        #[source]
+        source: kube_client::Error,
+    },
+    #[error("deleting the volume failed")]
+    Delete(#[source] BoxError),
+}
+
+/// The error and its sources, joined by ": " (for events and logs).
+pub(crate) fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let _ = write!(out, ": {s}");
+        source = s.source();
+    }
+    out
+}
+
+/// How a bounded call ended without its own result.
+#[derive(Debug)]
+pub(crate) enum CallError {
+    Timeout(Duration),
+    Panicked(String),
+}
+
+impl CallError {
+    pub(crate) fn into_op(self, what: impl Into<String>) -> OpError {
+        match self {
+            Self::Timeout(limit) => OpError::Timeout {
+                what: what.into(),
+                limit,
+            },
+            Self::Panicked(message) => OpError::Panicked {
+                what: what.into(),
+                message,
+            },
+        }
+    }
+}
+
+/// Runs `fut` within `limit` (if any), turning a panic inside it into an error.
+pub(crate) async fn call<T>(
+    limit: Option<Duration>,
+    fut: impl Future<Output = T>,
+) -> Result<T, CallError> {
+    let guarded = AssertUnwindSafe(fut).catch_unwind();
+    let outcome = match limit {
+        Some(limit) => tokio::time::timeout(limit, guarded)
+            .await
+            .map_err(|_| CallError::Timeout(limit))?,
+        None => guarded.await,
+    };
+    outcome.map_err(|payload| {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic payload".into());
+        CallError::Panicked(message)
+    })
+}
+
+/// An API call within `limit`.
+pub(crate) async fn api<T>(
+    limit: Option<Duration>,
+    what: impl FnOnce() -> String,
+    fut: impl Future<Output = Result<T, kube_client::Error>>,
+) -> Result<T, OpError> {
+    match call(limit, fut).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(source)) => Err(OpError::Api {
+            what: what(),
+            source,
+        }),
+        Err(err) => Err(err.into_op(what())),
+    }
+}
+
+/// Whether `err` is an API error with this HTTP status or reason test.
+pub(crate) fn is_api(
+    err: &kube_client::Error,
+    test: impl Fn(&kube_client::core::Status) -> bool,
+) -> bool {
+    matches!(err, kube_client::Error::Api(status) if test(status))
+}
+
+/// The provisioner names this controller answers to.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Names<'a> {
+    pub(crate) primary: &'a str,
+    pub(crate) additional: &'a [String],
+}
+
+impl Names<'_> {
+    pub(crate) fn knows(&self, name: &str) -> bool {
+        name == self.primary || self.additional.iter().any(|n| n == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_past_its_limit_times_out() {
+        let slow = tokio::time::sleep(Duration::from_secs(60));
+        let got = call(Some(Duration::from_secs(5)), slow).await;
+        assert!(matches!(got, Err(CallError::Timeout(d)) if d == Duration::from_secs(5)));
+    }
+
+    #[tokio::test]
+    async fn a_panicking_call_is_an_error_with_its_message() {
+        let got = call(None, async { panic!("boom") }).await;
+        assert!(matches!(got, Err(CallError::Panicked(m)) if m == "boom"));
+    }
+
+    #[test]
+    fn names_include_the_additional_ones() {
+        let extra = vec!["old.example.com".to_owned()];
+        let names = Names {
+            primary: "new.example.com",
+            additional: &extra,
+        };
+        assert!(names.knows("new.example.com") && names.knows("old.example.com"));
+        assert!(!names.knows("other.example.com"));
+    }
+}

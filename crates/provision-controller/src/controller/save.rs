@@ -1,0 +1,231 @@
+//! Saving provisioned PVs (Go `volume_store.go`): blocking with retries and cleanup, or a
+//! background queue that retries forever.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube_client::{Api, api::PostParams};
+
+use super::{
+    Context,
+    claim::claim_key,
+    op::{OpError, api, call, chain, is_api},
+};
+use crate::{DeleteError, events, queue::WorkQueue, strategy::PvSaveStrategy};
+
+/// The configured strategy, ready to run.
+pub(crate) enum Saver {
+    Blocking { pauses: Vec<Duration> },
+    Background(Background),
+}
+
+/// PVs that failed to save, retried by [`run_background_worker`].
+pub(crate) struct Background {
+    pub(crate) queue: Arc<WorkQueue>,
+    pending: Mutex<HashMap<String, PersistentVolume>>,
+}
+
+impl Background {
+    fn pending(&self) -> MutexGuard<'_, HashMap<String, PersistentVolume>> {
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+    pub(crate) fn unsaved(&self) -> usize {
+        self.pending().len()
+    }
+}
+
+impl Saver {
+    pub(crate) fn new(
+        strategy: &PvSaveStrategy,
+        metrics: Option<&crate::metrics::ControllerMetrics>,
+    ) -> Self {
+        match (strategy.pauses(), strategy) {
+            (Some(pauses), _) => Self::Blocking { pauses },
+            (None, PvSaveStrategy::Background { limiter }) => Self::Background(Background {
+                queue: Arc::new(WorkQueue::new(
+                    "unsavedpvs",
+                    Arc::clone(limiter),
+                    metrics.map(|m| m.queue("unsavedpvs")),
+                )),
+                pending: Mutex::default(),
+            }),
+            (None, _) => Self::Blocking { pauses: Vec::new() },
+        }
+    }
+
+    /// Saves `volume` for `claim`. With the blocking strategy an error means no PV was
+    /// saved and the asset was deleted (or a cleanup event was sent); the background
+    /// strategy never fails.
+    pub(crate) async fn store(
+        &self,
+        ctx: &Context,
+        claim: &PersistentVolumeClaim,
+        volume: PersistentVolume,
+    ) -> Result<(), OpError> {
+        match self {
+            Self::Blocking { pauses } => store_blocking(ctx, pauses, claim, volume).await,
+            Self::Background(bg) => {
+                let name = volume.metadata.name.clone().unwrap_or_default();
+                match create(ctx, &volume).await {
+                    Ok(()) => succeeded(ctx, claim, &name).await,
+                    Err(err) => {
+                        tracing::warn!(pv = %name, error = %chain(&err), "failed to save volume; retrying in background");
+                        let unsaved = {
+                            let mut pending = bg.pending();
+                            pending.insert(name.clone(), volume);
+                            pending.len()
+                        };
+                        set_unsaved(ctx, unsaved);
+                        bg.queue.add(name);
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn set_unsaved(ctx: &Context, n: usize) {
+    if let Some(m) = &ctx.metrics {
+        m.set_unsaved_pvs(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+}
+
+/// Creates the PV; an existing one counts as saved.
+async fn create(ctx: &Context, volume: &PersistentVolume) -> Result<(), OpError> {
+    let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let name = volume.metadata.name.as_deref().unwrap_or_default();
+    match api(
+        ctx.config.provision_timeout,
+        || format!("create persistentvolume {name}"),
+        volumes.create(&PostParams::default(), volume),
+    )
+    .await
+    {
+        Ok(_) => Ok(()),
+        Err(OpError::Api { source, .. }) if is_api(&source, |s| s.is_already_exists()) => {
+            tracing::info!(pv = name, "persistentvolume already exists, reusing");
+            Ok(())
+        }
+        Err(err) => Err(err),
+    }
+}
+
+async fn succeeded(ctx: &Context, claim: &PersistentVolumeClaim, name: &str) {
+    let note = format!("Successfully provisioned volume {name}");
+    ctx.events
+        .normal(claim, events::PROVISIONING_SUCCEEDED, note)
+        .await;
+}
+
+async fn store_blocking(
+    ctx: &Context,
+    pauses: &[Duration],
+    claim: &PersistentVolumeClaim,
+    volume: PersistentVolume,
+) -> Result<(), OpError> {
+    let name = volume.metadata.name.clone().unwrap_or_default();
+    let mut last = None;
+    for attempt in 0..=pauses.len() {
+        if attempt > 0 {
+            tokio::time::sleep(pauses[attempt - 1]).await;
+        }
+        match create(ctx, &volume).await {
+            Ok(()) => {
+                succeeded(ctx, claim, &name).await;
+                return Ok(());
+            }
+            Err(err) => {
+                tracing::info!(pv = %name, attempt, error = %chain(&err), "failed to save persistentvolume");
+                last = Some(err);
+            }
+        }
+    }
+    let save_error = last.expect("at least one attempt was made");
+
+    // An asset without a PV object: delete it, on the same schedule.
+    let note = format!(
+        "Error creating provisioned PV object for claim {}: {}. Deleting the volume.",
+        claim_key(claim),
+        chain(&save_error)
+    );
+    tracing::error!(pvc = %claim_key(claim), error = %chain(&save_error), "saving the PV failed; deleting the volume");
+    ctx.events
+        .warning(claim, events::PROVISIONING_FAILED, note)
+        .await;
+    let mut delete_error = None;
+    for attempt in 0..=pauses.len() {
+        if attempt > 0 {
+            tokio::time::sleep(pauses[attempt - 1]).await;
+        }
+        match call(
+            ctx.config.provision_timeout,
+            ctx.provisioner.delete(&volume),
+        )
+        .await
+        {
+            Ok(Ok(()) | Err(DeleteError::Ignored { .. })) => {
+                delete_error = None;
+                break;
+            }
+            Ok(Err(DeleteError::Failed(e))) => delete_error = Some(chain(&*e)),
+            Err(e) => delete_error = Some(chain(&e.into_op("delete"))),
+        }
+        tracing::info!(pv = %name, attempt, error = ?delete_error, "failed to clean up volume");
+    }
+    if let Some(err) = delete_error {
+        let note = format!(
+            "Error cleaning provisioned volume for claim {}: {err}. Please delete manually.",
+            claim_key(claim)
+        );
+        tracing::error!(pvc = %claim_key(claim), pv = %name, error = %err, "cleaning up the provisioned volume failed; delete it manually");
+        ctx.events
+            .warning(claim, events::PROVISIONING_CLEANUP_FAILED, note)
+            .await;
+    }
+    Err(save_error)
+}
+
+/// One worker of the background saver: saves PVs until the queue shuts down.
+pub(crate) async fn run_background_worker(ctx: Arc<Context>) {
+    let Saver::Background(bg) = &ctx.saver else {
+        return;
+    };
+    while let Some(name) = bg.queue.get().await {
+        let volume = bg.pending().get(&name).cloned();
+        match volume {
+            None => bg.queue.forget(&name),
+            Some(volume) => match create(&ctx, &volume).await {
+                Ok(()) => {
+                    let unsaved = {
+                        let mut pending = bg.pending();
+                        pending.remove(&name);
+                        pending.len()
+                    };
+                    set_unsaved(&ctx, unsaved);
+                    bg.queue.forget(&name);
+                    ctx.caches.mark_saved(&name);
+                    let claim_uid = volume
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.claim_ref.as_ref())
+                        .and_then(|r| r.uid.as_deref());
+                    if let Some(claim) = claim_uid.and_then(|uid| ctx.caches.claim_by_uid(uid)) {
+                        succeeded(&ctx, &claim, &name).await;
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(pv = %name, error = %chain(&err), "failed to save volume; retrying");
+                    bg.queue.add_rate_limited(name.clone());
+                }
+            },
+        }
+        bg.queue.done(&name);
+    }
+}

@@ -1,0 +1,422 @@
+//! The workers: take a key, run its flow, decide the retry (Go `processNextClaimWorkItem`,
+//! `processNextVolumeWorkItem`), and the periodic resync.
+
+use std::sync::Arc;
+
+use kube_client::ResourceExt;
+use tracing::Instrument;
+
+use super::{Context, claim, op, volume};
+
+pub(crate) async fn claim_worker(ctx: Arc<Context>) {
+    while let Some(uid) = ctx.claim_queue.get().await {
+        let result = claim::sync_claim(&ctx, &uid)
+            .instrument(tracing::info_span!("sync_claim", claim_uid = %uid))
+            .await;
+        match result {
+            Ok(()) => {
+                ctx.claim_queue.forget(&uid);
+                ctx.set_in_progress(&uid, None);
+            }
+            Err(err) => {
+                let failures = ctx.claim_queue.num_requeues(&uid);
+                let threshold = ctx.config.failed_provision_threshold;
+                let error = op::chain(&err);
+                if threshold == 0 || failures < threshold {
+                    tracing::warn!(claim_uid = %uid, failures, %error, "retrying claim");
+                    ctx.claim_queue.add_rate_limited(uid.clone());
+                } else if ctx.is_in_progress(&uid) {
+                    // Go drops the claim here and can leak the volume being provisioned.
+                    tracing::warn!(claim_uid = %uid, failures, %error,
+                        "retrying claim past the threshold: its provisioning runs in the background");
+                    ctx.claim_queue.add_rate_limited(uid.clone());
+                } else {
+                    tracing::error!(claim_uid = %uid, failures, threshold, %error, "giving up on claim");
+                }
+            }
+        }
+        ctx.claim_queue.done(&uid);
+    }
+}
+
+pub(crate) async fn volume_worker(ctx: Arc<Context>) {
+    while let Some(name) = ctx.volume_queue.get().await {
+        let result = volume::sync_volume(&ctx, &name)
+            .instrument(tracing::info_span!("sync_volume", pv = %name))
+            .await;
+        match result {
+            Ok(()) => ctx.volume_queue.forget(&name),
+            Err(err) => {
+                let failures = ctx.volume_queue.num_requeues(&name);
+                let threshold = ctx.config.failed_delete_threshold;
+                let error = op::chain(&err);
+                if threshold == 0 || failures < threshold {
+                    tracing::warn!(pv = %name, failures, %error, "retrying volume");
+                    ctx.volume_queue.add_rate_limited(name.clone());
+                } else {
+                    tracing::error!(pv = %name, failures, threshold, %error, "giving up on volume");
+                }
+            }
+        }
+        ctx.volume_queue.done(&name);
+    }
+}
+
+/// Queues every cached claim and volume each resync period (Go: informer resync).
+pub(crate) async fn resync(ctx: Arc<Context>) {
+    let period = ctx.config.resync_period;
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        ctx.caches.prune_index();
+        for claim in ctx.caches.claims.state() {
+            if let Some(uid) = ctx.caches.index_claim(&claim) {
+                ctx.claim_queue.add(uid);
+            }
+        }
+        for volume in ctx.caches.volumes.state() {
+            ctx.volume_queue.add(volume.name_any());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        collections::HashMap,
+        sync::{Arc, Mutex},
+        time::Duration,
+    };
+
+    use k8s_openapi::api::{core::v1::PersistentVolumeClaim, storage::v1::StorageClass};
+    use kube_runtime::{reflector, watcher};
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::{
+        Config, FailureBackoff, PvSaveStrategy,
+        cache::Caches,
+        controller::save::Saver,
+        events::Events,
+        queue::WorkQueue,
+        testing::{DeleteStep, FakeProvisioner, ProvisionStep, class, pvc},
+    };
+
+    const ME: &str = "example.com/fake";
+
+    struct Harness {
+        ctx: Arc<Context>,
+        claims: reflector::store::Writer<PersistentVolumeClaim>,
+        volumes: reflector::store::Writer<k8s_openapi::api::core::v1::PersistentVolume>,
+        _classes: reflector::store::Writer<StorageClass>,
+        calls: Arc<Mutex<Vec<Instant>>>,
+    }
+
+    /// A context on empty caches and a client that is never contacted (the flows under
+    /// test stop before any API call, or use the background saver).
+    fn harness(config: Config, fake: FakeProvisioner, with_class: bool) -> Harness {
+        let client = kube_client::Client::try_from(kube_client::Config::new(
+            "http://127.0.0.1:9".parse().unwrap(),
+        ))
+        .unwrap();
+        let (claims_store, claims) = reflector::store();
+        let (volumes_store, volumes) = reflector::store();
+        let (classes_store, mut classes) = reflector::store();
+        if with_class {
+            classes.apply_watcher_event(&watcher::Event::Apply(
+                class("fast").provisioner(ME).build(),
+            ));
+        }
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&calls);
+        let limiter = config.failure_backoff.limiter();
+        let ctx = Arc::new(Context {
+            client,
+            name: ME.into(),
+            provisioner: Arc::new(fake),
+            qualifier: Some(Arc::new(move |_: &PersistentVolumeClaim| {
+                seen.lock().unwrap().push(Instant::now());
+                true
+            })),
+            guard: None,
+            caches: Caches::new(claims_store, volumes_store, classes_store),
+            in_progress: Mutex::new(HashMap::new()),
+            events: Events::disabled(),
+            metrics: None,
+            claim_queue: Arc::new(WorkQueue::new("claims", Arc::clone(&limiter), None)),
+            volume_queue: Arc::new(WorkQueue::new("volumes", limiter, None)),
+            saver: Saver::new(&PvSaveStrategy::background(), None),
+            config,
+        });
+        Harness {
+            ctx,
+            claims,
+            volumes,
+            _classes: classes,
+            calls,
+        }
+    }
+
+    impl Harness {
+        fn add_claim(&mut self) {
+            let claim = pvc("c")
+                .uid("u1")
+                .storage_class("fast")
+                .provisioner(ME)
+                .build();
+            self.claims
+                .apply_watcher_event(&watcher::Event::Apply(claim));
+            self.ctx.claim_queue.add("u1".into());
+        }
+        /// Seconds since `start` of each sync attempt.
+        fn attempts(&self, start: Instant) -> Vec<u64> {
+            self.calls
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|t| (*t - start).as_secs())
+                .collect()
+        }
+        async fn run_for(&self, secs: u64) {
+            let worker = tokio::spawn(claim_worker(Arc::clone(&self.ctx)));
+            tokio::time::sleep(Duration::from_secs(secs)).await;
+            self.ctx.claim_queue.shut_down();
+            worker.await.unwrap();
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_claim_backs_off_exponentially_and_gives_up_after_the_threshold() {
+        let config = Config::default().failed_provision_threshold(3);
+        // No class: every attempt fails before touching the API.
+        let mut h = harness(config, FakeProvisioner::new(), false);
+        let start = Instant::now();
+        h.add_claim();
+        h.run_for(2000).await;
+        assert_eq!(h.attempts(start), [0, 15, 45, 105]);
+        assert_eq!(
+            h.ctx.claim_queue.num_requeues("u1"),
+            3,
+            "the failure count is kept"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn flat_backoff_retries_every_fifteen_seconds() {
+        let config = Config::default()
+            .failed_provision_threshold(3)
+            .failure_backoff(FailureBackoff::Flat);
+        let mut h = harness(config, FakeProvisioner::new(), false);
+        let start = Instant::now();
+        h.add_claim();
+        h.run_for(2000).await;
+        assert_eq!(h.attempts(start), [0, 15, 30, 45]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_zero_threshold_retries_forever() {
+        let config = Config::default()
+            .failed_provision_threshold(0)
+            .failure_backoff(FailureBackoff::Flat);
+        let mut h = harness(config, FakeProvisioner::new(), false);
+        let start = Instant::now();
+        h.add_claim();
+        h.run_for(15 * 40 + 1).await;
+        assert_eq!(h.attempts(start).len(), 41);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_provisioning_in_background_is_driven_past_the_threshold_after_deletion() {
+        let fake = FakeProvisioner::new()
+            .script_provision(std::iter::repeat_n(ProvisionStep::InBackground, 5));
+        let config = Config::default().failed_provision_threshold(2);
+        let mut h = harness(config, fake.clone(), true);
+        h.add_claim();
+        let worker = tokio::spawn(claim_worker(Arc::clone(&h.ctx)));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(h.ctx.is_in_progress("u1"));
+        // The claim object goes away while the backend is still working.
+        h.claims.apply_watcher_event(&watcher::Event::Delete(
+            pvc("c")
+                .uid("u1")
+                .storage_class("fast")
+                .provisioner(ME)
+                .build(),
+        ));
+        tokio::time::sleep(Duration::from_secs(3000)).await;
+        h.ctx.claim_queue.shut_down();
+        worker.await.unwrap();
+        assert_eq!(
+            fake.provision_calls().len(),
+            6,
+            "five in background, then the volume"
+        );
+        assert_eq!(fake.assets().len(), 1);
+        assert!(!h.ctx.is_in_progress("u1"));
+        let Saver::Background(bg) = &h.ctx.saver else {
+            unreachable!()
+        };
+        assert_eq!(bg.unsaved(), 1, "the PV waits for the background saver");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timed_out_provision_call_counts_as_running_in_the_background() {
+        let fake = FakeProvisioner::new().script_provision([ProvisionStep::Hang]);
+        let config = Config::default().provision_timeout(Some(Duration::from_secs(5)));
+        let mut h = harness(config, fake.clone(), true);
+        h.add_claim();
+        let worker = tokio::spawn(claim_worker(Arc::clone(&h.ctx)));
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        assert!(h.ctx.is_in_progress("u1"));
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        h.ctx.claim_queue.shut_down();
+        worker.await.unwrap();
+        assert_eq!(fake.provision_calls().len(), 2);
+        assert!(!h.ctx.is_in_progress("u1"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_provisioner_fails_the_attempt_and_the_claim_is_retried() {
+        let fake = FakeProvisioner::new().script_provision([ProvisionStep::Panic]);
+        let mut h = harness(Config::default(), fake.clone(), true);
+        h.add_claim();
+        h.run_for(20).await;
+        assert_eq!(fake.provision_calls().len(), 2);
+        assert_eq!(fake.assets().len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn claims_in_progress_follow_the_provisioning_state() {
+        use ProvisionStep::*;
+        let the_claim = || {
+            pvc("c")
+                .uid("u1")
+                .storage_class("fast")
+                .provisioner(ME)
+                .build()
+        };
+        // (case, step, in progress before, claim still exists, in progress after, sync ok)
+        let cases = [
+            (
+                "a final error does not mark the claim",
+                Final,
+                false,
+                true,
+                false,
+                false,
+            ),
+            (
+                "a background error marks the claim",
+                InBackground,
+                false,
+                true,
+                true,
+                false,
+            ),
+            (
+                "a no-change error does not mark the claim",
+                NoChange,
+                false,
+                true,
+                false,
+                false,
+            ),
+            (
+                "a final error unmarks the claim",
+                Final,
+                true,
+                true,
+                false,
+                false,
+            ),
+            (
+                "a background error keeps the claim",
+                InBackground,
+                true,
+                true,
+                true,
+                false,
+            ),
+            (
+                "a no-change error keeps the claim",
+                NoChange,
+                true,
+                true,
+                true,
+                false,
+            ),
+            ("a panic keeps the claim", Panic, true, true, true, false),
+            (
+                "a reschedule without selected node acts as final",
+                Reschedule,
+                true,
+                true,
+                false,
+                false,
+            ),
+            (
+                "an ignored claim is unmarked",
+                Ignored,
+                true,
+                true,
+                false,
+                true,
+            ),
+            (
+                "a deleted claim in progress is provisioned",
+                Succeed,
+                true,
+                false,
+                false,
+                true,
+            ),
+        ];
+        for (name, step, before, exists, after, ok) in cases {
+            let fake = FakeProvisioner::new().script_provision([step]);
+            let mut h = harness(Config::default(), fake.clone(), true);
+            if exists {
+                h.claims
+                    .apply_watcher_event(&watcher::Event::Apply(the_claim()));
+            }
+            if before {
+                h.ctx.set_in_progress("u1", Some(Arc::new(the_claim())));
+            }
+            let result = claim::sync_claim(&h.ctx, "u1").await;
+            assert_eq!(result.is_ok(), ok, "case: {name}: {result:?}");
+            assert_eq!(h.ctx.is_in_progress("u1"), after, "case: {name}");
+            assert_eq!(fake.provision_calls().len(), 1, "case: {name}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_that_is_gone_and_not_in_progress_is_dropped() {
+        let fake = FakeProvisioner::new();
+        let h = harness(Config::default(), fake.clone(), true);
+        assert!(claim::sync_claim(&h.ctx, "u1").await.is_ok());
+        assert!(fake.provision_calls().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_volume_is_retried_until_the_delete_threshold() {
+        let fake = FakeProvisioner::new().script_delete(std::iter::repeat_n(DeleteStep::Fail, 10));
+        let mut h = harness(
+            Config::default().failed_delete_threshold(2),
+            fake.clone(),
+            true,
+        );
+        let volume = crate::testing::pv("v")
+            .phase("Released")
+            .provisioned_by(ME)
+            .build();
+        h.volumes
+            .apply_watcher_event(&watcher::Event::Apply(volume));
+        h.ctx.volume_queue.add("v".into());
+        let worker = tokio::spawn(volume_worker(Arc::clone(&h.ctx)));
+        tokio::time::sleep(Duration::from_secs(1000)).await;
+        h.ctx.volume_queue.shut_down();
+        worker.await.unwrap();
+        assert_eq!(fake.delete_calls().len(), 3, "first try and two retries");
+        assert_eq!(h.ctx.volume_queue.num_requeues("v"), 2);
+    }
+}

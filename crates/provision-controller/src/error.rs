@@ -1,0 +1,116 @@
+//! Error types: what a [`Provisioner`](crate::Provisioner) returns, and why `run` failed.
+
+/// A boxed error from a driver, as `tower::BoxError`.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why [`Provisioner::provision`](crate::Provisioner::provision) did not return a volume.
+///
+/// Each variant is one Go `ProvisioningState` (or Go's `IgnoredError`), so the driver
+/// cannot return an error without saying what happened in the backend.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+#[doc(alias = "ProvisioningState")]
+pub enum ProvisionError {
+    /// Work may still be running in the backend; the controller calls `provision` again
+    /// with the same options, even after the claim is deleted, until it gets a volume or
+    /// a final answer (Go: `ProvisioningInBackground`).
+    #[doc(alias = "ProvisioningInBackground")]
+    #[error("provisioning continues in the background")]
+    InBackground(#[source] BoxError),
+    /// Nothing is running in the backend; this attempt failed and is retried with backoff
+    /// (Go: `ProvisioningFinished`).
+    #[doc(alias = "ProvisioningFinished")]
+    #[error("provisioning failed")]
+    Final(#[source] BoxError),
+    /// The call changed nothing: the claim keeps whatever state an earlier call left
+    /// (in background or not) and is retried (Go: `ProvisioningNoChange`).
+    #[doc(alias = "ProvisioningNoChange")]
+    #[error("provisioning made no progress")]
+    NoChange(#[source] BoxError),
+    /// The selected node cannot host the volume: the controller removes the claim's
+    /// `volume.kubernetes.io/selected-node` annotation so the scheduler picks again
+    /// (Go: `ProvisioningReschedule`). Without a selected node it acts as [`Self::Final`].
+    #[doc(alias = "ProvisioningReschedule")]
+    #[error("provisioning must be rescheduled to another node")]
+    Reschedule(#[source] BoxError),
+    /// This driver leaves the claim to another provisioner; no event, no retry
+    /// (Go: `IgnoredError`).
+    #[doc(alias = "IgnoredError")]
+    #[error("provisioning ignored: {reason}")]
+    Ignored {
+        /// Why the claim was ignored (logged).
+        reason: String,
+    },
+}
+
+impl ProvisionError {
+    /// Wraps `err` as [`ProvisionError::Final`].
+    pub fn final_(err: impl Into<BoxError>) -> Self {
+        Self::Final(err.into())
+    }
+    /// Wraps `err` as [`ProvisionError::InBackground`].
+    pub fn in_background(err: impl Into<BoxError>) -> Self {
+        Self::InBackground(err.into())
+    }
+}
+
+/// Why [`Provisioner::delete`](crate::Provisioner::delete) did not delete the asset.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeleteError {
+    /// This driver leaves the volume to another provisioner; no event, no retry
+    /// (Go: `IgnoredError`).
+    #[doc(alias = "IgnoredError")]
+    #[error("deletion ignored: {reason}")]
+    Ignored {
+        /// Why the volume was ignored (logged).
+        reason: String,
+    },
+    /// Deleting failed; the controller emits `VolumeFailedDelete` and retries with backoff.
+    #[error("deleting the volume failed")]
+    Failed(#[source] BoxError),
+}
+
+/// An invalid [`Config`](crate::Config) value, naming the option.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// One option has a value it cannot take.
+    #[error("invalid value for option {option}: {reason}")]
+    Invalid {
+        /// The option, as its `Config` setter is named.
+        option: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+impl ConfigError {
+    pub(crate) fn invalid(option: &'static str, reason: impl Into<String>) -> Self {
+        Self::Invalid {
+            option,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Why [`ProvisionController::run`](crate::ProvisionController::run) failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The configuration is invalid.
+    #[error("invalid provision controller configuration")]
+    Config(#[from] ConfigError),
+    /// A worker task of the controller panicked or was cancelled.
+    #[error("provision controller task {task} ended abnormally")]
+    Task {
+        /// Which task ("claim worker", "volume worker", ...).
+        task: &'static str,
+        /// The join error.
+        #[source]
+        source: tokio::task::JoinError,
+    },
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

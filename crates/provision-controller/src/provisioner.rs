@@ -1,0 +1,182 @@
+//! The traits a storage driver implements: [`Provisioner`], [`Qualifier`], [`DeletionGuard`].
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use k8s_openapi::api::{
+    core::v1::{PersistentVolume, PersistentVolumeClaim},
+    storage::v1::StorageClass,
+};
+
+use crate::error::{DeleteError, ProvisionError};
+
+/// What [`Provisioner::provision`] needs to create one volume.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct ProvisionOptions {
+    /// The claim's StorageClass (its parameters, reclaim policy, mount options, topologies).
+    pub storage_class: Arc<StorageClass>,
+    /// The name the PersistentVolume must have (by default `pvc-<claim uid>`).
+    ///
+    /// The name is deterministic, so a driver can use it as an idempotency key: a second
+    /// call with the same name must not create a second asset.
+    #[doc(alias = "PVName")]
+    pub pv_name: String,
+    /// The claim being provisioned.
+    #[doc(alias = "PVC")]
+    pub claim: Arc<PersistentVolumeClaim>,
+    /// The node the scheduler chose (`volume.kubernetes.io/selected-node`), for
+    /// `WaitForFirstConsumer` classes; the node is known to exist.
+    #[doc(alias = "SelectedNode")]
+    pub selected_node_name: Option<String>,
+}
+
+impl ProvisionOptions {
+    /// Builds options from their parts (the struct is `#[non_exhaustive]`).
+    #[must_use]
+    pub fn new(
+        storage_class: Arc<StorageClass>,
+        pv_name: impl Into<String>,
+        claim: Arc<PersistentVolumeClaim>,
+        selected_node_name: Option<String>,
+    ) -> Self {
+        Self {
+            storage_class,
+            pv_name: pv_name.into(),
+            claim,
+            selected_node_name,
+        }
+    }
+}
+
+/// Creates and deletes the storage assets behind PersistentVolumes.
+///
+/// The controller owns everything Kubernetes-side (claimRef, annotations, finalizers,
+/// saving and deleting the PV object); the driver only manages its assets.
+///
+/// # Guarantees
+/// - `provision` is never called twice at once for the same claim, nor `delete` for the
+///   same volume.
+/// - A panic inside either method is caught and treated as a failure of that call.
+///
+/// ```
+/// use async_trait::async_trait;
+/// use k8s_openapi::api::core::v1::PersistentVolume;
+/// use provision_controller::{DeleteError, ProvisionError, ProvisionOptions, Provisioner};
+///
+/// struct Nothing;
+///
+/// #[async_trait]
+/// impl Provisioner for Nothing {
+///     async fn provision(&self, _: &ProvisionOptions) -> Result<PersistentVolume, ProvisionError> {
+///         Err(ProvisionError::Ignored { reason: "this driver provisions nothing".into() })
+///     }
+///     async fn delete(&self, _: &PersistentVolume) -> Result<(), DeleteError> {
+///         Err(DeleteError::Ignored { reason: "nothing to delete".into() })
+///     }
+/// }
+/// ```
+#[async_trait]
+pub trait Provisioner: Send + Sync + 'static {
+    /// Creates the asset for `options.claim` and returns the PV that exposes it.
+    ///
+    /// The returned PV must be named `options.pv_name`. The controller sets its
+    /// `spec.claimRef`, `spec.storageClassName`, the `pv.kubernetes.io/provisioned-by`
+    /// annotation and (when configured) the protection finalizer.
+    ///
+    /// # Errors
+    /// The variant tells the controller whether work may still be running in the backend;
+    /// see [`ProvisionError`].
+    async fn provision(
+        &self,
+        options: &ProvisionOptions,
+    ) -> Result<PersistentVolume, ProvisionError>;
+
+    /// Deletes the asset behind `volume`; never deletes the PV object itself.
+    ///
+    /// Must succeed when the asset is already gone.
+    ///
+    /// # Errors
+    /// [`DeleteError::Ignored`] leaves the volume to another provisioner;
+    /// [`DeleteError::Failed`] is retried with backoff.
+    async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError>;
+
+    /// Whether `volumeMode: Block` claims are supported. Default `false`.
+    #[doc(alias = "BlockProvisioner")]
+    #[doc(alias = "SupportsBlock")]
+    fn supports_block(&self) -> bool {
+        false
+    }
+}
+
+#[async_trait]
+impl<P: Provisioner + ?Sized> Provisioner for Arc<P> {
+    async fn provision(
+        &self,
+        options: &ProvisionOptions,
+    ) -> Result<PersistentVolume, ProvisionError> {
+        (**self).provision(options).await
+    }
+    async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError> {
+        (**self).delete(volume).await
+    }
+    fn supports_block(&self) -> bool {
+        (**self).supports_block()
+    }
+}
+
+/// Decides whether a claim should be provisioned at all (Go: `Qualifier`).
+///
+/// Closures `Fn(&PersistentVolumeClaim) -> bool` implement it.
+#[async_trait]
+#[doc(alias = "ShouldProvision")]
+pub trait Qualifier: Send + Sync + 'static {
+    /// `false` makes the controller skip the claim without an event.
+    async fn should_provision(&self, claim: &PersistentVolumeClaim) -> bool;
+}
+
+#[async_trait]
+impl<F> Qualifier for F
+where
+    F: Fn(&PersistentVolumeClaim) -> bool + Send + Sync + 'static,
+{
+    async fn should_provision(&self, claim: &PersistentVolumeClaim) -> bool {
+        self(claim)
+    }
+}
+
+/// Vetoes the deletion of a released volume (Go: `DeletionGuard`).
+///
+/// Closures `Fn(&PersistentVolume) -> bool` implement it.
+#[async_trait]
+#[doc(alias = "ShouldDelete")]
+pub trait DeletionGuard: Send + Sync + 'static {
+    /// `false` keeps the volume and its asset.
+    async fn should_delete(&self, volume: &PersistentVolume) -> bool;
+}
+
+#[async_trait]
+impl<F> DeletionGuard for F
+where
+    F: Fn(&PersistentVolume) -> bool + Send + Sync + 'static,
+{
+    async fn should_delete(&self, volume: &PersistentVolume) -> bool {
+        self(volume)
+    }
+}
+
+#[cfg(test)]
+fn _dyn_compatible(_: &dyn Provisioner, _: &dyn Qualifier, _: &dyn DeletionGuard) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn closures_are_qualifiers_and_deletion_guards() {
+        let q: Arc<dyn Qualifier> = Arc::new(|c: &PersistentVolumeClaim| c.spec.is_some());
+        assert!(!q.should_provision(&PersistentVolumeClaim::default()).await);
+        let g: Arc<dyn DeletionGuard> = Arc::new(|_: &PersistentVolume| true);
+        assert!(g.should_delete(&PersistentVolume::default()).await);
+    }
+}

@@ -1,0 +1,228 @@
+//! Whole-controller tests: a real `kube::Client` against kube-sim with its PV binder, and
+//! the recording `FakeProvisioner`.
+
+mod delete;
+mod provision;
+mod save;
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use k8s_openapi::api::{
+    core::v1::{Node, PersistentVolume, PersistentVolumeClaim},
+    events::v1::Event,
+    storage::v1::StorageClass,
+};
+use kube_client::{
+    Api, Client,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+};
+use kube_sim::KubeSim;
+use provision_controller::{
+    Config, FailureBackoff, ProvisionController, PvSaveStrategy,
+    ratelimit::ItemExponentialLimiter,
+    testing::{FakeProvisioner, class, pvc},
+};
+use tokio::{sync::oneshot, task::JoinHandle};
+
+pub(crate) const ME: &str = "example.com/fake";
+
+/// A config for quick tests: short resync, fast retries, no leader election.
+pub(crate) fn quick() -> Config {
+    Config::default()
+        .resync_period(Duration::from_secs(2))
+        .leader_election(None)
+        .failure_backoff(FailureBackoff::Custom(Arc::new(
+            ItemExponentialLimiter::new(Duration::from_millis(50), Duration::from_millis(500)),
+        )))
+        .pv_save(PvSaveStrategy::Blocking {
+            retries: 3,
+            interval: Duration::from_millis(20),
+        })
+}
+
+/// [`quick`] without resync, for tests that check that something happens only once.
+pub(crate) fn quiet() -> Config {
+    quick().resync_period(Duration::from_secs(300))
+}
+
+pub(crate) struct Env {
+    pub(crate) sim: KubeSim,
+    pub(crate) client: Client,
+    pub(crate) fake: FakeProvisioner,
+    stop: Option<oneshot::Sender<()>>,
+    run: Option<JoinHandle<provision_controller::Result<()>>>,
+}
+
+impl Env {
+    pub(crate) async fn start(config: Config, fake: FakeProvisioner) -> Self {
+        Self::start_with(config, fake, |c| c).await
+    }
+
+    pub(crate) async fn start_with(
+        config: Config,
+        fake: FakeProvisioner,
+        build: impl FnOnce(ProvisionController) -> ProvisionController,
+    ) -> Self {
+        let _ = tracing_subscriber::fmt()
+            .with_test_writer()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .try_init();
+        let sim = KubeSim::builder().pv_binder(true).start().await.unwrap();
+        let client = sim.client();
+        let controller =
+            build(ProvisionController::new(client.clone(), ME, fake.clone()).with_config(config));
+        let (stop, stopped) = oneshot::channel();
+        let run = tokio::spawn(controller.run(async {
+            let _ = stopped.await;
+        }));
+        Self {
+            sim,
+            client,
+            fake,
+            stop: Some(stop),
+            run: Some(run),
+        }
+    }
+
+    /// Stops the controller and checks that `run` ended cleanly.
+    pub(crate) async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        let run = self.run.take().unwrap();
+        tokio::time::timeout(Duration::from_secs(10), run)
+            .await
+            .expect("run returns after shutdown")
+            .unwrap()
+            .unwrap();
+    }
+
+    pub(crate) fn claims(&self) -> Api<PersistentVolumeClaim> {
+        Api::namespaced(self.client.clone(), "default")
+    }
+    pub(crate) fn volumes(&self) -> Api<PersistentVolume> {
+        Api::all(self.client.clone())
+    }
+
+    pub(crate) async fn create_class(&self, class: StorageClass) {
+        Api::<StorageClass>::all(self.client.clone())
+            .create(&PostParams::default(), &class)
+            .await
+            .unwrap();
+    }
+
+    pub(crate) async fn create_node(&self, name: &str) {
+        let mut node = Node::default();
+        node.metadata.name = Some(name.into());
+        Api::<Node>::all(self.client.clone())
+            .create(&PostParams::default(), &node)
+            .await
+            .unwrap();
+    }
+
+    /// Creates the claim and returns its UID.
+    pub(crate) async fn create_claim(&self, claim: PersistentVolumeClaim) -> String {
+        let created = self
+            .claims()
+            .create(&PostParams::default(), &claim)
+            .await
+            .unwrap();
+        created.metadata.uid.unwrap()
+    }
+
+    pub(crate) async fn delete_claim(&self, name: &str) {
+        self.claims()
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+
+    pub(crate) async fn annotate_claim(&self, name: &str, key: &str, value: &str) {
+        let patch = serde_json::json!({"metadata": {"annotations": {key: value}}});
+        self.claims()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+
+    /// Waits until the claim is Bound and returns its PV.
+    pub(crate) async fn bound_volume(&self, claim: &str) -> PersistentVolume {
+        let claims = self.claims();
+        let volume_name = eventually(&format!("claim {claim} bound"), || {
+            let claims = claims.clone();
+            async move {
+                let c = claims.get_opt(claim).await.ok()??;
+                let bound = c.status.as_ref()?.phase.as_deref() == Some("Bound");
+                bound.then(|| c.spec?.volume_name).flatten()
+            }
+        })
+        .await;
+        self.volumes().get(&volume_name).await.unwrap()
+    }
+
+    pub(crate) async fn volume_gone(&self, name: &str) {
+        let volumes = self.volumes();
+        eventually(&format!("pv {name} deleted"), || {
+            let volumes = volumes.clone();
+            async move { volumes.get_opt(name).await.ok()?.is_none().then_some(()) }
+        })
+        .await;
+    }
+
+    /// Events of `reason` about the object named `name`, in namespace `default`.
+    pub(crate) async fn events(&self, name: &str, reason: &str) -> Vec<Event> {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), "default");
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+            })
+            .collect()
+    }
+
+    pub(crate) async fn wait_event(&self, name: &str, reason: &str) -> Event {
+        eventually(&format!("event {reason} on {name}"), || async {
+            self.events(name, reason).await.into_iter().next()
+        })
+        .await
+    }
+}
+
+/// Polls `check` every 20 ms until it returns `Some`, failing the test after 15 s.
+pub(crate) async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Lets the controller run for a while (to show that something does NOT happen).
+pub(crate) async fn settle() {
+    tokio::time::sleep(Duration::from_millis(600)).await;
+}
+
+pub(crate) fn fast_class() -> StorageClass {
+    class("fast").provisioner(ME).build()
+}
+
+pub(crate) fn claim(name: &str) -> PersistentVolumeClaim {
+    pvc(name).storage_class("fast").build()
+}
+
+pub(crate) fn pvc_in(name: &str, class: &str) -> PersistentVolumeClaim {
+    pvc(name).storage_class(class).build()
+}

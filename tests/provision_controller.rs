@@ -1,0 +1,132 @@
+//! provision-controller as a driver author uses it, against kube-sim: a claim's whole
+//! life, on caches the caller runs itself (Go: `ClaimsInformer`, `VolumesInformer`,
+//! `ClassesInformer`).
+
+use std::{sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use k8s_openapi::api::{
+    core::v1::{PersistentVolume, PersistentVolumeClaim},
+    storage::v1::StorageClass,
+};
+use kube_client::{
+    Api, Client,
+    api::{DeleteParams, PostParams},
+};
+use kube_runtime::{WatchStreamExt, reflector, watcher};
+use provision_controller::{
+    Config, ProvisionController, SharedCache,
+    testing::{FakeProvisioner, class, pvc},
+};
+
+const NAME: &str = "example.com/fake";
+
+/// A reflector the caller drives; the controller gets its store and a copy of its changes.
+fn shared<K>(api: Api<K>, tasks: &mut tokio::task::JoinSet<()>) -> SharedCache<K>
+where
+    K: kube_client::Resource<DynamicType = ()>
+        + Clone
+        + k8s_openapi::serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store();
+    let (tx, changes) = futures::channel::mpsc::unbounded();
+    tasks.spawn(
+        watcher(api, watcher::Config::default())
+            .default_backoff()
+            .reflect(writer)
+            .touched_objects()
+            .for_each(move |obj| {
+                if let Ok(obj) = obj {
+                    let _ = tx.unbounded_send(Arc::new(obj));
+                }
+                async {}
+            }),
+    );
+    SharedCache::new(store, changes)
+}
+
+async fn wait_until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    for _ in 0..500 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test]
+async fn a_claim_is_provisioned_and_reclaimed_on_caches_the_caller_runs() {
+    let sim = kube_sim::KubeSim::builder()
+        .pv_binder(true)
+        .start()
+        .await
+        .unwrap();
+    let client: Client = sim.client();
+    let mut caller_tasks = tokio::task::JoinSet::new();
+    let fake = FakeProvisioner::new();
+    let config = Config::default()
+        .leader_election(None)
+        .resync_period(Duration::from_secs(5));
+    let controller = ProvisionController::new(client.clone(), NAME, fake.clone())
+        .with_config(config)
+        .claims_cache(shared(Api::all(client.clone()), &mut caller_tasks))
+        .volumes_cache(shared(Api::all(client.clone()), &mut caller_tasks))
+        .classes_cache(shared(Api::all(client.clone()), &mut caller_tasks));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(controller.run(async {
+        let _ = stopped.await;
+    }));
+
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    classes
+        .create(
+            &PostParams::default(),
+            &class("fast").provisioner(NAME).build(),
+        )
+        .await
+        .unwrap();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    let claim = pvc("data").storage_class("fast").build();
+    let uid = claims
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    let pv_name = format!("pvc-{uid}");
+
+    wait_until("claim bound", || async {
+        let claim = claims.get("data").await.unwrap();
+        claim.spec.and_then(|s| s.volume_name).as_deref() == Some(pv_name.as_str())
+            && claim.status.and_then(|s| s.phase).as_deref() == Some("Bound")
+    })
+    .await;
+    assert_eq!(
+        fake.assets().into_iter().collect::<Vec<_>>(),
+        std::slice::from_ref(&pv_name)
+    );
+
+    claims
+        .delete("data", &DeleteParams::default())
+        .await
+        .unwrap();
+    let volumes: Api<PersistentVolume> = Api::all(client.clone());
+    wait_until("volume and asset deleted", || async {
+        volumes.get_opt(&pv_name).await.unwrap().is_none() && fake.assets().is_empty()
+    })
+    .await;
+
+    stop.send(()).unwrap();
+    run.await.unwrap().unwrap();
+    caller_tasks.abort_all();
+}
