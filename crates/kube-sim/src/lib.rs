@@ -1,1 +1,27 @@
-//! placeholder
+#![doc = include_str!("../README.md")]
+
+mod binder;
+mod crd;
+mod delete;
+mod error;
+mod fault;
+mod http;
+mod kubeconfig;
+mod meta;
+mod ops;
+mod patch;
+mod quantity;
+mod requests;
+mod resources;
+mod selector;
+mod shared;
+mod sim;
+mod status;
+mod store;
+mod strategic;
+mod validation;
+
+pub use crate::error::{Error, Result};
+pub use crate::fault::{FaultRule, Verb};
+pub use crate::requests::RequestRecord;
+pub use crate::sim::{Builder, INITIAL_NAMESPACES, KubeSim};

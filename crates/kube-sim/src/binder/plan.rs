@@ -1,0 +1,683 @@
+//! The binder's cache of watched objects and its pure decisions: given the cache and one
+//! changed key, which single write (if any) brings that object closer to its desired state.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube_client::ResourceExt;
+use serde_json::{Value, json};
+
+/// Claim annotation naming the provisioner that should provision it.
+pub(super) const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
+/// The beta spelling of [`ANN_STORAGE_PROVISIONER`], still read by older provisioners.
+pub(super) const ANN_BETA_STORAGE_PROVISIONER: &str =
+    "volume.beta.kubernetes.io/storage-provisioner";
+/// Claim annotation the scheduler sets for `WaitForFirstConsumer` classes.
+pub(super) const ANN_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+/// Claim annotation marking a finished bind.
+pub(super) const ANN_BIND_COMPLETED: &str = "pv.kubernetes.io/bind-completed";
+/// Claim annotation marking that the controller (not a user) set `spec.volumeName`.
+pub(super) const ANN_BOUND_BY_CONTROLLER: &str = "pv.kubernetes.io/bound-by-controller";
+/// Provisioner name of classes for statically created volumes; never annotated.
+const NO_PROVISIONER: &str = "kubernetes.io/no-provisioner";
+
+/// Namespace and name of a claim.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(super) struct ClaimKey {
+    pub(super) namespace: String,
+    pub(super) name: String,
+}
+
+impl ClaimKey {
+    fn of(claim: &PersistentVolumeClaim) -> Self {
+        Self {
+            namespace: claim.namespace().unwrap_or_default(),
+            name: claim.name_any(),
+        }
+    }
+
+    /// The claim a volume's `spec.claimRef` names, when it names one.
+    fn referenced_by(volume: &PersistentVolume) -> Option<Self> {
+        let claim_ref = volume.spec.as_ref()?.claim_ref.as_ref()?;
+        let namespace = claim_ref.namespace.as_deref().filter(|n| !n.is_empty())?;
+        let name = claim_ref.name.as_deref().filter(|n| !n.is_empty())?;
+        Some(Self {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        })
+    }
+}
+
+impl fmt::Display for ClaimKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// One unit of work: everything about one claim or one volume is decided under its key.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(super) enum Key {
+    Claim(ClaimKey),
+    Volume(String),
+}
+
+/// What the binder keeps of a StorageClass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct ClassInfo {
+    provisioner: String,
+    wait_for_first_consumer: bool,
+}
+
+impl From<&StorageClass> for ClassInfo {
+    fn from(class: &StorageClass) -> Self {
+        Self {
+            provisioner: class.provisioner.clone(),
+            wait_for_first_consumer: class.volume_binding_mode.as_deref()
+                == Some("WaitForFirstConsumer"),
+        }
+    }
+}
+
+/// One write (or check) the binder performs for a key.
+#[derive(Debug, PartialEq)]
+pub(super) enum Action {
+    /// Set both storage-provisioner annotations on the claim.
+    AnnotateClaim {
+        claim: ClaimKey,
+        provisioner: String,
+    },
+    /// Set the volume's `status.phase`.
+    SetVolumePhase { volume: String, phase: &'static str },
+    /// The volume's claim is not in the cache: get it from the server, and release the volume
+    /// when it is gone or has another uid.
+    ReleaseIfGone {
+        volume: String,
+        claim: ClaimKey,
+        uid: String,
+    },
+    /// Bind the volume and its claim.
+    Bind(Box<BindPlan>),
+}
+
+/// The writes that finish binding a volume to its claim; `None` fields are already done.
+#[derive(Debug, PartialEq)]
+pub(super) struct BindPlan {
+    pub(super) volume: String,
+    pub(super) claim: ClaimKey,
+    /// The claim's uid, to be written into the volume's claimRef.
+    pub(super) claim_uid_for_volume: Option<String>,
+    /// Whether the volume's phase must become `Bound`.
+    pub(super) volume_phase: bool,
+    /// Merge patch of the claim's annotations and `spec.volumeName`.
+    pub(super) claim_patch: Option<Value>,
+    /// Merge patch of the claim's status.
+    pub(super) claim_status_patch: Option<Value>,
+}
+
+/// The watched objects, with an index from claims to the volumes whose claimRef names them.
+#[derive(Default)]
+pub(super) struct Cache {
+    classes: HashMap<String, ClassInfo>,
+    claims: HashMap<ClaimKey, PersistentVolumeClaim>,
+    volumes: HashMap<String, PersistentVolume>,
+    volumes_by_claim: HashMap<ClaimKey, BTreeSet<String>>,
+    staged_classes: HashMap<String, ClassInfo>,
+    staged_claims: HashMap<ClaimKey, PersistentVolumeClaim>,
+    staged_volumes: HashMap<String, PersistentVolume>,
+}
+
+/// Whether `new` is a later version than `old`. Resource versions are opaque to clients, but
+/// the sim's are increasing integers; anything else counts as newer.
+fn is_newer(old: Option<&str>, new: Option<&str>) -> bool {
+    match (
+        old.and_then(|v| v.parse::<u64>().ok()),
+        new.and_then(|v| v.parse::<u64>().ok()),
+    ) {
+        (Some(old), Some(new)) => new > old,
+        _ => true,
+    }
+}
+
+impl Cache {
+    fn claims_of_class(&self, class: &str) -> Vec<Key> {
+        self.claims
+            .iter()
+            .filter(|(_, claim)| {
+                claim
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.storage_class_name.as_deref())
+                    == Some(class)
+            })
+            .map(|(key, _)| Key::Claim(key.clone()))
+            .collect()
+    }
+
+    fn claim_and_volumes(&self, key: &ClaimKey) -> Vec<Key> {
+        let volumes = self.volumes_by_claim.get(key).into_iter().flatten();
+        std::iter::once(Key::Claim(key.clone()))
+            .chain(volumes.map(|name| Key::Volume(name.clone())))
+            .collect()
+    }
+
+    fn everything(&self) -> Vec<Key> {
+        let claims = self.claims.keys().map(|k| Key::Claim(k.clone()));
+        claims
+            .chain(self.volumes.keys().map(|n| Key::Volume(n.clone())))
+            .collect()
+    }
+
+    pub(super) fn apply_class(&mut self, class: &StorageClass) -> Vec<Key> {
+        let name = class.name_any();
+        let info = ClassInfo::from(class);
+        if self.classes.get(&name) == Some(&info) {
+            return Vec::new();
+        }
+        self.classes.insert(name.clone(), info);
+        self.claims_of_class(&name)
+    }
+
+    pub(super) fn delete_class(&mut self, name: &str) -> Vec<Key> {
+        self.classes.remove(name);
+        Vec::new()
+    }
+
+    pub(super) fn begin_classes(&mut self) -> Vec<Key> {
+        self.staged_classes.clear();
+        Vec::new()
+    }
+
+    pub(super) fn stage_class(&mut self, class: &StorageClass) -> Vec<Key> {
+        self.staged_classes
+            .insert(class.name_any(), ClassInfo::from(class));
+        Vec::new()
+    }
+
+    pub(super) fn finish_classes(&mut self) -> Vec<Key> {
+        self.classes = std::mem::take(&mut self.staged_classes);
+        self.everything()
+    }
+
+    pub(super) fn apply_claim(&mut self, mut claim: PersistentVolumeClaim) -> Vec<Key> {
+        let key = ClaimKey::of(&claim);
+        if let Some(old) = self.claims.get(&key)
+            && old.uid() == claim.uid()
+            && !is_newer(
+                old.resource_version().as_deref(),
+                claim.resource_version().as_deref(),
+            )
+        {
+            return Vec::new();
+        }
+        claim.metadata.managed_fields = None;
+        self.claims.insert(key.clone(), claim);
+        self.claim_and_volumes(&key)
+    }
+
+    pub(super) fn delete_claim(&mut self, claim: &PersistentVolumeClaim) -> Vec<Key> {
+        let key = ClaimKey::of(claim);
+        self.claims.remove(&key);
+        self.claim_and_volumes(&key)
+    }
+
+    pub(super) fn begin_claims(&mut self) -> Vec<Key> {
+        self.staged_claims.clear();
+        Vec::new()
+    }
+
+    pub(super) fn stage_claim(&mut self, mut claim: PersistentVolumeClaim) -> Vec<Key> {
+        claim.metadata.managed_fields = None;
+        self.staged_claims.insert(ClaimKey::of(&claim), claim);
+        Vec::new()
+    }
+
+    pub(super) fn finish_claims(&mut self) -> Vec<Key> {
+        let mut dirty = self.everything();
+        self.claims = std::mem::take(&mut self.staged_claims);
+        dirty.extend(self.everything());
+        dirty
+    }
+
+    fn unindex(&mut self, volume: &PersistentVolume) -> Option<ClaimKey> {
+        let key = ClaimKey::referenced_by(volume)?;
+        if let Some(names) = self.volumes_by_claim.get_mut(&key) {
+            names.remove(&volume.name_any());
+            if names.is_empty() {
+                self.volumes_by_claim.remove(&key);
+            }
+        }
+        Some(key)
+    }
+
+    fn index(&mut self, volume: &PersistentVolume) -> Option<ClaimKey> {
+        let key = ClaimKey::referenced_by(volume)?;
+        self.volumes_by_claim
+            .entry(key.clone())
+            .or_default()
+            .insert(volume.name_any());
+        Some(key)
+    }
+
+    pub(super) fn apply_volume(&mut self, mut volume: PersistentVolume) -> Vec<Key> {
+        let name = volume.name_any();
+        let mut dirty = vec![Key::Volume(name.clone())];
+        if let Some(old) = self.volumes.remove(&name) {
+            if old.uid() == volume.uid()
+                && !is_newer(
+                    old.resource_version().as_deref(),
+                    volume.resource_version().as_deref(),
+                )
+            {
+                self.volumes.insert(name, old);
+                return Vec::new();
+            }
+            dirty.extend(self.unindex(&old).map(Key::Claim));
+        }
+        volume.metadata.managed_fields = None;
+        dirty.extend(self.index(&volume).map(Key::Claim));
+        self.volumes.insert(name, volume);
+        dirty
+    }
+
+    pub(super) fn delete_volume(&mut self, volume: &PersistentVolume) -> Vec<Key> {
+        let Some(old) = self.volumes.remove(&volume.name_any()) else {
+            return Vec::new();
+        };
+        self.unindex(&old).map(Key::Claim).into_iter().collect()
+    }
+
+    pub(super) fn begin_volumes(&mut self) -> Vec<Key> {
+        self.staged_volumes.clear();
+        Vec::new()
+    }
+
+    pub(super) fn stage_volume(&mut self, mut volume: PersistentVolume) -> Vec<Key> {
+        volume.metadata.managed_fields = None;
+        self.staged_volumes.insert(volume.name_any(), volume);
+        Vec::new()
+    }
+
+    pub(super) fn finish_volumes(&mut self) -> Vec<Key> {
+        let mut dirty = self.everything();
+        self.volumes = std::mem::take(&mut self.staged_volumes);
+        self.volumes_by_claim.clear();
+        let volumes: Vec<PersistentVolume> = self.volumes.values().cloned().collect();
+        for volume in &volumes {
+            self.index(volume);
+        }
+        dirty.extend(self.everything());
+        dirty
+    }
+
+    /// The single next write for `key`, or `None` when it is where it should be.
+    pub(super) fn plan(&self, key: &Key) -> Option<Action> {
+        match key {
+            Key::Claim(claim) => self.plan_claim(claim),
+            Key::Volume(volume) => self.plan_volume(volume),
+        }
+    }
+
+    fn plan_claim(&self, key: &ClaimKey) -> Option<Action> {
+        let claim = self.claims.get(key)?;
+        let spec = claim.spec.as_ref()?;
+        if claim.metadata.deletion_timestamp.is_some()
+            || spec.volume_name.as_deref().is_some_and(|v| !v.is_empty())
+        {
+            return None;
+        }
+        // A volume already names this claim: binding, not provisioning, is due.
+        let named_by_volume = self
+            .volumes_by_claim
+            .get(key)
+            .into_iter()
+            .flatten()
+            .any(|name| {
+                let uid = self.volumes.get(name).and_then(claim_ref_uid);
+                uid.is_none() || uid.as_deref() == claim.uid().as_deref()
+            });
+        if named_by_volume {
+            return None;
+        }
+        let class = self.classes.get(spec.storage_class_name.as_deref()?)?;
+        if class.provisioner.is_empty() || class.provisioner == NO_PROVISIONER {
+            return None;
+        }
+        let annotations = claim.annotations();
+        if class.wait_for_first_consumer && !annotations.contains_key(ANN_SELECTED_NODE) {
+            return None;
+        }
+        let has = |name: &str| annotations.get(name) == Some(&class.provisioner);
+        if has(ANN_STORAGE_PROVISIONER) && has(ANN_BETA_STORAGE_PROVISIONER) {
+            return None;
+        }
+        Some(Action::AnnotateClaim {
+            claim: key.clone(),
+            provisioner: class.provisioner.clone(),
+        })
+    }
+
+    fn plan_volume(&self, name: &str) -> Option<Action> {
+        let volume = self.volumes.get(name)?;
+        if volume.metadata.deletion_timestamp.is_some() {
+            return None;
+        }
+        let phase = volume
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .unwrap_or("Pending");
+        let available = || Action::SetVolumePhase {
+            volume: name.to_owned(),
+            phase: "Available",
+        };
+        let Some(claim_key) = ClaimKey::referenced_by(volume) else {
+            return (!matches!(phase, "Available" | "Failed")).then(available);
+        };
+        let ref_uid = claim_ref_uid(volume);
+        let claim = self
+            .claims
+            .get(&claim_key)
+            .filter(|claim| ref_uid.is_none() || claim.uid().as_deref() == ref_uid.as_deref());
+        match (claim, ref_uid) {
+            (Some(claim), ref_uid) => plan_bind(name, volume, phase, claim_key, claim, ref_uid),
+            // Pre-bound to a claim that does not exist yet.
+            (None, None) => (!matches!(phase, "Available" | "Released" | "Failed")).then(available),
+            (None, Some(uid)) => {
+                (!matches!(phase, "Released" | "Failed")).then(|| Action::ReleaseIfGone {
+                    volume: name.to_owned(),
+                    claim: claim_key,
+                    uid,
+                })
+            }
+        }
+    }
+}
+
+fn claim_ref_uid(volume: &PersistentVolume) -> Option<String> {
+    let claim_ref = volume.spec.as_ref()?.claim_ref.as_ref()?;
+    claim_ref.uid.clone().filter(|uid| !uid.is_empty())
+}
+
+fn plan_bind(
+    name: &str,
+    volume: &PersistentVolume,
+    phase: &str,
+    claim_key: ClaimKey,
+    claim: &PersistentVolumeClaim,
+    ref_uid: Option<String>,
+) -> Option<Action> {
+    let volume_name = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref());
+    let volume_name = volume_name.filter(|v| !v.is_empty());
+    if volume_name.is_some_and(|v| v != name) {
+        // The claim is bound to another volume; leave both alone.
+        return None;
+    }
+    let set_volume_name = volume_name.is_none();
+    let annotations = claim.annotations();
+    let claim_patch = (set_volume_name
+        || annotations.get(ANN_BIND_COMPLETED).map(String::as_str) != Some("yes"))
+    .then(|| {
+        let mut added = serde_json::Map::new();
+        added.insert(ANN_BIND_COMPLETED.to_owned(), json!("yes"));
+        if set_volume_name {
+            added.insert(ANN_BOUND_BY_CONTROLLER.to_owned(), json!("yes"));
+            json!({"metadata": {"annotations": added}, "spec": {"volumeName": name}})
+        } else {
+            json!({"metadata": {"annotations": added}})
+        }
+    });
+    let spec = volume.spec.as_ref();
+    let capacity = spec.and_then(|s| s.capacity.as_ref());
+    let access_modes = spec.and_then(|s| s.access_modes.as_ref());
+    let status = claim.status.as_ref();
+    let claim_status_done = status.and_then(|s| s.phase.as_deref()) == Some("Bound")
+        && status.and_then(|s| s.capacity.as_ref()) == capacity
+        && status.and_then(|s| s.access_modes.as_ref()) == access_modes;
+    let claim_status_patch = (!claim_status_done).then(|| {
+        let capacity: Option<BTreeMap<_, _>> = capacity.cloned();
+        json!({"status": {"phase": "Bound", "capacity": capacity, "accessModes": access_modes}})
+    });
+    let plan = BindPlan {
+        volume: name.to_owned(),
+        claim: claim_key,
+        claim_uid_for_volume: if ref_uid.is_none() { claim.uid() } else { None },
+        volume_phase: phase != "Bound",
+        claim_patch,
+        claim_status_patch,
+    };
+    let nothing_to_do = plan.claim_uid_for_volume.is_none()
+        && !plan.volume_phase
+        && plan.claim_patch.is_none()
+        && plan.claim_status_patch.is_none();
+    (!nothing_to_do).then(|| Action::Bind(Box::new(plan)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        ObjectReference, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus,
+        PersistentVolumeSpec, PersistentVolumeStatus,
+    };
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn class(name: &str, provisioner: &str, wffc: bool) -> StorageClass {
+        StorageClass {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            provisioner: provisioner.into(),
+            volume_binding_mode: wffc.then(|| "WaitForFirstConsumer".into()),
+            ..StorageClass::default()
+        }
+    }
+
+    fn claim(name: &str, class: &str, rv: &str) -> PersistentVolumeClaim {
+        PersistentVolumeClaim {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                uid: Some(format!("uid-{name}")),
+                resource_version: Some(rv.into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PersistentVolumeClaimSpec {
+                storage_class_name: Some(class.into()),
+                ..PersistentVolumeClaimSpec::default()
+            }),
+            status: Some(PersistentVolumeClaimStatus {
+                phase: Some("Pending".into()),
+                ..PersistentVolumeClaimStatus::default()
+            }),
+        }
+    }
+
+    fn volume(name: &str, claim: Option<(&str, Option<&str>)>, phase: &str) -> PersistentVolume {
+        PersistentVolume {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                uid: Some(format!("uid-{name}")),
+                resource_version: Some("1".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PersistentVolumeSpec {
+                capacity: Some(BTreeMap::from([("storage".into(), Quantity("1Gi".into()))])),
+                access_modes: Some(vec!["ReadWriteOnce".into()]),
+                claim_ref: claim.map(|(name, uid)| ObjectReference {
+                    namespace: Some("ns".into()),
+                    name: Some(name.into()),
+                    uid: uid.map(Into::into),
+                    ..ObjectReference::default()
+                }),
+                ..PersistentVolumeSpec::default()
+            }),
+            status: Some(PersistentVolumeStatus {
+                phase: Some(phase.into()),
+                ..PersistentVolumeStatus::default()
+            }),
+        }
+    }
+
+    fn key(name: &str) -> ClaimKey {
+        ClaimKey {
+            namespace: "ns".into(),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn annotates_claim_of_class_with_provisioner() {
+        let mut cache = Cache::default();
+        cache.apply_class(&class("fast", "csi.example.com", false));
+        cache.apply_claim(claim("c", "fast", "1"));
+        assert_eq!(
+            cache.plan(&Key::Claim(key("c"))),
+            Some(Action::AnnotateClaim {
+                claim: key("c"),
+                provisioner: "csi.example.com".into()
+            })
+        );
+    }
+
+    #[test]
+    fn does_not_annotate_without_class_or_provisioner() {
+        let mut cache = Cache::default();
+        cache.apply_claim(claim("c", "missing", "1"));
+        cache.apply_class(&class("static", NO_PROVISIONER, false));
+        cache.apply_claim(claim("d", "static", "1"));
+        assert_eq!(cache.plan(&Key::Claim(key("c"))), None);
+        assert_eq!(cache.plan(&Key::Claim(key("d"))), None);
+    }
+
+    #[test]
+    fn waits_for_selected_node_with_wait_for_first_consumer() {
+        let mut cache = Cache::default();
+        cache.apply_class(&class("late", "p", true));
+        let mut c = claim("c", "late", "1");
+        cache.apply_claim(c.clone());
+        assert_eq!(cache.plan(&Key::Claim(key("c"))), None);
+        c.metadata.resource_version = Some("2".into());
+        c.annotations_mut()
+            .insert(ANN_SELECTED_NODE.into(), "node-1".into());
+        assert_eq!(cache.apply_claim(c), vec![Key::Claim(key("c"))]);
+        assert!(matches!(
+            cache.plan(&Key::Claim(key("c"))),
+            Some(Action::AnnotateClaim { .. })
+        ));
+    }
+
+    #[test]
+    fn ignores_stale_claim_versions() {
+        let mut cache = Cache::default();
+        assert_eq!(cache.apply_claim(claim("c", "x", "5")).len(), 1);
+        assert!(cache.apply_claim(claim("c", "x", "4")).is_empty());
+        assert!(cache.apply_claim(claim("c", "x", "5")).is_empty());
+    }
+
+    #[test]
+    fn binds_volume_naming_existing_claim() {
+        let mut cache = Cache::default();
+        cache.apply_claim(claim("c", "fast", "1"));
+        let dirty = cache.apply_volume(volume("pv", Some(("c", None)), "Pending"));
+        assert_eq!(dirty, vec![Key::Volume("pv".into()), Key::Claim(key("c"))]);
+        assert_eq!(
+            cache.plan(&Key::Claim(key("c"))),
+            None,
+            "binding, not provisioning"
+        );
+        let Some(Action::Bind(plan)) = cache.plan(&Key::Volume("pv".into())) else {
+            panic!("expected a bind");
+        };
+        assert_eq!(plan.claim_uid_for_volume.as_deref(), Some("uid-c"));
+        assert!(plan.volume_phase);
+        let patch = plan.claim_patch.unwrap();
+        assert_eq!(patch["spec"]["volumeName"], "pv");
+        assert_eq!(
+            patch["metadata"]["annotations"][ANN_BOUND_BY_CONTROLLER],
+            "yes"
+        );
+        let status = plan.claim_status_patch.unwrap();
+        assert_eq!(status["status"]["capacity"]["storage"], "1Gi");
+        assert_eq!(status["status"]["accessModes"][0], "ReadWriteOnce");
+    }
+
+    #[test]
+    fn bound_pair_needs_nothing() {
+        let mut cache = Cache::default();
+        let mut c = claim("c", "fast", "1");
+        c.spec.as_mut().unwrap().volume_name = Some("pv".into());
+        c.annotations_mut()
+            .insert(ANN_BIND_COMPLETED.into(), "yes".into());
+        let v = volume("pv", Some(("c", Some("uid-c"))), "Bound");
+        c.status = Some(PersistentVolumeClaimStatus {
+            phase: Some("Bound".into()),
+            capacity: v.spec.as_ref().unwrap().capacity.clone(),
+            access_modes: v.spec.as_ref().unwrap().access_modes.clone(),
+            ..PersistentVolumeClaimStatus::default()
+        });
+        cache.apply_claim(c);
+        cache.apply_volume(v);
+        assert_eq!(cache.plan(&Key::Volume("pv".into())), None);
+        assert_eq!(cache.plan(&Key::Claim(key("c"))), None);
+    }
+
+    #[test]
+    fn volume_without_claim_ref_becomes_available() {
+        let mut cache = Cache::default();
+        cache.apply_volume(volume("pv", None, "Pending"));
+        assert_eq!(
+            cache.plan(&Key::Volume("pv".into())),
+            Some(Action::SetVolumePhase {
+                volume: "pv".into(),
+                phase: "Available"
+            })
+        );
+        cache.apply_volume(volume("pv2", None, "Available"));
+        assert_eq!(cache.plan(&Key::Volume("pv2".into())), None);
+    }
+
+    #[test]
+    fn volume_of_missing_claim_is_released_after_a_check() {
+        let mut cache = Cache::default();
+        cache.apply_volume(volume("pv", Some(("c", Some("uid-c"))), "Bound"));
+        assert_eq!(
+            cache.plan(&Key::Volume("pv".into())),
+            Some(Action::ReleaseIfGone {
+                volume: "pv".into(),
+                claim: key("c"),
+                uid: "uid-c".into()
+            })
+        );
+        cache.apply_volume(volume("pv2", Some(("c", Some("uid-c"))), "Released"));
+        assert_eq!(cache.plan(&Key::Volume("pv2".into())), None);
+    }
+
+    #[test]
+    fn recreated_claim_is_provisioned_despite_old_released_volume() {
+        let mut cache = Cache::default();
+        cache.apply_class(&class("fast", "p", false));
+        cache.apply_volume(volume("pv", Some(("c", Some("old-uid"))), "Released"));
+        cache.apply_claim(claim("c", "fast", "3"));
+        assert!(matches!(
+            cache.plan(&Key::Claim(key("c"))),
+            Some(Action::AnnotateClaim { .. })
+        ));
+        assert!(cache.plan(&Key::Volume("pv".into())).is_none());
+    }
+
+    #[test]
+    fn relist_replaces_claims_and_marks_removed_ones_dirty() {
+        let mut cache = Cache::default();
+        cache.apply_claim(claim("gone", "x", "1"));
+        cache.begin_claims();
+        cache.stage_claim(claim("new", "x", "2"));
+        let dirty = cache.finish_claims();
+        assert!(dirty.contains(&Key::Claim(key("gone"))));
+        assert!(dirty.contains(&Key::Claim(key("new"))));
+        assert!(cache.claims.contains_key(&key("new")) && !cache.claims.contains_key(&key("gone")));
+    }
+}

@@ -1,0 +1,351 @@
+//! The HTTP front: one axum fallback handler that routes by path, applies fault rules,
+//! dispatches to the verbs and logs every request.
+
+pub(crate) mod discovery;
+pub(crate) mod openapi;
+pub(crate) mod read;
+pub(crate) mod route;
+pub(crate) mod table;
+pub(crate) mod watch;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use serde_json::Value;
+
+use crate::delete::DeleteOptions;
+use crate::fault::{self, RequestKey, Verb};
+use crate::ops::Scope;
+use crate::patch;
+use crate::requests::RequestRecord;
+use crate::resources::ResourceDef;
+use crate::shared::Shared;
+use crate::status::{ApiError, ApiResult};
+
+use self::route::{ResourcePath, Route};
+
+/// Largest request body accepted (the real server's limit is 3 MiB).
+const MAX_BODY: usize = 3 * 1024 * 1024;
+
+/// The router serving every path.
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    Router::new().fallback(handle).with_state(shared)
+}
+
+fn json_response(code: StatusCode, body: impl Into<Body>) -> Response {
+    let mut resp = (code, body.into()).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn value_response(v: &Value) -> Response {
+    json_response(StatusCode::OK, serde_json::to_vec(v).unwrap_or_default())
+}
+
+async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let path = parts.uri.path().to_string();
+    let query = parts.uri.query().unwrap_or_default().to_string();
+    let mut record = RequestRecord {
+        verb: "other".into(),
+        path: path.clone(),
+        query: query.clone(),
+        status: 0,
+        resource: String::new(),
+        subresource: None,
+        name: None,
+        namespace: None,
+    };
+    let resp = match route::parse(&path) {
+        Route::Resource(rp) => {
+            let q = route::query(&query);
+            match resource(
+                &shared,
+                &parts.method,
+                &parts.headers,
+                rp,
+                &q,
+                body,
+                &mut record,
+            )
+            .await
+            {
+                Ok(resp) => resp,
+                Err(err) => err.into_response(),
+            }
+        }
+        other if parts.method != Method::GET => {
+            let _ = other;
+            ApiError::method_not_allowed().into_response()
+        }
+        other => {
+            record.verb = "discovery".into();
+            discovery_response(&shared, other)
+        }
+    };
+    record.status = resp.status().as_u16();
+    shared.record(record);
+    resp
+}
+
+fn discovery_response(shared: &Shared, route: Route) -> Response {
+    let reg = || shared.state();
+    let doc = match route {
+        Route::Version => Some(discovery::version()),
+        Route::Health => {
+            let mut resp = (StatusCode::OK, "ok").into_response();
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+            );
+            return resp;
+        }
+        Route::CoreVersions => Some(discovery::core_versions(&shared.address)),
+        Route::Groups => Some(discovery::group_list(&reg().registry)),
+        Route::Group(g) => discovery::group(&reg().registry, &g),
+        Route::Resources { group, version } => {
+            discovery::resource_list(&reg().registry, &group, &version)
+        }
+        Route::OpenApiRoot => Some(openapi::root(&reg().registry)),
+        Route::OpenApi { group, version } => openapi::document(&reg().registry, &group, &version),
+        Route::Resource(_) | Route::Unknown => None,
+    };
+    match doc {
+        Some(doc) => value_response(&doc),
+        None => ApiError::no_route().into_response(),
+    }
+}
+
+/// Resolves the type and checks the path shape against its scope.
+fn resolve(shared: &Shared, rp: &ResourcePath) -> ApiResult<Arc<ResourceDef>> {
+    let def = shared
+        .state()
+        .registry
+        .lookup(&rp.group, &rp.version, &rp.plural)
+        .ok_or_else(ApiError::no_route)?;
+    if !def.namespaced && rp.namespace.is_some() {
+        return Err(ApiError::no_route());
+    }
+    if def.namespaced && rp.namespace.is_none() && rp.name.is_some() {
+        return Err(ApiError::no_route());
+    }
+    match rp.subresource.as_deref() {
+        None => {}
+        Some("status") if def.has_status(&rp.version) => {}
+        Some(_) => return Err(ApiError::no_route()),
+    }
+    Ok(def)
+}
+
+fn verb_of(method: &Method, rp: &ResourcePath, q: &HashMap<String, String>) -> ApiResult<Verb> {
+    let named = rp.name.is_some();
+    let watch = q.get("watch").is_some_and(|v| v == "true" || v == "1");
+    Ok(match (method.as_str(), named) {
+        ("GET", true) => Verb::Get,
+        ("GET", false) if watch => Verb::Watch,
+        ("GET", false) => Verb::List,
+        ("POST", false) if rp.subresource.is_none() => Verb::Create,
+        ("PUT", true) => Verb::Update,
+        ("PATCH", true) => Verb::Patch,
+        ("DELETE", true) if rp.subresource.is_none() => Verb::Delete,
+        ("DELETE", false) => Verb::DeleteCollection,
+        _ => return Err(ApiError::method_not_allowed()),
+    })
+}
+
+/// Parses a create or update body: JSON, or YAML when the content type says so.
+fn parse_body(headers: &HeaderMap, body: &[u8], def: &ResourceDef) -> ApiResult<Value> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json");
+    let media = ct.split(';').next().unwrap_or_default().trim();
+    let parsed = match media {
+        "" | "application/json" | "*/*" => serde_json::from_slice::<Value>(body).map_err(|e| {
+            ApiError::bad_request(format!(
+                "{kind} in version \"v1\" cannot be handled as a {kind}: {e}",
+                kind = def.kind
+            ))
+        })?,
+        "application/yaml" => patch::parse_apply(body)?,
+        _ => {
+            return Err(ApiError::unsupported_media_type(&[
+                "application/json",
+                "application/yaml",
+                "application/vnd.kubernetes.protobuf",
+            ]));
+        }
+    };
+    Ok(parsed)
+}
+
+async fn resource(
+    shared: &Arc<Shared>,
+    method: &Method,
+    headers: &HeaderMap,
+    rp: ResourcePath,
+    q: &HashMap<String, String>,
+    body: Body,
+    record: &mut RequestRecord,
+) -> ApiResult<Response> {
+    record.resource = rp.plural.clone();
+    record.subresource = rp.subresource.clone();
+    record.name = rp.name.clone();
+    record.namespace = rp.namespace.clone();
+    let verb = verb_of(method, &rp, q);
+    if let Ok(verb) = verb {
+        record.verb = verb.as_str().into();
+    }
+    let def = resolve(shared, &rp)?;
+    let verb = verb?;
+    if verb == Verb::Create && def.namespaced && rp.namespace.is_none() {
+        return Err(ApiError::method_not_allowed());
+    }
+    let body: Bytes = axum::body::to_bytes(body, MAX_BODY).await.map_err(|_| {
+        ApiError::new(
+            413,
+            "RequestEntityTooLarge",
+            "the request body is too large",
+        )
+    })?;
+    let create_name = (verb == Verb::Create)
+        .then(|| serde_json::from_slice::<Value>(&body).ok())
+        .flatten()
+        .and_then(|v| v["metadata"]["name"].as_str().map(str::to_string));
+    let key = RequestKey {
+        verb,
+        resource: &rp.plural,
+        subresource: rp.subresource.as_deref(),
+        name: rp.name.as_deref().or(create_name.as_deref()),
+        namespace: rp.namespace.as_deref(),
+    };
+    let action = fault::take(&mut shared.faults(), &key);
+    if let Some(action) = action {
+        if !action.latency.is_zero() {
+            tokio::time::sleep(action.latency).await;
+        }
+        if let Some((code, reason, message)) = action.status {
+            return Err(ApiError::new(code, reason, message));
+        }
+    }
+    let dry_run = match q.get("dryRun").map(String::as_str) {
+        None | Some("") => false,
+        Some("All") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "unsupported dry run option: {other:?}"
+            )));
+        }
+    };
+    let ns = rp.namespace.as_deref().unwrap_or_default();
+    let scope = Scope {
+        def: &def,
+        version: &rp.version,
+        ns,
+        dry_run,
+    };
+    let name = rp.name.as_deref().unwrap_or_default();
+    let status_only = rp.subresource.is_some();
+    let ok = |code: StatusCode, b: Bytes| Ok(json_response(code, b));
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let as_table = table::wanted(accept);
+    match verb {
+        Verb::Get => ok(StatusCode::OK, read::get(shared, &def, ns, name, as_table)?),
+        Verb::List => ok(
+            StatusCode::OK,
+            read::list(
+                shared,
+                &def,
+                &rp.version,
+                rp.namespace.as_deref(),
+                q,
+                as_table,
+            )?,
+        ),
+        Verb::Watch => watch::start(
+            shared.clone(),
+            &def,
+            &rp.version,
+            rp.namespace.as_deref(),
+            q,
+            as_table,
+        ),
+        Verb::Create => {
+            let value = parse_body(headers, &body, &def)?;
+            let stored = shared.write(|s| s.create(&scope, value))?;
+            ok(StatusCode::CREATED, stored.bytes.clone())
+        }
+        Verb::Update => {
+            let value = parse_body(headers, &body, &def)?;
+            let (stored, created) = shared.write(|s| s.update(&scope, name, value, status_only))?;
+            ok(
+                if created {
+                    StatusCode::CREATED
+                } else {
+                    StatusCode::OK
+                },
+                stored.bytes.clone(),
+            )
+        }
+        Verb::Patch => {
+            let ct = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            let kind = patch::kind_of(ct, &def)?;
+            let manager = q.get("fieldManager").map(String::as_str);
+            let (stored, created) =
+                shared.write(|s| s.patch(&scope, name, kind, &body, status_only, manager))?;
+            ok(
+                if created {
+                    StatusCode::CREATED
+                } else {
+                    StatusCode::OK
+                },
+                stored.bytes.clone(),
+            )
+        }
+        Verb::Delete => {
+            let opts = DeleteOptions::parse(&body)?;
+            let stored = shared.write(|s| s.delete(&scope, name, &opts))?;
+            ok(StatusCode::OK, stored.bytes.clone())
+        }
+        Verb::DeleteCollection => {
+            let opts = DeleteOptions::parse(&body)?;
+            let sel = read::Selectors::from_query(q)?;
+            shared.write(|s| {
+                let names: Vec<(String, String)> = s
+                    .table(&def.key)
+                    .into_iter()
+                    .flat_map(|t| t.iter())
+                    .filter(|(k, o)| {
+                        rp.namespace.as_deref().is_none_or(|n| n == k.0) && sel.matches(o)
+                    })
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for (obj_ns, obj_name) in names {
+                    let scope = Scope {
+                        ns: &obj_ns,
+                        ..scope
+                    };
+                    s.delete(&scope, &obj_name, &opts)?;
+                }
+                Ok::<_, ApiError>(())
+            })?;
+            let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"});
+            Ok(value_response(&status))
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! State shared by the HTTP handlers and the [`KubeSim`](crate::KubeSim) handle.
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::fault::FaultRule;
+use crate::requests::{RequestLog, RequestRecord};
+use crate::store::State;
+
+/// Everything the server shares; one lock for the store.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    /// The newest resourceVersion, so watches wake up on writes.
+    pub(crate) changed: watch::Sender<u64>,
+    /// Bumped by `cut_watches`.
+    pub(crate) cut: watch::Sender<u64>,
+    /// Set on shutdown.
+    pub(crate) shutdown: watch::Sender<bool>,
+    faults: Mutex<Vec<FaultRule>>,
+    log: Mutex<RequestLog>,
+    /// How often an idle watch with bookmarks gets a BOOKMARK.
+    pub(crate) bookmark_interval: Duration,
+    /// `host:port` the server listens on.
+    pub(crate) address: String,
+}
+
+fn relock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock cannot leave the data half-written in a way that
+    // matters more than stopping the server would, so poisoning is ignored.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Shared {
+    /// New shared state.
+    pub(crate) fn new(
+        window: usize,
+        log_limit: usize,
+        bookmark_interval: Duration,
+        address: String,
+    ) -> Self {
+        Self {
+            state: Mutex::new(State::new(window)),
+            changed: watch::Sender::new(0),
+            cut: watch::Sender::new(0),
+            shutdown: watch::Sender::new(false),
+            faults: Mutex::new(Vec::new()),
+            log: Mutex::new(RequestLog::new(log_limit)),
+            bookmark_interval,
+            address,
+        }
+    }
+
+    /// Locks the store.
+    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
+        relock(&self.state)
+    }
+
+    /// Runs `f` under the store lock and wakes the watches when it wrote.
+    pub(crate) fn write<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        let (out, before, after) = {
+            let mut state = self.state();
+            let before = state.rv;
+            let out = f(&mut state);
+            (out, before, state.rv)
+        };
+        if after != before {
+            self.changed.send_replace(after);
+        }
+        out
+    }
+
+    /// The fault rules.
+    pub(crate) fn faults(&self) -> MutexGuard<'_, Vec<FaultRule>> {
+        relock(&self.faults)
+    }
+
+    /// Records a request.
+    pub(crate) fn record(&self, record: RequestRecord) {
+        relock(&self.log).push(record);
+    }
+
+    /// The request log.
+    pub(crate) fn log(&self) -> MutexGuard<'_, RequestLog> {
+        relock(&self.log)
+    }
+}

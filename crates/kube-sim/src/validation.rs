@@ -1,0 +1,436 @@
+//! Validation a controller author would trip over on a real server: object names,
+//! quantities and the required fields of the served types.
+
+use serde_json::Value;
+
+use crate::quantity::{self, QUANTITY_FORMAT};
+use crate::resources::ResourceDef;
+use crate::status::{ApiError, ApiResult, Cause};
+
+const SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric \
+characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', \
+regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+const LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric \
+characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or \
+'123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
+
+fn is_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+/// Problems of `name` as a DNS-1123 subdomain (a `prefix` may end in `-`).
+pub(crate) fn dns1123_subdomain(name: &str, prefix: bool) -> Vec<String> {
+    let checked = if prefix {
+        name.strip_suffix('-').unwrap_or(name)
+    } else {
+        name
+    };
+    let mut errs = Vec::new();
+    if name.len() > 253 {
+        errs.push("must be no more than 253 characters".to_string());
+    }
+    if !checked.split('.').all(is_label) {
+        errs.push(SUBDOMAIN_MSG.to_string());
+    }
+    errs
+}
+
+/// Problems of `name` as a DNS-1123 label (a `prefix` may end in `-`).
+pub(crate) fn dns1123_label(name: &str, prefix: bool) -> Vec<String> {
+    let checked = if prefix {
+        name.strip_suffix('-').unwrap_or(name)
+    } else {
+        name
+    };
+    let mut errs = Vec::new();
+    if name.len() > 63 {
+        errs.push("must be no more than 63 characters".to_string());
+    }
+    if !is_label(checked) {
+        errs.push(LABEL_MSG.to_string());
+    }
+    errs
+}
+
+fn str_at<'a>(obj: &'a Value, path: &[&str]) -> Option<&'a str> {
+    path.iter().try_fold(obj, |v, k| v.get(k))?.as_str()
+}
+
+fn at<'a>(obj: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    path.iter()
+        .try_fold(obj, |v, k| v.get(k))
+        .filter(|v| !v.is_null())
+}
+
+/// Validates metadata: name (and generateName) and label values.
+fn validate_meta(def: &ResourceDef, obj: &Value, causes: &mut Vec<Cause>) {
+    let check = if def.builtin && def.plural == "namespaces" {
+        dns1123_label
+    } else {
+        dns1123_subdomain
+    };
+    if let Some(prefix) = str_at(obj, &["metadata", "generateName"]).filter(|p| !p.is_empty()) {
+        for msg in check(prefix, true) {
+            causes.push(Cause::invalid(
+                "metadata.generateName",
+                &Value::from(prefix),
+                &msg,
+            ));
+        }
+    }
+    match str_at(obj, &["metadata", "name"]) {
+        None | Some("") => causes.push(Cause::required(
+            "metadata.name",
+            "name or generateName is required",
+        )),
+        Some(name) if def.builtin && def.plural == "events" => {
+            // Event names follow the object they describe plus a suffix: only length is checked.
+            if name.len() > 253 {
+                causes.push(Cause::invalid(
+                    "metadata.name",
+                    &Value::from(name),
+                    "must be no more than 253 characters",
+                ));
+            }
+        }
+        Some(name) => {
+            for msg in check(name, false) {
+                causes.push(Cause::invalid("metadata.name", &Value::from(name), &msg));
+            }
+        }
+    }
+    if let Some(labels) = at(obj, &["metadata", "labels"]).and_then(Value::as_object) {
+        for (k, v) in labels {
+            let ok = v.as_str().is_some_and(|s| {
+                s.len() <= 63
+                    && s.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+                    && s.chars().next().is_none_or(|c| c.is_ascii_alphanumeric())
+                    && s.chars().last().is_none_or(|c| c.is_ascii_alphanumeric())
+            });
+            if !ok {
+                causes.push(Cause::invalid(
+                    "metadata.labels",
+                    v,
+                    &format!(
+                        "a valid label value for key {k:?} must be 63 characters or less, \
+                              consist of alphanumeric characters, '-', '_' or '.', and begin \
+                              and end with an alphanumeric character"
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+const ACCESS_MODES: &[&str] = &[
+    "ReadOnlyMany",
+    "ReadWriteMany",
+    "ReadWriteOnce",
+    "ReadWriteOncePod",
+];
+const PV_SOURCES: &[&str] = &[
+    "awsElasticBlockStore",
+    "azureDisk",
+    "azureFile",
+    "cephfs",
+    "cinder",
+    "csi",
+    "fc",
+    "flexVolume",
+    "flocker",
+    "gcePersistentDisk",
+    "glusterfs",
+    "hostPath",
+    "iscsi",
+    "local",
+    "nfs",
+    "photonPersistentDisk",
+    "portworxVolume",
+    "quobyte",
+    "rbd",
+    "scaleIO",
+    "storageos",
+    "vsphereVolume",
+];
+
+fn check_access_modes(obj: &Value, causes: &mut Vec<Cause>, required_msg: &str) {
+    match at(obj, &["spec", "accessModes"]).and_then(Value::as_array) {
+        Some(modes) if !modes.is_empty() => {
+            for m in modes {
+                if !m.as_str().is_some_and(|m| ACCESS_MODES.contains(&m)) {
+                    causes.push(Cause::not_supported("spec.accessModes", m, ACCESS_MODES));
+                }
+            }
+        }
+        _ => causes.push(Cause::required("spec.accessModes", required_msg)),
+    }
+}
+
+/// Checks a storage quantity: unparseable is a 400 (decode error), not positive a 422 cause.
+fn check_storage(
+    def: &ResourceDef,
+    field: &str,
+    value: &Value,
+    causes: &mut Vec<Cause>,
+) -> ApiResult<()> {
+    let parsed = match value {
+        Value::String(s) => quantity::parse(s),
+        Value::Number(n) => n.as_f64().map(|value| quantity::Quantity { value }),
+        _ => None,
+    };
+    match parsed {
+        None => Err(ApiError::bad_request(format!(
+            "{kind} in version \"v1\" cannot be handled as a {kind}: {QUANTITY_FORMAT}",
+            kind = def.kind
+        ))),
+        Some(q) if q.value <= 0.0 => {
+            causes.push(Cause::invalid(field, value, "must be greater than zero"));
+            Ok(())
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+fn check_one_of(obj: &Value, field: &str, allowed: &[&str], causes: &mut Vec<Cause>) {
+    if let Some(v) = at(obj, &field.split('.').collect::<Vec<_>>())
+        && !v.as_str().is_some_and(|s| allowed.contains(&s))
+    {
+        causes.push(Cause::not_supported(field, v, allowed));
+    }
+}
+
+fn validate_builtin(def: &ResourceDef, obj: &Value, causes: &mut Vec<Cause>) -> ApiResult<()> {
+    match (def.group.as_str(), def.plural.as_str()) {
+        ("", "persistentvolumeclaims") => {
+            check_access_modes(obj, causes, "at least 1 access mode is required");
+            match at(obj, &["spec", "resources", "requests", "storage"]) {
+                Some(v) => check_storage(def, "spec.resources[storage]", v, causes)?,
+                None => causes.push(Cause::required("spec.resources[storage]", "")),
+            }
+            check_one_of(obj, "spec.volumeMode", &["Block", "Filesystem"], causes);
+        }
+        ("", "persistentvolumes") => {
+            match at(obj, &["spec", "capacity", "storage"]) {
+                Some(v) => check_storage(def, "spec.capacity[storage]", v, causes)?,
+                None => causes.push(Cause::required("spec.capacity", "")),
+            }
+            check_access_modes(obj, causes, "must specify at least 1 access mode");
+            let spec = at(obj, &["spec"]).and_then(Value::as_object);
+            let sources = PV_SOURCES
+                .iter()
+                .filter(|s| spec.and_then(|m| m.get(**s)).is_some_and(|v| !v.is_null()))
+                .count();
+            if sources == 0 {
+                causes.push(Cause::required("spec", "must specify a volume type"));
+            } else if sources > 1 {
+                causes.push(Cause::forbidden(
+                    "spec",
+                    "may not specify more than 1 volume type",
+                ));
+            }
+            if let Some(csi) = at(obj, &["spec", "csi"]) {
+                if str_at(csi, &["driver"]).is_none_or(str::is_empty) {
+                    causes.push(Cause::required("spec.csi.driver", ""));
+                }
+                if str_at(csi, &["volumeHandle"]).is_none_or(str::is_empty) {
+                    causes.push(Cause::required("spec.csi.volumeHandle", ""));
+                }
+            }
+            check_one_of(
+                obj,
+                "spec.persistentVolumeReclaimPolicy",
+                &["Delete", "Recycle", "Retain"],
+                causes,
+            );
+            check_one_of(obj, "spec.volumeMode", &["Block", "Filesystem"], causes);
+        }
+        ("storage.k8s.io", "storageclasses") => {
+            if str_at(obj, &["provisioner"]).is_none_or(str::is_empty) {
+                causes.push(Cause::required("provisioner", ""));
+            }
+            check_one_of(obj, "reclaimPolicy", &["Delete", "Retain"], causes);
+            check_one_of(
+                obj,
+                "volumeBindingMode",
+                &["Immediate", "WaitForFirstConsumer"],
+                causes,
+            );
+        }
+        ("", "events") if at(obj, &["involvedObject"]).is_none() => {
+            causes.push(Cause::required("involvedObject", ""));
+        }
+        ("events.k8s.io", "events") => {
+            if at(obj, &["eventTime"]).is_none() {
+                causes.push(Cause::required("eventTime", ""));
+            }
+            if str_at(obj, &["reportingController"]).is_none_or(str::is_empty) {
+                causes.push(Cause::required("reportingController", ""));
+            }
+            check_one_of(obj, "type", &["Normal", "Warning"], causes);
+        }
+        ("", "pods") => {
+            let containers = at(obj, &["spec", "containers"]).and_then(Value::as_array);
+            if containers.is_none_or(Vec::is_empty) {
+                causes.push(Cause::required("spec.containers", ""));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Validates an object about to be stored.
+///
+/// # Errors
+/// 422 Invalid with every cause, or 400 BadRequest for a value that cannot be decoded.
+pub(crate) fn validate(def: &ResourceDef, obj: &Value) -> ApiResult<()> {
+    let mut causes = Vec::new();
+    validate_meta(def, obj, &mut causes);
+    if def.builtin {
+        validate_builtin(def, obj, &mut causes)?;
+    }
+    if def.builtin && def.plural == "customresourcedefinitions" {
+        causes.extend(crate::crd::validate(obj));
+    }
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        let name = str_at(obj, &["metadata", "name"]).unwrap_or_default();
+        Err(ApiError::invalid(&def.group, &def.kind, name, causes))
+    }
+}
+
+/// Checks the fields an update may not change.
+///
+/// # Errors
+/// 422 Invalid naming the immutable field.
+pub(crate) fn validate_update(def: &ResourceDef, old: &Value, new: &Value) -> ApiResult<()> {
+    let mut causes = Vec::new();
+    match (def.builtin, def.group.as_str(), def.plural.as_str()) {
+        (true, "", "persistentvolumeclaims") => {
+            let strip = |v: &Value, other: &Value| {
+                let mut spec = v.get("spec").cloned().unwrap_or(Value::Null);
+                if let Some(m) = spec.as_object_mut() {
+                    if let Some(r) = m.get_mut("resources").and_then(Value::as_object_mut) {
+                        r.remove("requests");
+                    }
+                    m.remove("volumeAttributesClassName");
+                    // volumeName and storageClassName may be set once.
+                    for once in ["volumeName", "storageClassName"] {
+                        let was_unset = other
+                            .get("spec")
+                            .and_then(|s| s.get(once))
+                            .is_none_or(|x| x.is_null() || x == "");
+                        if was_unset {
+                            m.remove(once);
+                        }
+                    }
+                }
+                spec
+            };
+            if strip(old, old) != strip(new, old) {
+                causes.push(Cause::forbidden(
+                    "spec",
+                    "spec is immutable after creation except resources.requests and \
+                     volumeAttributesClassName for bound claims",
+                ));
+            }
+        }
+        (true, "storage.k8s.io", "storageclasses") => {
+            for field in [
+                "provisioner",
+                "parameters",
+                "reclaimPolicy",
+                "volumeBindingMode",
+            ] {
+                if old.get(field) != new.get(field) {
+                    causes.push(Cause::forbidden(
+                        field,
+                        &format!("updates to {field} are forbidden."),
+                    ));
+                }
+            }
+        }
+        _ => {}
+    }
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        let name = str_at(new, &["metadata", "name"]).unwrap_or_default();
+        Err(ApiError::invalid(&def.group, &def.kind, name, causes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::Registry;
+    use serde_json::json;
+
+    fn pvc_def() -> std::sync::Arc<ResourceDef> {
+        Registry::with_builtins()
+            .lookup("", "v1", "persistentvolumeclaims")
+            .unwrap()
+    }
+
+    #[test]
+    fn subdomain_names() {
+        assert!(dns1123_subdomain("a.b-c.d1", false).is_empty());
+        assert!(!dns1123_subdomain("Bad_Name", false).is_empty());
+        assert!(!dns1123_subdomain("-a", false).is_empty());
+        assert!(!dns1123_subdomain("a..b", false).is_empty());
+        assert!(dns1123_subdomain("claim-", true).is_empty());
+        assert!(!dns1123_subdomain("claim-", false).is_empty());
+        assert_eq!(dns1123_subdomain(&"a".repeat(254), false).len(), 1);
+    }
+
+    #[test]
+    fn label_names() {
+        assert!(dns1123_label("my-ns", false).is_empty());
+        assert!(!dns1123_label("my.ns", false).is_empty());
+        assert!(!dns1123_label(&"a".repeat(64), false).is_empty());
+    }
+
+    #[test]
+    fn bad_claim_name_gets_the_real_message() {
+        let obj = json!({"metadata": {"name": "Bad_Name"}, "spec": {"accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "1Gi"}}}});
+        let err = validate(&pvc_def(), &obj).unwrap_err();
+        assert_eq!(err.code, 422);
+        assert!(err.message.starts_with(
+            "PersistentVolumeClaim \"Bad_Name\" is invalid: metadata.name: Invalid value: \"Bad_Name\": \
+             a lowercase RFC 1123 subdomain must consist of"
+        ), "{}", err.message);
+    }
+
+    #[test]
+    fn claim_required_fields_and_quantities() {
+        let err =
+            validate(&pvc_def(), &json!({"metadata": {"name": "a"}, "spec": {}})).unwrap_err();
+        assert_eq!(err.details.causes.len(), 2);
+        let bad = json!({"metadata": {"name": "a"}, "spec": {"accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "lots"}}}});
+        assert_eq!(validate(&pvc_def(), &bad).unwrap_err().code, 400);
+        let zero = json!({"metadata": {"name": "a"}, "spec": {"accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "0"}}}});
+        assert_eq!(validate(&pvc_def(), &zero).unwrap_err().code, 422);
+    }
+
+    #[test]
+    fn claim_class_is_immutable_but_volume_name_is_set_once() {
+        let old = json!({"spec": {"storageClassName": "a", "accessModes": ["ReadWriteOnce"]}});
+        let bound = json!({"spec": {"storageClassName": "a", "accessModes": ["ReadWriteOnce"], "volumeName": "pv"}});
+        assert!(validate_update(&pvc_def(), &old, &bound).is_ok());
+        let moved = json!({"spec": {"storageClassName": "b", "accessModes": ["ReadWriteOnce"]}});
+        assert_eq!(
+            validate_update(&pvc_def(), &old, &moved).unwrap_err().code,
+            422
+        );
+    }
+}

@@ -1,0 +1,386 @@
+//! The PV binder against the sim: provisioner annotations, binding, release.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube_client::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube_runtime::wait::await_condition;
+use kube_sim::{FaultRule, KubeSim, Verb};
+use serde_json::json;
+
+const PROVISIONER: &str = "example.com/csi";
+const ANN_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
+const ANN_BETA_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-provisioner";
+
+async fn sim() -> KubeSim {
+    KubeSim::builder().pv_binder(true).start().await.unwrap()
+}
+
+async fn create_class(sim: &KubeSim, name: &str, binding_mode: &str) {
+    let class: StorageClass = serde_json::from_value(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": name},
+        "provisioner": PROVISIONER,
+        "volumeBindingMode": binding_mode,
+    }))
+    .unwrap();
+    let api = Api::<StorageClass>::all(sim.client());
+    api.create(&PostParams::default(), &class).await.unwrap();
+}
+
+async fn create_claim(sim: &KubeSim, name: &str, class: &str) -> PersistentVolumeClaim {
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "storageClassName": class,
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }))
+    .unwrap();
+    claims(sim)
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap()
+}
+
+async fn create_volume(sim: &KubeSim, name: &str, claim_ref: Option<serde_json::Value>) {
+    let mut spec = json!({
+        "capacity": {"storage": "2Gi"},
+        "accessModes": ["ReadWriteOnce"],
+        "persistentVolumeReclaimPolicy": "Delete",
+        "storageClassName": "fast",
+        "csi": {"driver": PROVISIONER, "volumeHandle": format!("handle-{name}")},
+    });
+    if let Some(claim_ref) = claim_ref {
+        spec["claimRef"] = claim_ref;
+    }
+    let volume: PersistentVolume = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .unwrap();
+    volumes(sim)
+        .create(&PostParams::default(), &volume)
+        .await
+        .unwrap();
+}
+
+fn claims(sim: &KubeSim) -> Api<PersistentVolumeClaim> {
+    Api::namespaced(sim.client(), "default")
+}
+
+fn volumes(sim: &KubeSim) -> Api<PersistentVolume> {
+    Api::all(sim.client())
+}
+
+/// Waits (bounded, so a broken binder fails instead of hanging) until `cond` holds.
+async fn wait_for<K, F>(api: Api<K>, name: &str, what: &str, cond: F) -> K
+where
+    K: kube_client::Resource
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + 'static,
+    F: Fn(&K) -> bool + Send + 'static,
+{
+    let waited = tokio::time::timeout(
+        Duration::from_secs(10),
+        await_condition(api.clone(), name, move |obj: Option<&K>| {
+            obj.is_some_and(&cond)
+        }),
+    )
+    .await;
+    match waited {
+        Ok(Ok(Some(obj))) => obj,
+        other => {
+            let now = api.get_opt(name).await.unwrap();
+            panic!("{name}: never {what} ({other:?}); now {now:#?}")
+        }
+    }
+}
+
+fn annotation<'a>(claim: &'a PersistentVolumeClaim, key: &str) -> Option<&'a str> {
+    claim
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
+}
+
+fn claim_phase(claim: &PersistentVolumeClaim) -> Option<&str> {
+    claim.status.as_ref()?.phase.as_deref()
+}
+
+fn volume_phase(volume: &PersistentVolume) -> Option<&str> {
+    volume.status.as_ref()?.phase.as_deref()
+}
+
+#[tokio::test]
+async fn claim_is_annotated_bound_and_its_volume_released() {
+    let sim = sim().await;
+    create_class(&sim, "fast", "Immediate").await;
+    let claim = create_claim(&sim, "claim-1", "fast").await;
+
+    let annotated = wait_for(claims(&sim), "claim-1", "annotated", |c| {
+        annotation(c, ANN_PROVISIONER).is_some()
+    })
+    .await;
+    assert_eq!(annotation(&annotated, ANN_PROVISIONER), Some(PROVISIONER));
+    assert_eq!(
+        annotation(&annotated, ANN_BETA_PROVISIONER),
+        Some(PROVISIONER)
+    );
+    assert_eq!(claim_phase(&annotated), Some("Pending"));
+
+    let uid = claim.metadata.uid.clone().unwrap();
+    let claim_ref = json!({"kind": "PersistentVolumeClaim", "apiVersion": "v1",
+        "namespace": "default", "name": "claim-1", "uid": uid});
+    create_volume(&sim, "pv-1", Some(claim_ref)).await;
+
+    let bound = wait_for(claims(&sim), "claim-1", "bound", |c| {
+        claim_phase(c) == Some("Bound")
+    })
+    .await;
+    let spec = bound.spec.as_ref().unwrap();
+    assert_eq!(spec.volume_name.as_deref(), Some("pv-1"));
+    assert_eq!(
+        annotation(&bound, "pv.kubernetes.io/bind-completed"),
+        Some("yes")
+    );
+    assert_eq!(
+        annotation(&bound, "pv.kubernetes.io/bound-by-controller"),
+        Some("yes")
+    );
+    let status = bound.status.as_ref().unwrap();
+    assert_eq!(status.capacity.as_ref().unwrap()["storage"].0, "2Gi");
+    assert_eq!(
+        status.access_modes.as_deref(),
+        Some(&["ReadWriteOnce".to_owned()][..])
+    );
+    let volume = wait_for(volumes(&sim), "pv-1", "bound", |v| {
+        volume_phase(v) == Some("Bound")
+    })
+    .await;
+    assert_eq!(volume_phase(&volume), Some("Bound"));
+
+    claims(&sim)
+        .delete("claim-1", &DeleteParams::default())
+        .await
+        .unwrap();
+    let released = wait_for(volumes(&sim), "pv-1", "released", |v| {
+        volume_phase(v) == Some("Released")
+    })
+    .await;
+    let kept = released.spec.unwrap().claim_ref.unwrap();
+    assert_eq!(kept.name.as_deref(), Some("claim-1"));
+    assert_eq!(kept.uid.as_deref(), Some(uid.as_str()));
+}
+
+#[tokio::test]
+async fn wait_for_first_consumer_claim_is_annotated_only_after_node_selection() {
+    let sim = sim().await;
+    create_class(&sim, "late", "WaitForFirstConsumer").await;
+    create_class(&sim, "now", "Immediate").await;
+    create_claim(&sim, "waiting", "late").await;
+    // The binder sees claims in order; once the later claim is annotated, it has long decided
+    // about the first one.
+    create_claim(&sim, "marker", "now").await;
+    wait_for(claims(&sim), "marker", "annotated", |c| {
+        annotation(c, ANN_PROVISIONER).is_some()
+    })
+    .await;
+    let waiting = claims(&sim).get("waiting").await.unwrap();
+    assert_eq!(annotation(&waiting, ANN_PROVISIONER), None);
+    assert_eq!(annotation(&waiting, ANN_BETA_PROVISIONER), None);
+
+    let selected = json!({"metadata": {"annotations": {
+        "volume.kubernetes.io/selected-node": "node-1"}}});
+    claims(&sim)
+        .patch("waiting", &PatchParams::default(), &Patch::Merge(selected))
+        .await
+        .unwrap();
+    let annotated = wait_for(claims(&sim), "waiting", "annotated", |c| {
+        annotation(c, ANN_PROVISIONER).is_some()
+    })
+    .await;
+    assert_eq!(
+        annotation(&annotated, ANN_BETA_PROVISIONER),
+        Some(PROVISIONER)
+    );
+}
+
+#[tokio::test]
+async fn pre_bound_volume_gets_claim_uid_and_is_released_later() {
+    let sim = sim().await;
+    // Volume first, naming a claim that does not exist yet and no uid.
+    let claim_ref = json!({"namespace": "default", "name": "static"});
+    create_volume(&sim, "pv-static", Some(claim_ref)).await;
+    wait_for(volumes(&sim), "pv-static", "available", |v| {
+        volume_phase(v) == Some("Available")
+    })
+    .await;
+
+    let claim = create_claim(&sim, "static", "fast").await;
+    let bound = wait_for(claims(&sim), "static", "bound", |c| {
+        claim_phase(c) == Some("Bound")
+    })
+    .await;
+    assert_eq!(
+        bound.spec.as_ref().unwrap().volume_name.as_deref(),
+        Some("pv-static")
+    );
+    let volume = wait_for(volumes(&sim), "pv-static", "bound", |v| {
+        volume_phase(v) == Some("Bound")
+    })
+    .await;
+    let claim_ref = volume.spec.unwrap().claim_ref.unwrap();
+    assert_eq!(claim_ref.uid, claim.metadata.uid);
+    // No class named "fast" exists, so the binder never asked for provisioning.
+    assert_eq!(annotation(&bound, ANN_PROVISIONER), None);
+
+    claims(&sim)
+        .delete("static", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(volumes(&sim), "pv-static", "released", |v| {
+        volume_phase(v) == Some("Released")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn volume_without_claim_ref_becomes_available() {
+    let sim = sim().await;
+    create_volume(&sim, "pv-free", None).await;
+    let volume = wait_for(volumes(&sim), "pv-free", "available", |v| {
+        volume_phase(v) == Some("Available")
+    })
+    .await;
+    assert!(volume.spec.unwrap().claim_ref.is_none());
+}
+
+#[tokio::test]
+async fn binder_writes_nothing_once_settled() {
+    let sim = sim().await;
+    create_class(&sim, "fast", "Immediate").await;
+    let claim = create_claim(&sim, "quiet", "fast").await;
+    let claim_ref = json!({"namespace": "default", "name": "quiet",
+        "uid": claim.metadata.uid.clone().unwrap()});
+    create_volume(&sim, "pv-quiet", Some(claim_ref)).await;
+    wait_for(claims(&sim), "quiet", "bound", |c| {
+        claim_phase(c) == Some("Bound")
+    })
+    .await;
+    wait_for(volumes(&sim), "pv-quiet", "bound", |v| {
+        volume_phase(v) == Some("Bound")
+    })
+    .await;
+
+    // A change the binder does not care about must not trigger writes of its own.
+    sim.clear_requests();
+    let label = json!({"metadata": {"labels": {"touched": "yes"}}});
+    claims(&sim)
+        .patch("quiet", &PatchParams::default(), &Patch::Merge(label))
+        .await
+        .unwrap();
+    // A later marker write that the binder must act on proves it has processed the label.
+    create_volume(&sim, "pv-marker", None).await;
+    wait_for(volumes(&sim), "pv-marker", "available", |v| {
+        volume_phase(v) == Some("Available")
+    })
+    .await;
+    let writes: Vec<_> = sim
+        .requests()
+        .into_iter()
+        .filter(|r| matches!(r.verb.as_str(), "create" | "update" | "patch" | "delete"))
+        .filter(|r| r.name.as_deref() == Some("quiet"))
+        .collect();
+    assert_eq!(
+        writes.len(),
+        1,
+        "only the test's own label patch: {writes:#?}"
+    );
+}
+
+#[tokio::test]
+async fn failed_writes_are_retried_until_bound() {
+    let sim = sim().await;
+    sim.add_fault(
+        FaultRule::new(Verb::Patch, "persistentvolumes")
+            .subresource("status")
+            .times(2)
+            .status(409, "Conflict"),
+    );
+    sim.add_fault(
+        FaultRule::new(Verb::Patch, "persistentvolumeclaims")
+            .subresource("status")
+            .times(1)
+            .status(500, "InternalError"),
+    );
+    let claim = create_claim(&sim, "flaky", "none").await;
+    let claim_ref = json!({"namespace": "default", "name": "flaky",
+        "uid": claim.metadata.uid.clone().unwrap()});
+    create_volume(&sim, "pv-flaky", Some(claim_ref)).await;
+    wait_for(claims(&sim), "flaky", "bound", |c| {
+        claim_phase(c) == Some("Bound")
+    })
+    .await;
+    wait_for(volumes(&sim), "pv-flaky", "bound", |v| {
+        volume_phase(v) == Some("Bound")
+    })
+    .await;
+    let failed: Vec<u16> = sim
+        .requests()
+        .into_iter()
+        .filter(|r| r.verb == "patch" && r.subresource.as_deref() == Some("status"))
+        .map(|r| r.status)
+        .filter(|status| *status >= 400)
+        .collect();
+    assert_eq!(
+        failed,
+        vec![409, 409, 500],
+        "every injected fault was hit and retried"
+    );
+}
+
+#[tokio::test]
+async fn binder_keeps_working_after_cut_watches_and_compaction() {
+    let sim = sim().await;
+    create_class(&sim, "fast", "Immediate").await;
+    let claim = create_claim(&sim, "before-cut", "fast").await;
+    let claim_ref = json!({"namespace": "default", "name": "before-cut",
+        "uid": claim.metadata.uid.clone().unwrap()});
+    create_volume(&sim, "pv-cut", Some(claim_ref)).await;
+    wait_for(claims(&sim), "before-cut", "bound", |c| {
+        claim_phase(c) == Some("Bound")
+    })
+    .await;
+
+    // The binder's watches end and their resourceVersions expire: it must relist.
+    sim.compact();
+    sim.cut_watches();
+    claims(&sim)
+        .delete("before-cut", &DeleteParams::default())
+        .await
+        .unwrap();
+    create_claim(&sim, "after-cut", "fast").await;
+
+    wait_for(volumes(&sim), "pv-cut", "released", |v| {
+        volume_phase(v) == Some("Released")
+    })
+    .await;
+    let annotated = wait_for(claims(&sim), "after-cut", "annotated", |c| {
+        annotation(c, ANN_PROVISIONER).is_some()
+    })
+    .await;
+    assert_eq!(
+        annotation(&annotated, ANN_BETA_PROVISIONER),
+        Some(PROVISIONER)
+    );
+}

@@ -1,0 +1,664 @@
+//! The real `kubectl` against the sim, with its default validation. Each test says why it
+//! skipped when `kubectl` is not installed.
+
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube_client::api::{Api, Patch, PatchParams, PostParams};
+use kube_sim::KubeSim;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::Command;
+
+/// Bound on one kubectl run, so a hung kubectl fails the test instead of hanging it.
+const KUBECTL_TIMEOUT: Duration = Duration::from_secs(60);
+
+const CLASS_AND_CLAIM: &str = "\
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: fast
+provisioner: example.com/csi
+reclaimPolicy: Delete
+volumeBindingMode: Immediate
+parameters:
+  tier: gold
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: claim-1
+  namespace: default
+  labels:
+    app: demo
+spec:
+  storageClassName: fast
+  accessModes: [ReadWriteOnce]
+  resources:
+    requests:
+      storage: 1Gi
+";
+
+/// A started sim plus a private kubectl cache directory.
+struct Kubectl {
+    sim: KubeSim,
+    cache: tempfile::TempDir,
+}
+
+impl Kubectl {
+    /// `None` (after saying why) when kubectl is not installed.
+    async fn start() -> Option<Self> {
+        let found = Command::new("kubectl")
+            .args(["version", "--client"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .await;
+        if !found.is_ok_and(|status| status.success()) {
+            eprintln!("skipped: kubectl is not installed (or `kubectl version --client` failed)");
+            return None;
+        }
+        let sim = KubeSim::builder().start().await.unwrap();
+        Some(Self {
+            sim,
+            cache: tempfile::tempdir().unwrap(),
+        })
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new("kubectl");
+        command
+            .arg("--kubeconfig")
+            .arg(self.sim.kubeconfig_path())
+            .arg("--cache-dir")
+            .arg(self.cache.path())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        command
+    }
+
+    /// Runs kubectl with `stdin` as its input and returns its output, whatever the exit code.
+    async fn output(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut command = self.command(args);
+        if stdin.is_some() {
+            command.stdin(Stdio::piped());
+        }
+        let mut child = command.spawn().expect("kubectl starts");
+        if let Some(input) = stdin {
+            let mut pipe = child.stdin.take().unwrap();
+            pipe.write_all(input.as_bytes()).await.unwrap();
+            drop(pipe);
+        }
+        tokio::time::timeout(KUBECTL_TIMEOUT, child.wait_with_output())
+            .await
+            .unwrap_or_else(|_| panic!("kubectl {args:?} did not finish"))
+            .unwrap()
+    }
+
+    /// Runs kubectl, asserts it succeeded, and returns its stdout.
+    async fn run(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let output = self.output(args, stdin).await;
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success(),
+            "kubectl {args:?} failed ({}):\nstdout: {stdout}\nstderr: {stderr}",
+            output.status
+        );
+        stdout
+    }
+
+    async fn get_json(&self, args: &[&str]) -> Value {
+        let mut all = vec!["get"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["-o", "json"]);
+        let stdout = self.run(&all, None).await;
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+    }
+}
+
+#[tokio::test]
+async fn apply_patch_get_and_delete_class_and_claim() {
+    let Some(k) = Kubectl::start().await else {
+        return;
+    };
+
+    let applied = k.run(&["apply", "-f", "-"], Some(CLASS_AND_CLAIM)).await;
+    assert!(
+        applied.contains("storageclass.storage.k8s.io/fast created"),
+        "{applied}"
+    );
+    assert!(
+        applied.contains("persistentvolumeclaim/claim-1 created"),
+        "{applied}"
+    );
+
+    let claim = k.get_json(&["pvc", "claim-1", "-n", "default"]).await;
+    assert_eq!(claim["kind"], "PersistentVolumeClaim");
+    assert_eq!(claim["spec"]["storageClassName"], "fast");
+    assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "1Gi");
+    assert_eq!(claim["status"]["phase"], "Pending");
+    assert!(
+        claim["metadata"]["uid"]
+            .as_str()
+            .is_some_and(|uid| !uid.is_empty())
+    );
+    let class = k.get_json(&["storageclass", "fast"]).await;
+    assert_eq!(class["provisioner"], "example.com/csi");
+    assert_eq!(class["parameters"]["tier"], "gold");
+
+    let merge = k
+        .run(
+            &[
+                "patch",
+                "pvc",
+                "claim-1",
+                "--type",
+                "merge",
+                "-p",
+                r#"{"metadata":{"labels":{"merge":"yes"}}}"#,
+            ],
+            None,
+        )
+        .await;
+    assert!(
+        merge.contains("persistentvolumeclaim/claim-1 patched"),
+        "{merge}"
+    );
+    let json_patch = r#"[{"op":"test","path":"/metadata/labels/merge","value":"yes"},
+        {"op":"add","path":"/metadata/labels/json","value":"yes"}]"#;
+    k.run(
+        &[
+            "patch", "pvc", "claim-1", "--type", "json", "-p", json_patch,
+        ],
+        None,
+    )
+    .await;
+    k.run(
+        &[
+            "patch",
+            "pvc",
+            "claim-1",
+            "--type",
+            "strategic",
+            "-p",
+            r#"{"metadata":{"labels":{"strategic":"yes"}}}"#,
+        ],
+        None,
+    )
+    .await;
+    k.run(
+        &[
+            "patch",
+            "storageclass",
+            "fast",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"metadata":{"labels":{"merge":"yes"}}}"#,
+        ],
+        None,
+    )
+    .await;
+    let failed = k
+        .output(
+            &[
+                "patch",
+                "pvc",
+                "claim-1",
+                "--type",
+                "json",
+                "-p",
+                r#"[{"op":"test","path":"/metadata/labels/merge","value":"no"}]"#,
+            ],
+            None,
+        )
+        .await;
+    assert!(
+        !failed.status.success(),
+        "a failing JSON patch test must fail"
+    );
+
+    let claim = k.get_json(&["pvc", "claim-1"]).await;
+    let labels = &claim["metadata"]["labels"];
+    assert_eq!(
+        labels,
+        &json!({"app": "demo", "merge": "yes", "json": "yes", "strategic": "yes"})
+    );
+    let class = k.get_json(&["storageclass", "fast"]).await;
+    assert_eq!(class["metadata"]["labels"]["merge"], "yes");
+
+    // Client-side apply of a changed manifest: a three-way merge with last-applied.
+    let changed = CLASS_AND_CLAIM.replace("app: demo", "app: demo\n    tier: gold");
+    let reapplied = k.run(&["apply", "-f", "-"], Some(&changed)).await;
+    assert!(
+        reapplied.contains("storageclass.storage.k8s.io/fast unchanged"),
+        "{reapplied}"
+    );
+    assert!(
+        reapplied.contains("persistentvolumeclaim/claim-1 configured"),
+        "{reapplied}"
+    );
+    let claim = k.get_json(&["pvc", "claim-1"]).await;
+    assert_eq!(claim["metadata"]["labels"]["tier"], "gold");
+    assert_eq!(
+        claim["metadata"]["labels"]["merge"], "yes",
+        "apply keeps fields it never set"
+    );
+
+    let deleted = k.run(&["delete", "pvc", "claim-1"], None).await;
+    assert!(
+        deleted.contains("persistentvolumeclaim \"claim-1\" deleted"),
+        "{deleted}"
+    );
+    let missing = k.output(&["get", "pvc", "claim-1"], None).await;
+    assert!(!missing.status.success());
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        stderr.contains("NotFound") || stderr.contains("not found"),
+        "{stderr}"
+    );
+    let deleted = k.run(&["delete", "storageclass", "fast"], None).await;
+    assert!(deleted.contains("deleted"), "{deleted}");
+}
+
+#[tokio::test]
+async fn server_side_apply_creates_and_merges_owned_fields() {
+    let Some(k) = Kubectl::start().await else {
+        return;
+    };
+
+    let applied = k
+        .run(
+            &["apply", "--server-side", "-f", "-"],
+            Some(CLASS_AND_CLAIM),
+        )
+        .await;
+    assert!(
+        applied.contains("persistentvolumeclaim/claim-1 serverside-applied"),
+        "{applied}"
+    );
+    assert!(
+        applied.contains("storageclass.storage.k8s.io/fast serverside-applied"),
+        "{applied}"
+    );
+    k.run(&["label", "pvc", "claim-1", "other=kept"], None)
+        .await;
+
+    let changed = CLASS_AND_CLAIM.replace("app: demo", "app: changed");
+    k.run(&["apply", "--server-side", "-f", "-"], Some(&changed))
+        .await;
+    let claim = k.get_json(&["pvc", "claim-1"]).await;
+    assert_eq!(claim["metadata"]["labels"]["app"], "changed");
+    assert_eq!(claim["metadata"]["labels"]["other"], "kept");
+    assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "1Gi");
+}
+
+#[tokio::test]
+async fn watch_prints_changes_as_they_happen() {
+    let Some(k) = Kubectl::start().await else {
+        return;
+    };
+    let claims = Api::<PersistentVolumeClaim>::namespaced(k.sim.client(), "default");
+    let claim = |name: &str| -> PersistentVolumeClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"accessModes": ["ReadWriteOnce"],
+                     "resources": {"requests": {"storage": "1Gi"}}},
+        }))
+        .unwrap()
+    };
+    claims
+        .create(&PostParams::default(), &claim("before"))
+        .await
+        .unwrap();
+
+    // The table printer is the one that honours --output-watch-events: "EVENT NAME ...".
+    let mut watch = k
+        .command(&["get", "pvc", "--watch", "--output-watch-events"])
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let mut next_event = async || -> (String, String) {
+        let line = tokio::time::timeout(KUBECTL_TIMEOUT, lines.next_line())
+            .await
+            .expect("kubectl watch printed a line in time")
+            .unwrap()
+            .expect("kubectl watch is still running");
+        let mut columns = line.split_whitespace().map(str::to_owned);
+        (
+            columns.next().unwrap_or_default(),
+            columns.next().unwrap_or_default(),
+        )
+    };
+    let pair = |event: &str, name: &str| (event.to_owned(), name.to_owned());
+    assert_eq!(
+        next_event().await,
+        pair("EVENT", "NAME"),
+        "the header comes first"
+    );
+    assert_eq!(next_event().await, pair("ADDED", "before"));
+
+    claims
+        .create(&PostParams::default(), &claim("after"))
+        .await
+        .unwrap();
+    assert_eq!(next_event().await, pair("ADDED", "after"));
+    let label = json!({"metadata": {"labels": {"seen": "yes"}}});
+    let params = PatchParams::default();
+    claims
+        .patch("before", &params, &Patch::Merge(label))
+        .await
+        .unwrap();
+    assert_eq!(next_event().await, pair("MODIFIED", "before"));
+    claims.delete("before", &Default::default()).await.unwrap();
+    assert_eq!(next_event().await, pair("DELETED", "before"));
+
+    watch.kill().await.unwrap();
+}
+
+const CRD: &str = "\
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: cnsvolumemetadatas.cns.vmware.com
+spec:
+  group: cns.vmware.com
+  scope: Namespaced
+  names:
+    kind: CnsVolumeMetadata
+    plural: cnsvolumemetadatas
+    singular: cnsvolumemetadata
+    listKind: CnsVolumeMetadataList
+  versions:
+    - name: v1alpha1
+      served: true
+      storage: true
+      subresources:
+        status: {}
+      schema:
+        openAPIV3Schema:
+          type: object
+          x-kubernetes-preserve-unknown-fields: true
+";
+
+const CUSTOM_OBJECT: &str = "\
+apiVersion: cns.vmware.com/v1alpha1
+kind: CnsVolumeMetadata
+metadata:
+  name: meta-1
+  namespace: default
+spec:
+  volumenames: [pvc-1]
+  entitytype: PERSISTENT_VOLUME_CLAIM
+";
+
+#[tokio::test]
+async fn wait_for_established_crd_then_use_it() {
+    let Some(k) = Kubectl::start().await else {
+        return;
+    };
+
+    let created = k.run(&["apply", "-f", "-"], Some(CRD)).await;
+    assert!(
+        created.contains("cnsvolumemetadatas.cns.vmware.com created"),
+        "{created}"
+    );
+    let waited = k
+        .run(
+            &[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=30s",
+                "crd/cnsvolumemetadatas.cns.vmware.com",
+            ],
+            None,
+        )
+        .await;
+    assert!(waited.contains("condition met"), "{waited}");
+
+    let applied = k.run(&["apply", "-f", "-"], Some(CUSTOM_OBJECT)).await;
+    assert!(
+        applied.contains("cnsvolumemetadata.cns.vmware.com/meta-1 created"),
+        "{applied}"
+    );
+    let object = k.get_json(&["cnsvolumemetadatas", "meta-1"]).await;
+    assert_eq!(object["spec"]["entitytype"], "PERSISTENT_VOLUME_CLAIM");
+    assert_eq!(object["metadata"]["namespace"], "default");
+    let list = k.get_json(&["cnsvolumemetadata"]).await;
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(1), "{list}");
+    let deleted = k
+        .run(&["delete", "cnsvolumemetadata", "meta-1"], None)
+        .await;
+    assert!(deleted.contains("deleted"), "{deleted}");
+}
+
+#[tokio::test]
+async fn describe_claim_shows_its_fields() {
+    let Some(k) = Kubectl::start().await else {
+        return;
+    };
+    k.run(&["apply", "-f", "-"], Some(CLASS_AND_CLAIM)).await;
+
+    let described = k.run(&["describe", "pvc", "claim-1"], None).await;
+    let field = |name: &str| -> Option<String> {
+        let line = described
+            .lines()
+            .find(|line| line.starts_with(&format!("{name}:")))?;
+        Some(line[name.len() + 1..].trim().to_owned())
+    };
+    assert_eq!(field("Name").as_deref(), Some("claim-1"), "{described}");
+    assert_eq!(
+        field("Namespace").as_deref(),
+        Some("default"),
+        "{described}"
+    );
+    assert_eq!(
+        field("StorageClass").as_deref(),
+        Some("fast"),
+        "{described}"
+    );
+    assert_eq!(field("Status").as_deref(), Some("Pending"), "{described}");
+    assert_eq!(field("Labels").as_deref(), Some("app=demo"), "{described}");
+}
+
+#[tokio::test]
+async fn standalone_server_serves_kubectl_until_interrupted() {
+    let Some(k) = Kubectl::start().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_kube-sim"))
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .arg("--pv-binder")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
+    let banner = tokio::time::timeout(KUBECTL_TIMEOUT, lines.next_line())
+        .await
+        .expect("the server printed its address in time")
+        .unwrap()
+        .expect("the server printed a line");
+    assert!(banner.contains("http://127.0.0.1:"), "{banner}");
+    assert!(
+        banner.contains(&kubeconfig.display().to_string()),
+        "{banner}"
+    );
+
+    let mut get = Command::new("kubectl");
+    get.arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .arg("--cache-dir")
+        .arg(k.cache.path())
+        .args(["get", "namespaces", "-o", "name"]);
+    let output = tokio::time::timeout(KUBECTL_TIMEOUT, get.output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains("namespace/default"));
+
+    // The binder (on via --pv-binder) binds a claim to a PV that names it.
+    let pv = "\
+apiVersion: v1
+kind: PersistentVolume
+metadata:
+  name: pv-1
+spec:
+  capacity:
+    storage: 1Gi
+  accessModes: [ReadWriteOnce]
+  storageClassName: fast
+  claimRef:
+    namespace: default
+    name: claim-1
+  csi:
+    driver: example.com/csi
+    volumeHandle: vol-1
+";
+    let manifests = format!("{CLASS_AND_CLAIM}---\n{pv}");
+    let kubectl = |args: &[&str]| {
+        let mut command = Command::new("kubectl");
+        command
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--cache-dir")
+            .arg(k.cache.path())
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        command
+    };
+    let mut apply = kubectl(&["apply", "-f", "-"]).spawn().unwrap();
+    let mut stdin = apply.stdin.take().unwrap();
+    stdin.write_all(manifests.as_bytes()).await.unwrap();
+    drop(stdin);
+    let applied = apply.wait_with_output().await.unwrap();
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let wait = kubectl(&[
+        "wait",
+        "--for=jsonpath={.status.phase}=Bound",
+        "--timeout=30s",
+        "pvc/claim-1",
+    ])
+    .output();
+    let waited = tokio::time::timeout(KUBECTL_TIMEOUT, wait)
+        .await
+        .unwrap()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&waited.stdout);
+    assert!(
+        stdout.contains("condition met"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&waited.stderr)
+    );
+
+    let pid = server.id().expect("the server is running").to_string();
+    let interrupt = Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .await
+        .unwrap();
+    assert!(interrupt.success());
+    let status = tokio::time::timeout(KUBECTL_TIMEOUT, server.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        status.success(),
+        "the server exits cleanly on Ctrl-C: {status}"
+    );
+}
+
+#[tokio::test]
+async fn delete_waits_until_the_last_finalizer_is_removed() {
+    let Some(k) = Kubectl::start().await else {
+        return;
+    };
+    let held = CLASS_AND_CLAIM.replace(
+        "    app: demo",
+        "    app: demo\n  finalizers: [example.com/hold]",
+    );
+    k.run(&["apply", "-f", "-"], Some(&held)).await;
+    let claims = Api::<PersistentVolumeClaim>::namespaced(k.sim.client(), "default");
+
+    let mut delete = k.command(&["delete", "pvc", "claim-1"]).spawn().unwrap();
+    let deleting = kube_runtime::wait::await_condition(
+        claims.clone(),
+        "claim-1",
+        |c: Option<&PersistentVolumeClaim>| {
+            c.is_some_and(|c| c.metadata.deletion_timestamp.is_some())
+        },
+    );
+    tokio::time::timeout(KUBECTL_TIMEOUT, deleting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        delete.try_wait().unwrap().is_none(),
+        "kubectl delete waits while a finalizer holds the claim"
+    );
+
+    let release = json!({"metadata": {"finalizers": null}});
+    claims
+        .patch("claim-1", &PatchParams::default(), &Patch::Merge(release))
+        .await
+        .unwrap();
+    let output = tokio::time::timeout(KUBECTL_TIMEOUT, delete.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("persistentvolumeclaim \"claim-1\" deleted"),
+        "{stdout}"
+    );
+    assert!(claims.get_opt("claim-1").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn standalone_server_reports_a_bad_kubeconfig_path_in_one_line() {
+    let output = Command::new(env!("CARGO_BIN_EXE_kube-sim"))
+        .args(["--kubeconfig", "/nonexistent-dir/kubeconfig"])
+        .env("RUST_LOG", "off")
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(KUBECTL_TIMEOUT, output)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("kube-sim: cannot start the server: "),
+        "{stderr}"
+    );
+    assert!(stderr.contains("/nonexistent-dir/kubeconfig"), "{stderr}");
+    assert!(output.stdout.is_empty());
+}
