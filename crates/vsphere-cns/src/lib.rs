@@ -1,1 +1,35 @@
-//! placeholder
+#![doc = include_str!("../README.md")]
+
+mod client;
+pub mod config;
+mod connection;
+mod error;
+mod metadata;
+mod provisioner;
+mod secret;
+#[cfg(feature = "simulator")]
+pub mod simulator;
+mod soap;
+mod tls;
+mod types;
+mod xml;
+
+pub use client::{CnsClient, SESSION_COOKIE};
+pub use config::{ConfigError, VirtualCenterConfig, VsphereConfig};
+pub use connection::VcConfig;
+pub use error::{Error, Result};
+pub use metadata::CnsMetadataBackend;
+pub use provisioner::{
+    CSI_DRIVER, CnsProvisioner, DEFAULT_FS_TYPE, PARAM_DATASTORE_MOREF, PARAM_DATASTORE_URL,
+    PARAM_FS_TYPE, PARAM_FS_TYPE_DEPRECATED, PARAM_STORAGE_POLICY_ID, PARAM_STORAGE_POLICY_NAME,
+    ProvisionerError,
+};
+pub use secret::Secret;
+#[cfg(feature = "simulator")]
+pub use simulator::CnsSimulator;
+pub use tls::{Thumbprint, TlsMode};
+pub use types::{
+    ClusterFlavor, CnsVolume, CnsVolumeId, ContainerCluster, EntityMetadata, EntityReference,
+    EntityType, KeyValue, MoRef, QueryFilter, VolumeCreateSpec, VolumeMetadata,
+    VolumeMetadataUpdateSpec, VolumeType,
+};

@@ -1,0 +1,405 @@
+//! [`CnsProvisioner`]: a [`Provisioner`] that backs each claim with one CNS block volume.
+
+mod params;
+mod quantity;
+mod volume;
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::PersistentVolume;
+use provision_controller::{DeleteError, ProvisionError, ProvisionOptions, Provisioner};
+use tracing::{debug, info, instrument, warn};
+
+use crate::client::CnsClient;
+use crate::error::Error;
+use crate::types::{
+    ClusterFlavor, CnsVolume, CnsVolumeId, ContainerCluster, MoRef, QueryFilter, VolumeCreateSpec,
+    VolumeMetadata, VolumeType,
+};
+
+use params::ClassParams;
+pub use params::{
+    DEFAULT_FS_TYPE, PARAM_DATASTORE_MOREF, PARAM_DATASTORE_URL, PARAM_FS_TYPE,
+    PARAM_FS_TYPE_DEPRECATED, PARAM_STORAGE_POLICY_ID, PARAM_STORAGE_POLICY_NAME,
+};
+use volume::VolumeRequest;
+
+/// The CSI driver name of vSphere volumes (`spec.csi.driver` of the PVs this crate makes).
+pub const CSI_DRIVER: &str = "csi.vsphere.vmware.com";
+/// The `type` volume attribute vsphere-csi-driver puts on block volumes.
+const BLOCK_VOLUME_TYPE: &str = "vSphere CNS Block Volume";
+
+/// Why [`CnsProvisioner`] refused a claim or a CNS call failed; wrapped in
+/// [`ProvisionError`] / [`DeleteError`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProvisionerError {
+    /// The claim has no `spec.resources.requests.storage`.
+    #[error("persistentvolumeclaim {claim} has no storage request")]
+    MissingCapacity {
+        /// `namespace/name` of the claim.
+        claim: String,
+    },
+    /// The claim's storage request is not a usable quantity.
+    #[error("persistentvolumeclaim {claim}: storage request {quantity:?} is invalid: {reason}")]
+    InvalidCapacity {
+        /// `namespace/name` of the claim.
+        claim: String,
+        /// The quantity as written.
+        quantity: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The claim asks for something a CNS block volume cannot give.
+    #[error("persistentvolumeclaim {claim}: {reason}")]
+    UnsupportedClaim {
+        /// `namespace/name` of the claim.
+        claim: String,
+        /// What is not supported.
+        reason: String,
+    },
+    /// The StorageClass has a parameter vsphere-csi-driver does not know.
+    #[error("storageclass {class:?}: unknown parameter {parameter:?}")]
+    UnknownParameter {
+        /// The class name.
+        class: String,
+        /// The parameter as written.
+        parameter: String,
+    },
+    /// A StorageClass parameter has a value that cannot be used.
+    #[error("storageclass {class:?}: parameter {parameter:?} {reason}")]
+    InvalidParameter {
+        /// The class name.
+        class: String,
+        /// The parameter as written.
+        parameter: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Neither the class nor the provisioner names a datastore.
+    #[error(
+        "storageclass {class:?} names no datastore (parameter datastoreurl or datastoremoref) \
+         and the provisioner has no default datastore"
+    )]
+    NoDatastore {
+        /// The class name.
+        class: String,
+    },
+    /// A CNS call failed.
+    #[error("{action} cns volume {volume:?} failed")]
+    Cns {
+        /// What was being done: `creating`, `looking up`, `deleting`.
+        action: &'static str,
+        /// The volume name or ID.
+        volume: String,
+        /// The client error.
+        #[source]
+        source: Error,
+    },
+}
+
+/// A [`Provisioner`] for vSphere Cloud Native Storage: one `BLOCK` volume per claim.
+///
+/// - The volume is named after the PV (`options.pv_name`), its size is the claim's storage
+///   request rounded up to MiB, its datastore comes from the class parameter `datastoreurl`
+///   (through the URL map given with [`CnsProvisioner::datastore_url`]) or `datastoremoref`,
+///   else from [`CnsProvisioner::default_datastores`], and its storage policy from
+///   `storagepolicyid`. Unknown parameters are refused, as vsphere-csi-driver does.
+/// - The PV it returns is a CSI PV of driver `csi.vsphere.vmware.com` whose volume handle is
+///   the CNS volume ID, with `fsType` from `csi.storage.k8s.io/fstype` (default `ext4`), the
+///   class's reclaim policy (default `Delete`) and mount options, and the claim's access
+///   modes and volume mode.
+///
+/// # Guarantees
+/// - **No second volume for one claim.** Before creating, the volume is looked up by name,
+///   so a create repeated after a restart (or after a timeout whose create went through)
+///   reuses the volume made earlier. A `CnsAlreadyRegisteredFault` counts as success.
+///   Should two volumes of the same name exist anyway (a timed-out create that landed
+///   after the retry's lookup), the extra ones are deleted when found: right after a
+///   create, at the next lookup, and when the PV is deleted.
+/// - **Errors say what runs in the background.** A timeout or a broken connection after the
+///   create was sent is [`ProvisionError::InBackground`] (the controller keeps retrying,
+///   and the lookup then finds the volume); a failure before anything was sent is
+///   [`ProvisionError::NoChange`]; a rejected claim, class or spec is
+///   [`ProvisionError::Final`].
+/// - `delete` deletes the volume and its disk; a volume that is already gone counts as
+///   deleted; PVs of other drivers are [`DeleteError::Ignored`].
+///
+/// ```no_run
+/// # async fn doc() -> Result<(), Box<dyn std::error::Error>> {
+/// use vsphere_cns::{ClusterFlavor, CnsClient, CnsProvisioner, MoRef, VcConfig};
+///
+/// let client = CnsClient::connect(&VcConfig::new("vc.example.com", "user", "password")).await?;
+/// let provisioner = CnsProvisioner::new(client, "cluster-1", ClusterFlavor::Vanilla)
+///     .datastore_url("ds:///vmfs/volumes/vsan:52e1/", MoRef::datastore("datastore-59"));
+/// # let _ = provisioner;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct CnsProvisioner {
+    client: CnsClient,
+    cluster: ContainerCluster,
+    datastore_urls: BTreeMap<String, MoRef>,
+    default_datastores: Vec<MoRef>,
+}
+
+impl CnsProvisioner {
+    /// A provisioner creating volumes owned by Kubernetes cluster `cluster_id` of `flavor`,
+    /// with the client's user as the cluster's vSphere user.
+    pub fn new(client: CnsClient, cluster_id: impl Into<String>, flavor: ClusterFlavor) -> Self {
+        let cluster = ContainerCluster::kubernetes(cluster_id, client.user(), flavor);
+        Self {
+            client,
+            cluster,
+            datastore_urls: BTreeMap::new(),
+            default_datastores: Vec::new(),
+        }
+    }
+
+    /// Sets the cluster distribution sent with each volume (`[Global]
+    /// cluster-distribution`, for example `OpenShift`).
+    #[must_use]
+    pub fn cluster_distribution(mut self, distribution: impl Into<String>) -> Self {
+        self.cluster.cluster_distribution = Some(distribution.into()).filter(|d| !d.is_empty());
+        self
+    }
+
+    /// Maps a datastore URL (the `datastoreurl` class parameter) to its managed object.
+    /// URLs are compared exactly, after trimming.
+    #[must_use]
+    pub fn datastore_url(mut self, url: impl Into<String>, datastore: MoRef) -> Self {
+        self.datastore_urls
+            .insert(url.into().trim().to_owned(), datastore);
+        self
+    }
+
+    /// Datastores offered to CNS when the class names none. Default none: such classes
+    /// are refused.
+    #[must_use]
+    pub fn default_datastores(mut self, datastores: Vec<MoRef>) -> Self {
+        self.default_datastores = datastores;
+        self
+    }
+
+    /// The container cluster sent with every created volume.
+    pub fn container_cluster(&self) -> &ContainerCluster {
+        &self.cluster
+    }
+
+    /// The datastores for `class`, from its parameters or the defaults.
+    fn datastores(
+        &self,
+        class: &str,
+        params: &ClassParams,
+    ) -> Result<Vec<MoRef>, ProvisionerError> {
+        if let Some(url) = &params.datastore_url {
+            return self
+                .datastore_urls
+                .get(url)
+                .map(|moref| vec![moref.clone()])
+                .ok_or_else(|| ProvisionerError::InvalidParameter {
+                    class: class.to_owned(),
+                    parameter: PARAM_DATASTORE_URL.to_owned(),
+                    reason: format!("names {url:?}, which is not a known datastore"),
+                });
+        }
+        if let Some(moref) = &params.datastore_moref {
+            return Ok(vec![MoRef::datastore(moref.clone())]);
+        }
+        if self.default_datastores.is_empty() {
+            return Err(ProvisionerError::NoDatastore {
+                class: class.to_owned(),
+            });
+        }
+        Ok(self.default_datastores.clone())
+    }
+
+    /// The volumes named `name`, ordered by ID.
+    async fn find_by_name(&self, name: &str) -> Result<Vec<CnsVolume>, ProvisionerError> {
+        let mut volumes = self
+            .client
+            .query_volume(&QueryFilter::by_names([name]))
+            .await
+            .map_err(|source| ProvisionerError::Cns {
+                action: "looking up",
+                volume: name.to_owned(),
+                source,
+            })?;
+        volumes.retain(|v| v.name.as_deref() == Some(name));
+        volumes.sort_by(|a, b| a.volume_id.cmp(&b.volume_id));
+        Ok(volumes)
+    }
+
+    /// Deletes every volume named `name` except `keep`; returns how many were deleted.
+    async fn remove_duplicates(
+        &self,
+        name: &str,
+        keep: &CnsVolumeId,
+    ) -> Result<usize, ProvisionerError> {
+        let mut removed = 0;
+        for volume in self.find_by_name(name).await? {
+            if &volume.volume_id == keep {
+                continue;
+            }
+            warn!(volume = name, volume_id = %volume.volume_id, kept = %keep, "deleting a duplicate cns volume");
+            match self.client.delete_volume(&volume.volume_id, true).await {
+                Ok(()) => removed += 1,
+                Err(e) if e.is_not_found() => {}
+                Err(source) => {
+                    return Err(ProvisionerError::Cns {
+                        action: "deleting",
+                        volume: volume.volume_id.to_string(),
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Finds the volume named `name`, removing duplicates (best effort).
+    async fn existing(&self, name: &str) -> Result<Option<CnsVolumeId>, ProvisionerError> {
+        let Some(first) = self.find_by_name(name).await?.into_iter().next() else {
+            return Ok(None);
+        };
+        if let Err(e) = self.remove_duplicates(name, &first.volume_id).await {
+            warn!(volume = name, error = %error_chain(&e), "could not remove duplicate cns volumes");
+        }
+        Ok(Some(first.volume_id))
+    }
+}
+
+#[async_trait]
+impl Provisioner for CnsProvisioner {
+    #[instrument(skip_all, fields(pv = %options.pv_name))]
+    async fn provision(
+        &self,
+        options: &ProvisionOptions,
+    ) -> Result<PersistentVolume, ProvisionError> {
+        let request = VolumeRequest::new(options).map_err(ProvisionError::final_)?;
+        let datastores = self
+            .datastores(&request.class, &request.params)
+            .map_err(ProvisionError::final_)?;
+        let name = &options.pv_name;
+        // Nothing was sent yet, so a failed lookup changes nothing.
+        if let Some(id) = self
+            .existing(name)
+            .await
+            .map_err(|e| ProvisionError::NoChange(Box::new(e)))?
+        {
+            info!(volume_id = %id, "reusing the cns volume made earlier");
+            return Ok(request.volume(name, &id));
+        }
+        let spec = VolumeCreateSpec {
+            name: name.clone(),
+            volume_type: VolumeType::Block,
+            datastores,
+            metadata: VolumeMetadata::for_cluster(self.cluster.clone(), Vec::new()),
+            capacity_in_mb: i64::try_from(request.mib).expect("capacity is capped at 2^40 MiB"),
+            backing_disk_id: None,
+            profile_id: request.params.storage_policy_id.clone(),
+        };
+        debug!(capacity_in_mb = spec.capacity_in_mb, "creating cns volume");
+        let id = match self.client.create_volume(&spec).await {
+            Ok(id) => id,
+            Err(e) if e.fault_type() == Some("CnsAlreadyRegisteredFault") => {
+                match self.existing(name).await {
+                    Ok(Some(id)) => id,
+                    _ => return Err(create_error(name, e)),
+                }
+            }
+            Err(e) => return Err(create_error(name, e)),
+        };
+        info!(volume_id = %id, capacity_in_mb = spec.capacity_in_mb, "cns volume created");
+        if let Err(e) = self.remove_duplicates(name, &id).await {
+            warn!(error = %error_chain(&e), "could not check for duplicate cns volumes");
+        }
+        Ok(request.volume(name, &id))
+    }
+
+    #[instrument(skip_all, fields(pv = volume.metadata.name.as_deref().unwrap_or_default()))]
+    async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError> {
+        let csi = volume.spec.as_ref().and_then(|s| s.csi.as_ref());
+        let Some(csi) = csi.filter(|c| c.driver == CSI_DRIVER) else {
+            return Err(DeleteError::Ignored {
+                reason: format!("not a {CSI_DRIVER} volume"),
+            });
+        };
+        let id = CnsVolumeId::new(csi.volume_handle.clone());
+        if id.as_str().is_empty() {
+            return Err(DeleteError::Failed(
+                format!(
+                    "persistentvolume {:?} has an empty volume handle",
+                    volume.metadata.name.as_deref().unwrap_or_default()
+                )
+                .into(),
+            ));
+        }
+        match self.client.delete_volume(&id, true).await {
+            Ok(()) => info!(volume_id = %id, "cns volume deleted"),
+            Err(e) if e.is_not_found() => info!(volume_id = %id, "cns volume already gone"),
+            Err(source) => {
+                return Err(DeleteError::Failed(Box::new(ProvisionerError::Cns {
+                    action: "deleting",
+                    volume: id.to_string(),
+                    source,
+                })));
+            }
+        }
+        // Volumes of the same name are leftovers of a timed-out create: remove them too.
+        if let Some(name) = volume.metadata.name.as_deref().filter(|n| !n.is_empty()) {
+            self.remove_duplicates(name, &id)
+                .await
+                .map_err(|e| DeleteError::Failed(Box::new(e)))?;
+        }
+        Ok(())
+    }
+
+    fn supports_block(&self) -> bool {
+        true
+    }
+}
+
+/// Maps a failed create: may the create still be running in vCenter?
+fn create_error(name: &str, source: Error) -> ProvisionError {
+    let sent = match &source {
+        // The create call itself was answered with a fault, or its task ended in error,
+        // or its volume result has a fault: nothing runs any more.
+        Error::Fault { operation, .. } if *operation == "CnsCreateVolume" => Some(false),
+        // Nothing reached the server.
+        Error::Transport {
+            operation, source, ..
+        } if *operation == "CnsCreateVolume" && source.is_connect() => None,
+        Error::Settings(_) => Some(false),
+        // Timeouts, broken connections, faults while waiting for the task, odd answers:
+        // the create may have been received and may complete.
+        _ => Some(true),
+    };
+    let error = Box::new(ProvisionerError::Cns {
+        action: "creating",
+        volume: name.to_owned(),
+        source,
+    });
+    match sent {
+        Some(true) => ProvisionError::InBackground(error),
+        Some(false) => ProvisionError::Final(error),
+        None => ProvisionError::NoChange(error),
+    }
+}
+
+/// `error` and its sources joined with `": "`.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests;

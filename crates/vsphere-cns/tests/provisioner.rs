@@ -1,0 +1,344 @@
+//! `CnsProvisioner` against the in-process CNS simulator.
+#![cfg(feature = "simulator")]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{
+    CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeSpec, VolumeResourceRequirements,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use provision_controller::{DeleteError, ProvisionError, ProvisionOptions, Provisioner};
+use vsphere_cns::simulator::{CnsSimulator, SimFault};
+use vsphere_cns::{ClusterFlavor, CnsClient, CnsProvisioner, MoRef, ProvisionerError};
+
+const DS_URL: &str = "ds:///vmfs/volumes/test-ds/";
+const DS_ID: &str = "datastore-7";
+
+async fn sim() -> CnsSimulator {
+    CnsSimulator::builder()
+        .datastore(DS_ID, "TestDS", DS_URL)
+        .start()
+        .await
+        .unwrap()
+}
+
+async fn provisioner(sim: &CnsSimulator) -> CnsProvisioner {
+    provisioner_with(sim, sim.vc_config()).await
+}
+
+async fn provisioner_with(sim: &CnsSimulator, config: vsphere_cns::VcConfig) -> CnsProvisioner {
+    let _ = sim;
+    let client = CnsClient::connect(&config).await.unwrap();
+    CnsProvisioner::new(client, "cluster-1", ClusterFlavor::Vanilla)
+        .datastore_url(DS_URL, MoRef::datastore(DS_ID))
+}
+
+fn class(params: &[(&str, &str)]) -> StorageClass {
+    StorageClass {
+        metadata: ObjectMeta {
+            name: Some("vsphere".into()),
+            ..ObjectMeta::default()
+        },
+        provisioner: "csi.vsphere.vmware.com".into(),
+        parameters: Some(
+            params
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        ),
+        ..StorageClass::default()
+    }
+}
+
+fn claim(request: &str) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some("data".into()),
+            namespace: Some("default".into()),
+            uid: Some("uid-1".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_owned(),
+                    Quantity(request.to_owned()),
+                )])),
+                ..VolumeResourceRequirements::default()
+            }),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        ..PersistentVolumeClaim::default()
+    }
+}
+
+fn options(class: StorageClass, claim: PersistentVolumeClaim) -> ProvisionOptions {
+    ProvisionOptions::new(Arc::new(class), "pvc-uid-1", Arc::new(claim), None)
+}
+
+fn handle(pv: &PersistentVolume) -> String {
+    pv.spec
+        .as_ref()
+        .unwrap()
+        .csi
+        .as_ref()
+        .unwrap()
+        .volume_handle
+        .clone()
+}
+
+fn default_options() -> ProvisionOptions {
+    options(class(&[("datastoreurl", DS_URL)]), claim("1500Mi"))
+}
+
+#[tokio::test]
+async fn provision_creates_one_named_block_volume_on_the_class_datastore() {
+    let sim = sim().await;
+    let provisioner = provisioner(&sim).await;
+    let pv = provisioner.provision(&default_options()).await.unwrap();
+
+    let volumes = sim.volumes();
+    assert_eq!(volumes.len(), 1);
+    let volume = &volumes[0];
+    assert_eq!(volume.name, "pvc-uid-1");
+    assert_eq!(volume.capacity_in_mb, 1500);
+    assert_eq!(volume.datastore, MoRef::datastore(DS_ID));
+    assert_eq!(volume.metadata.container_cluster.cluster_id, "cluster-1");
+    assert_eq!(volume.metadata.container_cluster.vsphere_user, "cnsuser");
+    assert_eq!(volume.metadata.container_cluster_array.len(), 1);
+    assert_eq!(handle(&pv), volume.id.as_str());
+    assert_eq!(pv.metadata.name.as_deref(), Some("pvc-uid-1"));
+    let spec = pv.spec.unwrap();
+    assert_eq!(spec.capacity.unwrap()["storage"], Quantity("1500Mi".into()));
+    assert_eq!(spec.csi.unwrap().fs_type.as_deref(), Some("ext4"));
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn storage_policy_and_datastore_moref_come_from_the_class() {
+    let sim = sim().await;
+    let provisioner = provisioner(&sim).await;
+    let class = class(&[
+        ("datastoremoref", DS_ID),
+        ("storagepolicyid", "policy-gold"),
+    ]);
+    provisioner
+        .provision(&options(class, claim("1G")))
+        .await
+        .unwrap();
+    let volume = &sim.volumes()[0];
+    assert_eq!(volume.profile_id.as_deref(), Some("policy-gold"));
+    assert_eq!(volume.datastore, MoRef::datastore(DS_ID));
+    assert_eq!(volume.capacity_in_mb, 954);
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_repeated_provision_after_a_restart_reuses_the_volume() {
+    let sim = sim().await;
+    let first = provisioner(&sim)
+        .await
+        .provision(&default_options())
+        .await
+        .unwrap();
+    // A fresh provisioner with a fresh session, as after a process restart.
+    let second = provisioner(&sim)
+        .await
+        .provision(&default_options())
+        .await
+        .unwrap();
+    assert_eq!(handle(&first), handle(&second));
+    assert_eq!(sim.volumes().len(), 1);
+    let creates = sim
+        .requests()
+        .iter()
+        .filter(|r| r.method == "CnsCreateVolume")
+        .count();
+    assert_eq!(creates, 1);
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn delete_removes_the_volume_and_a_second_delete_is_ok() {
+    let sim = sim().await;
+    let provisioner = provisioner(&sim).await;
+    let pv = provisioner.provision(&default_options()).await.unwrap();
+    provisioner.delete(&pv).await.unwrap();
+    assert!(sim.volumes().is_empty());
+    provisioner.delete(&pv).await.unwrap();
+    assert!(sim.volumes().is_empty());
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn delete_failures_are_reported_and_other_drivers_ignored() {
+    let sim = sim().await;
+    let provisioner = provisioner(&sim).await;
+    let pv = provisioner.provision(&default_options()).await.unwrap();
+    sim.fail_next(
+        "CnsDeleteVolume",
+        SimFault::volume_result("ResourceInUse").message("attached to vm-1"),
+    );
+    let err = provisioner.delete(&pv).await.unwrap_err();
+    assert!(matches!(err, DeleteError::Failed(_)), "{err:?}");
+    assert_eq!(sim.volumes().len(), 1);
+
+    let nfs = PersistentVolume {
+        spec: Some(PersistentVolumeSpec {
+            csi: Some(CSIPersistentVolumeSource {
+                driver: "nfs.csi.k8s.io".into(),
+                volume_handle: "x".into(),
+                ..CSIPersistentVolumeSource::default()
+            }),
+            ..PersistentVolumeSpec::default()
+        }),
+        ..PersistentVolume::default()
+    };
+    assert!(matches!(
+        provisioner.delete(&nfs).await,
+        Err(DeleteError::Ignored { .. })
+    ));
+    sim.shutdown().await;
+}
+
+fn final_source(err: ProvisionError) -> String {
+    match err {
+        ProvisionError::Final(source) => {
+            assert!(source.downcast_ref::<ProvisionerError>().is_some());
+            source.to_string()
+        }
+        other => panic!("expected a final error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn bad_quantities_and_unknown_parameters_are_final_and_create_nothing() {
+    let sim = sim().await;
+    let provisioner = provisioner(&sim).await;
+    let bad_size = options(class(&[("datastoreurl", DS_URL)]), claim("10Gb"));
+    let text = final_source(provisioner.provision(&bad_size).await.unwrap_err());
+    assert!(
+        text.contains("default/data") && text.contains("10Gb"),
+        "{text}"
+    );
+
+    let unknown = options(
+        class(&[("datastoreurl", DS_URL), ("diskformat", "thin")]),
+        claim("1Gi"),
+    );
+    let text = final_source(provisioner.provision(&unknown).await.unwrap_err());
+    assert_eq!(
+        text,
+        r#"storageclass "vsphere": unknown parameter "diskformat""#
+    );
+
+    let unknown_url = options(class(&[("datastoreurl", "ds:///nope/")]), claim("1Gi"));
+    let text = final_source(provisioner.provision(&unknown_url).await.unwrap_err());
+    assert!(text.contains("ds:///nope/"), "{text}");
+
+    let no_datastore = options(class(&[]), claim("1Gi"));
+    let text = final_source(provisioner.provision(&no_datastore).await.unwrap_err());
+    assert!(text.contains("names no datastore"), "{text}");
+    assert!(sim.volumes().is_empty());
+    assert!(!sim.requests().iter().any(|r| r.method == "CnsCreateVolume"));
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_rejected_create_is_final() {
+    let sim = sim().await;
+    let provisioner = provisioner(&sim).await;
+    sim.fail_next("CnsCreateVolume", SimFault::task("InvalidArgument"));
+    let err = provisioner.provision(&default_options()).await.unwrap_err();
+    assert!(matches!(err, ProvisionError::Final(_)), "{err:?}");
+    assert!(sim.volumes().is_empty());
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_failed_lookup_changes_nothing() {
+    let sim = sim().await;
+    let provisioner = provisioner(&sim).await;
+    sim.fail_next("CnsQueryVolume", SimFault::call("CnsFault"));
+    let err = provisioner.provision(&default_options()).await.unwrap_err();
+    assert!(matches!(err, ProvisionError::NoChange(_)), "{err:?}");
+    assert!(!sim.requests().iter().any(|r| r.method == "CnsCreateVolume"));
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_slow_create_is_in_background_and_the_retry_does_not_leak() {
+    let sim = sim().await;
+    let slow = sim.vc_config().task_timeout(Duration::from_millis(500));
+    let provisioner = provisioner_with(&sim, slow).await;
+    sim.delay("CnsCreateVolume", Duration::from_secs(5));
+    let err = provisioner.provision(&default_options()).await.unwrap_err();
+    assert!(matches!(err, ProvisionError::InBackground(_)), "{err:?}");
+    sim.delay("CnsCreateVolume", Duration::ZERO);
+    // The simulator drops a call whose client went away, so nothing landed; the retry
+    // creates the volume once.
+    let pv = provisioner.provision(&default_options()).await.unwrap();
+    let volumes = sim.volumes();
+    assert_eq!(volumes.len(), 1, "{volumes:?}");
+    assert_eq!(handle(&pv), volumes[0].id.as_str());
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_create_that_landed_before_the_timeout_is_found_by_the_retry() {
+    let sim = sim().await;
+    let slow = sim.vc_config().task_timeout(Duration::from_millis(500));
+    let provisioner = provisioner_with(&sim, slow).await;
+    // The create goes through, but waiting for its task times out.
+    sim.delay("RetrievePropertiesEx", Duration::from_secs(5));
+    let err = provisioner.provision(&default_options()).await.unwrap_err();
+    assert!(matches!(err, ProvisionError::InBackground(_)), "{err:?}");
+    assert_eq!(sim.volumes().len(), 1);
+    sim.delay("RetrievePropertiesEx", Duration::ZERO);
+    let pv = provisioner.provision(&default_options()).await.unwrap();
+    let volumes = sim.volumes();
+    assert_eq!(volumes.len(), 1, "{volumes:?}");
+    assert_eq!(handle(&pv), volumes[0].id.as_str());
+    let creates = sim
+        .requests()
+        .iter()
+        .filter(|r| r.method == "CnsCreateVolume")
+        .count();
+    assert_eq!(creates, 1);
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn duplicates_left_by_a_late_create_are_removed() {
+    let sim = sim().await;
+    let provisioner = provisioner(&sim).await;
+    // Two volumes of the same name, as when a timed-out create lands after the retry's lookup.
+    let pv = provisioner.provision(&default_options()).await.unwrap();
+    let other = CnsProvisioner::new(
+        CnsClient::connect(&sim.vc_config()).await.unwrap(),
+        "cluster-1",
+        ClusterFlavor::Vanilla,
+    );
+    let client = CnsClient::connect(&sim.vc_config()).await.unwrap();
+    let spec = vsphere_cns::VolumeCreateSpec {
+        name: "pvc-uid-1".into(),
+        datastores: vec![MoRef::datastore(DS_ID)],
+        capacity_in_mb: 1500,
+        metadata: vsphere_cns::VolumeMetadata::for_cluster(
+            other.container_cluster().clone(),
+            Vec::new(),
+        ),
+        ..vsphere_cns::VolumeCreateSpec::default()
+    };
+    client.create_volume(&spec).await.unwrap();
+    assert_eq!(sim.volumes().len(), 2);
+    provisioner.delete(&pv).await.unwrap();
+    assert!(sim.volumes().is_empty(), "{:?}", sim.volumes());
+    sim.shutdown().await;
+}

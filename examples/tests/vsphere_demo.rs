@@ -1,0 +1,109 @@
+//! The embedded run of `cargo run --example vsphere`: the same code, against kube-sim and
+//! the CNS simulator, must provision, sync and delete every claim.
+
+// The real-cluster half of `app` is used only by the example's `main`.
+#[allow(dead_code)]
+#[path = "../vsphere/app.rs"]
+mod app;
+#[path = "../vsphere/demo.rs"]
+mod demo;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use app::{DEMO_BANNER, Found, Mode, select_mode};
+use demo::{DemoOptions, run_demo};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_provisions_syncs_and_deletes_every_claim() {
+    let options = DemoOptions {
+        claims: 3,
+        provisioner_name: vsphere_cns::CSI_DRIVER.to_owned(),
+        leader_election: false,
+        metrics_address: None,
+        serve: false,
+        timeout: Duration::from_secs(60),
+    };
+    let mut out = Vec::new();
+    let report = run_demo(&options, &mut out).await.unwrap();
+    let text = String::from_utf8(out).unwrap();
+    println!("{text}");
+
+    assert_eq!(report.rows.len(), 3, "{text}");
+    for (i, row) in report.rows.iter().enumerate() {
+        assert_eq!(row.claim, format!("demo-claim-{}", i + 1));
+        assert!(row.pv.starts_with("pvc-"), "{row:?}");
+        assert_eq!(row.volume_id.len(), 36, "a UUID: {row:?}");
+        assert!(row.synced, "{row:?}");
+    }
+    let sizes: Vec<&str> = report.rows.iter().map(|r| r.size.as_str()).collect();
+    assert_eq!(sizes, ["1Gi", "1500Mi", "1908Mi"]);
+    assert_eq!(report.volumes_left, 0);
+    assert!(text.contains("METADATA SYNCED"), "{text}");
+    assert_eq!(text.matches("metadata synced to CNS").count(), 3, "{text}");
+    assert_eq!(text.matches("CNS volume deleted").count(), 3, "{text}");
+    assert!(
+        text.contains(
+            "done: 3 claims provisioned, synced and deleted; the CNS simulator holds 0 volumes"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_mode_follows_what_is_configured() {
+    assert_eq!(select_mode(&Found::default()), Ok(Mode::Demo));
+    assert!(DEMO_BANNER.starts_with("no kubeconfig and no vSphere config"));
+
+    let both = Found {
+        kubeconfig_flag: Some(PathBuf::from("/k")),
+        vsphere_flag: Some(PathBuf::from("/v.conf")),
+        ..Found::default()
+    };
+    assert_eq!(
+        select_mode(&both),
+        Ok(Mode::Real {
+            kubeconfig: Some(PathBuf::from("/k")),
+            vsphere_config: PathBuf::from("/v.conf"),
+        })
+    );
+    let in_pod = Found {
+        in_pod: true,
+        default_vsphere_exists: true,
+        ..Found::default()
+    };
+    assert_eq!(
+        select_mode(&in_pod),
+        Ok(Mode::Real {
+            kubeconfig: None,
+            vsphere_config: PathBuf::from(app::DEFAULT_VSPHERE_CONFIG),
+        })
+    );
+    let forced = Found {
+        force_demo: true,
+        ..both.clone()
+    };
+    assert_eq!(select_mode(&forced), Ok(Mode::Demo));
+}
+
+#[test]
+fn a_half_configuration_is_an_error_saying_what_is_missing() {
+    let kube_only = Found {
+        kubeconfig_env: true,
+        ..Found::default()
+    };
+    let err = select_mode(&kube_only).unwrap_err();
+    assert!(
+        err.contains("KUBECONFIG") && err.contains("no vSphere config"),
+        "{err}"
+    );
+    let vsphere_only = Found {
+        vsphere_flag: Some(PathBuf::from("/etc/x.conf")),
+        ..Found::default()
+    };
+    let err = select_mode(&vsphere_only).unwrap_err();
+    assert!(
+        err.contains("/etc/x.conf") && err.contains("no kubeconfig"),
+        "{err}"
+    );
+}

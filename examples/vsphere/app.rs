@@ -1,0 +1,340 @@
+//! What the real run and the demo share: choosing the mode and running both controllers.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, anyhow};
+use kube_client::Client;
+use kube_client::config::{KubeConfigOptions, Kubeconfig};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use vsphere_cns::{
+    ClusterFlavor, CnsClient, CnsMetadataBackend, CnsProvisioner, MoRef, VsphereConfig,
+};
+
+/// Where `csi-vsphere.conf` is looked for when `--vsphere-config` is not given.
+pub(crate) const DEFAULT_VSPHERE_CONFIG: &str = "/etc/cloud/csi-vsphere.conf";
+/// The one line the demo starts with.
+pub(crate) const DEMO_BANNER: &str =
+    "no kubeconfig and no vSphere config: running the demo against kube-sim and the CNS simulator";
+
+/// What the process found in its flags and environment.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Found {
+    /// `--kubeconfig`.
+    pub(crate) kubeconfig_flag: Option<PathBuf>,
+    /// `KUBECONFIG` is set and not empty.
+    pub(crate) kubeconfig_env: bool,
+    /// `KUBERNETES_SERVICE_HOST` is set: running in a pod.
+    pub(crate) in_pod: bool,
+    /// `--vsphere-config`.
+    pub(crate) vsphere_flag: Option<PathBuf>,
+    /// [`DEFAULT_VSPHERE_CONFIG`] exists.
+    pub(crate) default_vsphere_exists: bool,
+    /// `--demo`: use the simulators whatever else is found.
+    pub(crate) force_demo: bool,
+}
+
+/// How to run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Against a real cluster and vCenter. `kubeconfig: None` means "infer" (`KUBECONFIG`,
+    /// or the in-cluster service account).
+    Real {
+        /// An explicit kubeconfig file.
+        kubeconfig: Option<PathBuf>,
+        /// The `csi-vsphere.conf` to read.
+        vsphere_config: PathBuf,
+    },
+    /// Against kube-sim and the CNS simulator.
+    Demo,
+}
+
+/// Chooses the mode; a half configuration is an error saying what is missing.
+pub(crate) fn select_mode(found: &Found) -> Result<Mode, String> {
+    if found.force_demo {
+        return Ok(Mode::Demo);
+    }
+    let kube = match (&found.kubeconfig_flag, found.kubeconfig_env, found.in_pod) {
+        (Some(path), _, _) => Some(format!("--kubeconfig {}", path.display())),
+        (None, true, _) => Some("KUBECONFIG".to_owned()),
+        (None, false, true) => Some("KUBERNETES_SERVICE_HOST (in a pod)".to_owned()),
+        (None, false, false) => None,
+    };
+    let vsphere = match (&found.vsphere_flag, found.default_vsphere_exists) {
+        (Some(path), _) => Some(path.clone()),
+        (None, true) => Some(PathBuf::from(DEFAULT_VSPHERE_CONFIG)),
+        (None, false) => None,
+    };
+    match (kube, vsphere) {
+        (Some(_), Some(vsphere_config)) => Ok(Mode::Real {
+            kubeconfig: found.kubeconfig_flag.clone(),
+            vsphere_config,
+        }),
+        (None, None) => Ok(Mode::Demo),
+        (Some(kube), None) => Err(format!(
+            "found a kubeconfig ({kube}) but no vSphere config: pass --vsphere-config FILE or \
+             create {DEFAULT_VSPHERE_CONFIG} (or pass --demo to use the simulators)"
+        )),
+        (None, Some(path)) => Err(format!(
+            "found a vSphere config ({}) but no kubeconfig: pass --kubeconfig FILE or set \
+             KUBECONFIG (or pass --demo to use the simulators)",
+            path.display()
+        )),
+    }
+}
+
+/// The settings both controllers need.
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    /// The provisioner name claims' classes must name.
+    pub(crate) provisioner_name: String,
+    /// Leader election for the provision controller.
+    pub(crate) leader_election: bool,
+    /// Where the provision controller serves metrics, if anywhere.
+    pub(crate) metrics_address: Option<SocketAddr>,
+    /// The cluster flavor (`CLUSTER_FLAVOR`); only `WORKLOAD` runs the metadata reconciler.
+    pub(crate) flavor: cnsmetadata::ClusterFlavor,
+    /// The cluster ID (`[Global] cluster-id`).
+    pub(crate) cluster_id: String,
+    /// The supervisor ID (`[Global] supervisor-id`), if any.
+    pub(crate) supervisor_id: Option<String>,
+    /// The vSphere user the controllers log in as.
+    pub(crate) vsphere_user: String,
+    /// Provision-controller options read from the environment (namespace of the lease).
+    pub(crate) provision_config: provision_controller::Config,
+    /// Metadata-reconciler options read from the environment (workers, flavor).
+    pub(crate) metadata_config: cnsmetadata::Config,
+}
+
+/// The CNS flavor for a cnsmetadata flavor.
+pub(crate) fn cns_flavor(flavor: cnsmetadata::ClusterFlavor) -> ClusterFlavor {
+    match flavor {
+        cnsmetadata::ClusterFlavor::Workload => ClusterFlavor::Workload,
+        cnsmetadata::ClusterFlavor::GuestCluster => ClusterFlavor::GuestCluster,
+        cnsmetadata::ClusterFlavor::Vanilla => ClusterFlavor::Vanilla,
+    }
+}
+
+/// Both controllers, running until [`Running::stop`].
+pub(crate) struct Running {
+    stop: watch::Sender<bool>,
+    tasks: JoinSet<(&'static str, anyhow::Result<()>)>,
+}
+
+/// Starts the provision controller and the `CnsVolumeMetadata` reconciler.
+pub(crate) fn start_controllers(
+    kube: Client,
+    provisioner: CnsProvisioner,
+    backend: CnsMetadataBackend,
+    settings: &Settings,
+) -> Running {
+    let (stop, stopped) = watch::channel(false);
+    let shutdown = move || {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        }
+    };
+    let mut config = settings.provision_config.clone();
+    if !settings.leader_election {
+        config = config.leader_election(None);
+    }
+    if let Some(address) = settings.metrics_address {
+        config = config
+            .metrics_address(address.ip())
+            .metrics_port(address.port());
+    }
+    let controller = provision_controller::ProvisionController::new(
+        kube.clone(),
+        settings.provisioner_name.clone(),
+        provisioner,
+    )
+    .with_config(config);
+    let metadata_config = settings
+        .metadata_config
+        .clone()
+        .cluster_flavor(settings.flavor)
+        .cluster_id(settings.cluster_id.clone())
+        .supervisor_id(settings.supervisor_id.clone().unwrap_or_default())
+        .vsphere_user(settings.vsphere_user.clone());
+    let mut tasks = JoinSet::new();
+    let provision_shutdown = shutdown();
+    tasks.spawn(async move {
+        let result = controller
+            .run(provision_shutdown)
+            .await
+            .context("provision controller failed");
+        ("provision controller", result)
+    });
+    let metadata_shutdown = shutdown();
+    tasks.spawn(async move {
+        let result = cnsmetadata::run(kube, Arc::new(backend), metadata_config, metadata_shutdown)
+            .await
+            .context("CnsVolumeMetadata reconciler failed");
+        ("CnsVolumeMetadata reconciler", result)
+    });
+    Running { stop, tasks }
+}
+
+impl Running {
+    /// Waits until `until` completes (then stops) or a controller fails. A controller that
+    /// returns `Ok` early (the reconciler outside a supervisor cluster) is not a failure.
+    pub(crate) async fn run_until(mut self, until: impl Future<Output = ()>) -> anyhow::Result<()> {
+        tokio::pin!(until);
+        loop {
+            tokio::select! {
+                () = &mut until => return self.stop(Duration::from_secs(30)).await,
+                joined = self.tasks.join_next() => match joined {
+                    None => { until.await; return Ok(()); }
+                    Some(Ok((_, Ok(())))) => {}
+                    Some(Ok((_, Err(e)))) => {
+                        let _ = self.stop(Duration::from_secs(30)).await;
+                        return Err(e);
+                    }
+                    Some(Err(e)) => {
+                        let _ = self.stop(Duration::from_secs(30)).await;
+                        return Err(anyhow!("a controller task panicked: {e}"));
+                    }
+                },
+            }
+        }
+    }
+
+    /// Tells both controllers to stop and waits up to `deadline` for them.
+    pub(crate) async fn stop(mut self, deadline: Duration) -> anyhow::Result<()> {
+        let _ = self.stop.send(true);
+        let drain = async {
+            let mut first_error = None;
+            while let Some(joined) = self.tasks.join_next().await {
+                let error = match joined {
+                    Ok((_, Ok(()))) => continue,
+                    Ok((_, Err(e))) => e,
+                    Err(e) => anyhow!("a controller task panicked: {e}"),
+                };
+                first_error.get_or_insert(error);
+            }
+            first_error.map_or(Ok(()), Err)
+        };
+        match tokio::time::timeout(deadline, drain).await {
+            Ok(result) => result,
+            Err(_) => {
+                self.tasks.abort_all();
+                Err(anyhow!("the controllers did not stop within {deadline:?}"))
+            }
+        }
+    }
+}
+
+/// Options of a real run.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RealOptions {
+    /// The provisioner name claims' classes must name.
+    pub(crate) provisioner_name: String,
+    /// Leader election for the provision controller.
+    pub(crate) leader_election: bool,
+    /// Where the provision controller serves metrics, if anywhere.
+    pub(crate) metrics_address: Option<SocketAddr>,
+    /// `datastoreurl` values and the datastore MoRefs they stand for.
+    pub(crate) datastores: Vec<(String, String)>,
+    /// Datastore MoRefs for classes that name none.
+    pub(crate) default_datastores: Vec<String>,
+}
+
+/// Everything a real run needs, connected.
+pub(crate) struct Real {
+    /// The Kubernetes client.
+    pub(crate) kube: Client,
+    /// The logged-in CNS client.
+    pub(crate) cns: CnsClient,
+    /// The provisioner.
+    pub(crate) provisioner: CnsProvisioner,
+    /// The controllers' settings.
+    pub(crate) settings: Settings,
+    /// The vCenter host.
+    pub(crate) host: String,
+}
+
+/// Builds the Kubernetes client, logs in to vCenter and configures both controllers.
+/// `lookup` reads environment variables (and, for names starting with `/`, files).
+pub(crate) async fn connect_real(
+    kubeconfig: Option<&Path>,
+    vsphere_config: &Path,
+    options: &RealOptions,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> anyhow::Result<Real> {
+    let kube_config = match kubeconfig {
+        Some(path) => {
+            let file = Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+            kube_client::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("cannot use kubeconfig {}", path.display()))?
+        }
+        None => kube_client::Config::infer()
+            .await
+            .context("cannot find a kubeconfig or in-cluster configuration")?,
+    };
+    let kube = Client::try_from(kube_config).context("cannot build a Kubernetes client")?;
+    // The parser logs its warnings (unknown keys) itself.
+    let vsphere = VsphereConfig::load(vsphere_config)?;
+    let vc = vsphere.virtual_centers.first().ok_or_else(|| {
+        anyhow!(
+            "{} has no [VirtualCenter \"host\"] section",
+            vsphere_config.display()
+        )
+    })?;
+    let cns = CnsClient::connect(&vc.vc_config())
+        .await
+        .with_context(|| format!("cannot log in to vCenter {}", vc.host))?;
+    let metadata_config = cnsmetadata::Config::from_lookup(&lookup)?;
+    let flavor = metadata_config.get_cluster_flavor();
+    let owner = match (flavor, &vsphere.global.supervisor_id) {
+        (cnsmetadata::ClusterFlavor::Workload, Some(id)) if !id.is_empty() => id.clone(),
+        _ => vsphere.global.cluster_id.clone(),
+    };
+    if owner.is_empty() {
+        return Err(anyhow!(
+            "{}: [Global] cluster-id (or supervisor-id) is required",
+            vsphere_config.display()
+        ));
+    }
+    let default_datastores = options
+        .default_datastores
+        .iter()
+        .map(MoRef::datastore)
+        .collect();
+    let mut provisioner = CnsProvisioner::new(cns.clone(), owner, cns_flavor(flavor))
+        .default_datastores(default_datastores);
+    if let Some(distribution) = &vsphere.global.cluster_distribution {
+        provisioner = provisioner.cluster_distribution(distribution.clone());
+    }
+    for (url, moref) in &options.datastores {
+        provisioner = provisioner.datastore_url(url.clone(), MoRef::datastore(moref.clone()));
+    }
+    let settings = Settings {
+        provisioner_name: options.provisioner_name.clone(),
+        leader_election: options.leader_election,
+        metrics_address: options.metrics_address,
+        flavor,
+        cluster_id: vsphere.global.cluster_id.clone(),
+        supervisor_id: vsphere.global.supervisor_id.clone(),
+        vsphere_user: cns.user().to_owned(),
+        provision_config: provision_controller::Config::from_lookup(&lookup)?,
+        metadata_config,
+    };
+    Ok(Real {
+        kube,
+        cns,
+        provisioner,
+        settings,
+        host: vc.host.clone(),
+    })
+}
+
+/// Whether `path` exists (for the default vSphere config).
+pub(crate) fn exists(path: &Path) -> bool {
+    path.try_exists().unwrap_or(false)
+}
