@@ -1,1 +1,151 @@
-fn main() {}
+//! Benchmarks of the provisioning controller and the CnsVolumeMetadata reconciler.
+//!
+//! ```text
+//! cargo run --release -p examples --example bench -- provision --n 10000 --workers 4
+//! cargo run --release -p examples --example bench -- steady --n 10000 --idle-secs 60
+//! cargo run --release -p examples --example bench -- metadata --n 1000 --json
+//! ```
+//!
+//! By default kube-sim (with its PV binder) runs in a child process (this binary started
+//! again with `--serve-sim`), so this process's CPU time and memory are those of the
+//! controller plus a small driver. The driver (object creation, watches, measurements)
+//! runs on its own thread and its CPU time is subtracted; the controller's API requests
+//! are counted by a tower layer on its client. With `--kubeconfig` the bench uses that
+//! cluster instead, in a fresh namespace `bench-<id>` with its own StorageClass and
+//! provisioner name `bench.example.com/<id>`, and deletes all of it at the end.
+
+#[path = "bench/counting.rs"]
+mod counting;
+#[path = "bench/env.rs"]
+mod env;
+#[path = "bench/metadata.rs"]
+mod metadata;
+#[path = "bench/objects.rs"]
+mod objects;
+#[path = "bench/procfs.rs"]
+mod procfs;
+#[path = "bench/provision.rs"]
+mod provision;
+#[path = "bench/report.rs"]
+mod report;
+#[path = "bench/sim.rs"]
+mod sim;
+#[path = "bench/steady.rs"]
+mod steady;
+#[path = "bench/track.rs"]
+mod track;
+
+use std::{num::NonZeroU16, path::PathBuf, time::Duration};
+
+use anyhow::Context as _;
+use clap::{Parser, ValueEnum};
+use tracing_subscriber::EnvFilter;
+
+/// What to measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Scenario {
+    /// Provision N claims at once, then delete them all.
+    Provision,
+    /// N bound claims and PVs cached, idle: memory and CPU.
+    Steady,
+    /// N CnsVolumeMetadata objects through the reconciler, then deleted.
+    Metadata,
+}
+
+/// Command-line options.
+#[derive(Clone, Debug, Parser)]
+#[command(name = "bench", about = "Benchmarks of provision-controller and cnsmetadata")]
+pub(crate) struct Args {
+    /// The scenario to run.
+    #[arg(value_enum, required_unless_present_any = ["serve_sim", "populate"])]
+    pub(crate) scenario: Option<Scenario>,
+    /// Number of claims (or metadata objects).
+    #[arg(long, default_value_t = 1000)]
+    pub(crate) n: usize,
+    /// Controller workers (default 4 claim + 4 volume workers; 3 for metadata).
+    #[arg(long)]
+    pub(crate) workers: Option<NonZeroU16>,
+    /// Print the report as one JSON object on stdout.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Use this cluster instead of kube-sim.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) kubeconfig: Option<PathBuf>,
+    /// `steady`: how long to stay idle, measured.
+    #[arg(long, default_value_t = 60)]
+    pub(crate) idle_secs: u64,
+    /// Requests the driver keeps in flight while creating and deleting.
+    #[arg(long, default_value_t = 32)]
+    pub(crate) in_flight: usize,
+    /// Longest wait for one phase (all Bound, all gone), in seconds.
+    #[arg(long, default_value_t = 1800)]
+    pub(crate) timeout_secs: u64,
+    /// Controller resync period in seconds (default: the library's, 15 minutes).
+    #[arg(long)]
+    pub(crate) resync_secs: Option<u64>,
+    /// `provision`, `steady`: turn the controller's crash-safe provisioning (the claim
+    /// finalizer around each provision call) on or off; default: the library's.
+    #[arg(long, value_name = "BOOL")]
+    pub(crate) crash_safe: Option<bool>,
+    /// Watch events kube-sim keeps for resuming watches (larger than its default, so a busy
+    /// watcher is not cut off with 410 Gone in the middle of a burst).
+    #[arg(long, default_value_t = 2_000_000)]
+    pub(crate) sim_history: usize,
+    /// Internal: serve kube-sim, writing its kubeconfig here.
+    #[arg(long, hide = true, value_name = "PATH")]
+    pub(crate) serve_sim: Option<PathBuf>,
+    /// Internal: create pre-bound claim/PV pairs in the cluster of this kubeconfig.
+    #[arg(long, hide = true, value_name = "PATH")]
+    pub(crate) populate: Option<PathBuf>,
+    /// Internal (`--populate`): the run id.
+    #[arg(long, hide = true, default_value = "")]
+    pub(crate) run_id: String,
+    /// Internal (`--populate`): CSI driver of the PVs.
+    #[arg(long, hide = true, default_value = "")]
+    pub(crate) csi_driver: String,
+}
+
+impl Args {
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout_secs)
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "error".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    if let Some(path) = args.serve_sim.clone() {
+        let rt = tokio::runtime::Runtime::new().context("cannot start a runtime")?;
+        return rt.block_on(sim::serve(&path, args.sim_history));
+    }
+    if let Some(path) = args.populate.clone() {
+        let rt = tokio::runtime::Runtime::new().context("cannot start a runtime")?;
+        return rt.block_on(env::populate_main(&path, &args));
+    }
+    // The controller's runtime: as a controller binary would have it (one worker per core).
+    let controller_rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("controller")
+        .build()
+        .context("cannot start the controller runtime")?;
+    let controller = controller_rt.handle().clone();
+    // The driver: one thread, whose CPU time is measured and subtracted.
+    let driver = std::thread::Builder::new()
+        .name("driver".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the driver runtime")?;
+            rt.block_on(env::run(args, controller))
+        })
+        .context("cannot start the driver thread")?;
+    let outcome = driver
+        .join()
+        .map_err(|_| anyhow::anyhow!("the driver thread panicked"))?;
+    controller_rt.shutdown_timeout(Duration::from_secs(5));
+    outcome
+}

@@ -16,7 +16,7 @@ use kube_runtime::{
     watcher,
 };
 use serde::de::DeserializeOwned;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     backend::{ClusterFlavor, VolumeMetadataBackend, error_chain},
@@ -153,8 +153,13 @@ pub async fn run(
             .graceful_shutdown_on(shutdown)
             .run(reconcile, error_policy, ctx)
             .for_each(|result| {
-                if let Err(error) = result {
-                    warn!(error = %error_chain(&error), "controller error");
+                match result {
+                    // A trigger for an object deleted since: expected after every deletion.
+                    Err(kube_runtime::controller::Error::ObjectNotFound(object)) => {
+                        debug!(object = %object, "object gone before its reconcile");
+                    }
+                    Err(error) => warn!(error = %error_chain(&error), "controller error"),
+                    Ok(_) => {}
                 }
                 future::ready(())
             })

@@ -40,6 +40,9 @@ struct Args {
     /// Lists per list-latency figure.
     #[arg(long, default_value_t = 20)]
     lists: usize,
+    /// Runs only the PV binder phase (for profiling it).
+    #[arg(long)]
+    binder_only: bool,
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -272,23 +275,12 @@ fn rss_kib() -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
-#[tokio::main]
-async fn main() -> Result<(), BoxError> {
-    let args = Args::parse();
-    if args.objects == 0 || args.writers == 0 || args.lists == 0 {
-        return Err("--objects, --writers and --lists must be at least 1".into());
-    }
+/// Creates, updates, lists and watches in a sim without the binder.
+async fn api_phases(args: &Args) -> Result<(), BoxError> {
     let sim = KubeSim::builder().start().await?;
     let client = sim.client();
     let api = Api::<PersistentVolumeClaim>::namespaced(client.clone(), "default");
-    println!(
-        "kube-sim benchmark: {} objects, {} writers, {} CPUs",
-        args.objects,
-        args.writers,
-        std::thread::available_parallelism().map_or(0, usize::from)
-    );
-
-    let elapsed = create_claims(client.clone(), "default", "c", &args).await?;
+    let elapsed = create_claims(client.clone(), "default", "c", args).await?;
     println!(
         "creates:  {:>7} in {:>6.2} s = {:>8.0}/s",
         args.objects,
@@ -359,7 +351,7 @@ async fn main() -> Result<(), BoxError> {
         args.lists
     );
 
-    let (events, elapsed) = watch_phase(&sim, "watch-1", 1, &args).await?;
+    let (events, elapsed) = watch_phase(&sim, "watch-1", 1, args).await?;
     println!(
         "watch, 1 watcher:  {:>7} events in {:>6.2} s = {:>8.0} events/s (bounded by the write rate)",
         events,
@@ -367,7 +359,7 @@ async fn main() -> Result<(), BoxError> {
         rate(events, elapsed)
     );
     let watchers = args.watchers.max(1);
-    let (events, elapsed) = watch_phase(&sim, "watch-n", watchers, &args).await?;
+    let (events, elapsed) = watch_phase(&sim, "watch-n", watchers, args).await?;
     println!(
         "watch, {watchers} watchers: {:>7} events in {:>6.2} s = {:>8.0} events/s delivered in total",
         events,
@@ -378,6 +370,26 @@ async fn main() -> Result<(), BoxError> {
     let stored = sim.object_count();
     print_rss(&format!("RSS with {stored} objects stored"));
     sim.shutdown().await;
+
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let args = Args::parse();
+    if args.objects == 0 || args.writers == 0 || args.lists == 0 {
+        return Err("--objects, --writers and --lists must be at least 1".into());
+    }
+    println!(
+        "kube-sim benchmark: {} objects, {} writers, {} CPUs",
+        args.objects,
+        args.writers,
+        std::thread::available_parallelism().map_or(0, usize::from)
+    );
+
+    if !args.binder_only {
+        api_phases(&args).await?;
+    }
 
     let (annotated, bound) = binder_phase(&args).await?;
     println!(

@@ -9,6 +9,7 @@
 //! It writes a kubeconfig to `--kubeconfig`, prints one line with the URL and that path, and
 //! serves until Ctrl-C (or SIGTERM). Logs go to stderr; `RUST_LOG` filters them (default `info`).
 
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -35,7 +36,7 @@ struct Args {
     port: u16,
     /// Watch events kept for resuming watches (default: the library's, 10000).
     #[arg(long, value_name = "N")]
-    history_window: Option<usize>,
+    history_window: Option<NonZeroUsize>,
 }
 
 /// Why the program stopped with an error.
@@ -69,7 +70,7 @@ async fn run(args: Args) -> Result<(), MainError> {
         .port(args.port)
         .kubeconfig_path(&args.kubeconfig);
     if let Some(window) = args.history_window {
-        builder = builder.history_window(window);
+        builder = builder.history_window(window.get());
     }
     let sim = builder.start().await.map_err(MainError::Start)?;
     println!(
@@ -132,7 +133,14 @@ mod tests {
         assert_eq!(args.kubeconfig, PathBuf::from("/tmp/k"));
         assert!(args.pv_binder);
         assert_eq!(args.port, 8080);
-        assert_eq!(args.history_window, Some(50));
+        assert_eq!(args.history_window, NonZeroUsize::new(50));
+    }
+
+    #[test]
+    fn history_window_must_not_be_zero() {
+        let parsed =
+            Args::try_parse_from(["kube-sim", "--kubeconfig", "k", "--history-window", "0"]);
+        assert!(parsed.unwrap_err().to_string().contains("--history-window"));
     }
 
     #[test]

@@ -24,6 +24,12 @@ pub const ANN_ALPHA_SELECTED_NODE: &str = "volume.alpha.kubernetes.io/selected-n
 #[doc(alias = "finalizerPV")]
 pub const FINALIZER_PV: &str = "external-provisioner.volume.kubernetes.io/finalizer";
 
+/// Claim finalizer of crash-safe provisioning
+/// ([`Config::crash_safe_provisioning`](crate::Config::crash_safe_provisioning)): put on a
+/// claim before the driver is asked for its asset, removed once the PV is saved or the
+/// asset of a deleted claim is deleted. No Go counterpart (kubernetes-csi/external-provisioner#486).
+pub const FINALIZER_PROVISIONING: &str = "external-provisioner.volume.kubernetes.io/provisioning";
+
 fn annotation<'a>(
     meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
     key: &str,

@@ -12,38 +12,9 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 
 use crate::{
     error::ConfigError,
+    leader::LeaderElection,
     strategy::{FailureBackoff, PvSaveStrategy},
 };
-
-/// Leader election on a `coordination.k8s.io/v1` Lease named after the provisioner.
-///
-/// # Caveats
-/// The election itself is not implemented yet (it arrives with the next release):
-/// when enabled, [`ProvisionController::run`](crate::ProvisionController::run) logs a
-/// warning and runs without it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[doc(alias = "LeaderElection")]
-pub struct LeaderElectionConfig {
-    /// Namespace of the Lease (Go `LeaderElectionNamespace`); see [`Config::from_lookup`].
-    pub namespace: String,
-    /// How long non-leaders wait before taking over (Go `LeaseDuration`, default 15 s).
-    pub lease_duration: Duration,
-    /// How long the leader retries renewing before giving up (Go `RenewDeadline`, default 10 s).
-    pub renew_deadline: Duration,
-    /// Pause between election actions (Go `RetryPeriod`, default 2 s).
-    pub retry_period: Duration,
-}
-
-impl Default for LeaderElectionConfig {
-    fn default() -> Self {
-        Self {
-            namespace: "default".into(),
-            lease_duration: Duration::from_secs(15),
-            renew_deadline: Duration::from_secs(10),
-            retry_period: Duration::from_secs(2),
-        }
-    }
-}
 
 /// Computes the PV name for a claim (Go `getProvisionedVolumeNameForClaim`).
 #[derive(Clone)]
@@ -87,7 +58,7 @@ pub struct Config {
     pub(crate) failed_provision_threshold: u32,
     pub(crate) failed_delete_threshold: u32,
     pub(crate) pv_save: PvSaveStrategy,
-    pub(crate) leader_election: Option<LeaderElectionConfig>,
+    pub(crate) leader_election: Option<LeaderElection>,
     pub(crate) additional_provisioner_names: Vec<String>,
     pub(crate) add_finalizer: bool,
     pub(crate) provision_timeout: Option<Duration>,
@@ -96,6 +67,8 @@ pub struct Config {
     pub(crate) metrics_address: IpAddr,
     pub(crate) metrics_port: u16,
     pub(crate) metrics_path: String,
+    pub(crate) shutdown_grace: Duration,
+    pub(crate) crash_safe_provisioning: bool,
 }
 
 impl Default for Config {
@@ -107,7 +80,7 @@ impl Default for Config {
             failed_provision_threshold: Self::DEFAULT_FAILED_THRESHOLD,
             failed_delete_threshold: Self::DEFAULT_FAILED_THRESHOLD,
             pv_save: PvSaveStrategy::default(),
-            leader_election: Some(LeaderElectionConfig::default()),
+            leader_election: Some(LeaderElection::default()),
             additional_provisioner_names: Vec::new(),
             add_finalizer: false,
             provision_timeout: None,
@@ -116,6 +89,8 @@ impl Default for Config {
             metrics_address: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             metrics_port: 0,
             metrics_path: "/metrics".into(),
+            shutdown_grace: Self::DEFAULT_SHUTDOWN_GRACE,
+            crash_safe_provisioning: true,
         }
     }
 }
@@ -135,6 +110,10 @@ impl Config {
     pub const DEFAULT_CREATE_PV_RETRIES: u32 = 5;
     /// Default pause between PV create attempts (Go `DefaultCreateProvisionedPVInterval`).
     pub const DEFAULT_CREATE_PV_INTERVAL: Duration = Duration::from_secs(10);
+    /// Default for [`Config::shutdown_grace`]: 30 s, Kubernetes' default
+    /// `terminationGracePeriodSeconds`, so a pod's in-flight work gets all the time the
+    /// kubelet gives it before SIGKILL.
+    pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
     /// The default config with the leader-election namespace of an in-cluster process:
     /// `POD_NAMESPACE`, else the service-account namespace file, else `"default"`.
@@ -156,10 +135,7 @@ impl Config {
         .map(|ns| ns.trim().to_owned())
         .find(|ns| !ns.is_empty())
         .unwrap_or_else(|| "default".into());
-        let election = LeaderElectionConfig {
-            namespace,
-            ..LeaderElectionConfig::default()
-        };
+        let election = LeaderElection::default().with_namespace(namespace);
         Ok(Self::default().leader_election(Some(election)))
     }
 
@@ -195,36 +171,21 @@ impl Config {
             _ => {}
         }
         if let Some(le) = &self.leader_election {
-            if le.namespace.is_empty() {
-                return Err(ConfigError::invalid(
-                    "leader_election.namespace",
-                    "is empty",
-                ));
-            }
-            if le.retry_period.is_zero() {
-                return Err(ConfigError::invalid(
-                    "leader_election.retry_period",
-                    "must be greater than zero",
-                ));
-            }
-            if le.renew_deadline >= le.lease_duration {
-                return Err(ConfigError::invalid(
-                    "leader_election.renew_deadline",
-                    format!(
-                        "{:?} must be shorter than lease_duration {:?}",
-                        le.renew_deadline, le.lease_duration
-                    ),
-                ));
-            }
-            if le.retry_period >= le.renew_deadline {
-                return Err(ConfigError::invalid(
-                    "leader_election.retry_period",
-                    format!(
-                        "{:?} must be shorter than renew_deadline {:?}",
-                        le.retry_period, le.renew_deadline
-                    ),
-                ));
-            }
+            // The lease name and identity are filled in by `run`; check the rest.
+            le.clone()
+                .resolved_for("provisioner")
+                .validate()
+                .map_err(|e| {
+                    let option = match e.field {
+                        "lease_name" => "leader_election.lease_name",
+                        "namespace" => "leader_election.namespace",
+                        "identity" => "leader_election.identity",
+                        "lease_duration" => "leader_election.lease_duration",
+                        "renew_deadline" => "leader_election.renew_deadline",
+                        _ => "leader_election.retry_period",
+                    };
+                    ConfigError::invalid(option, e.problem)
+                })?;
         }
         if self
             .additional_provisioner_names
@@ -296,12 +257,14 @@ setters! {
     failed_delete_threshold: u32;
     /// How provisioned PVs are saved. Default [`PvSaveStrategy::Blocking`], 5 tries 10 s apart.
     pv_save: PvSaveStrategy;
-    /// Leader election, or `None` to run without (Go `LeaderElectionConfig`, default on).
+    /// Leader election, or `None` to run without (Go `LeaderElection`, default on with
+    /// [`LeaderElection::default`]: namespace `default`, 15 s / 10 s / 2 s, the lease named
+    /// after the provisioner, identity `<hostname>_<random>`).
     #[doc(alias = "LeaderElectionNamespace")]
     #[doc(alias = "LeaseDuration")]
     #[doc(alias = "RenewDeadline")]
     #[doc(alias = "RetryPeriod")]
-    leader_election: Option<LeaderElectionConfig>;
+    leader_election: Option<LeaderElection>;
     /// Further names this controller answers to in claims' storage-provisioner annotation
     /// and classes' provisioner field (Go `AdditionalProvisionerNames`). Default none.
     #[doc(alias = "AdditionalProvisionerNames")]
@@ -328,19 +291,38 @@ setters! {
     /// Path of the metrics endpoint (Go `MetricsPath`). Default `/metrics`.
     #[doc(alias = "MetricsPath")]
     metrics_path: String;
+    /// On shutdown, how long the operations in flight may take to finish before they are
+    /// abandoned (and, when leading, the lease is released). Default
+    /// [`Config::DEFAULT_SHUTDOWN_GRACE`] (30 s); keep it below the pod's
+    /// `terminationGracePeriodSeconds`. Go has no such bound: it exits at once.
+    shutdown_grace: Duration;
+    /// Crash-safe provisioning. Default on.
+    ///
+    /// Before the driver is asked for an asset, the claim gets the finalizer
+    /// [`FINALIZER_PROVISIONING`](crate::annotations::FINALIZER_PROVISIONING); it is
+    /// removed once the PV is saved, or once the asset of a claim deleted meanwhile has
+    /// been deleted. A controller that restarts at any point therefore finds every claim
+    /// whose asset may exist without a PV, and finishes or cleans up (Go leaks the asset:
+    /// kubernetes-csi/external-provisioner#486). Requires `patch` on claims and a driver
+    /// whose `provision` is idempotent by `pv_name` (see [`Provisioner`](crate::Provisioner)).
+    ///
+    /// Turning it off stops adding the finalizer; claims that still carry it are
+    /// finished or cleaned up as before, so switching never strands a claim.
+    crash_safe_provisioning: bool;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn election(lease: u64, renew: u64, retry: u64) -> Option<LeaderElectionConfig> {
-        Some(LeaderElectionConfig {
-            namespace: "ns".into(),
-            lease_duration: Duration::from_secs(lease),
-            renew_deadline: Duration::from_secs(renew),
-            retry_period: Duration::from_secs(retry),
-        })
+    fn election(lease: u64, renew: u64, retry: u64) -> Option<LeaderElection> {
+        Some(
+            LeaderElection::default()
+                .with_namespace("ns")
+                .with_lease_duration(Duration::from_secs(lease))
+                .with_renew_deadline(Duration::from_secs(renew))
+                .with_retry_period(Duration::from_secs(retry)),
+        )
     }
 
     #[test]
@@ -354,7 +336,9 @@ mod tests {
             (15, 15)
         );
         assert_eq!(c.pv_save.pauses(), Some(vec![Duration::from_secs(10); 4]));
-        assert_eq!(c.leader_election, Some(LeaderElectionConfig::default()));
+        assert_eq!(c.leader_election, Some(LeaderElection::default()));
+        assert_eq!(c.shutdown_grace, Duration::from_secs(30));
+        assert!(c.crash_safe_provisioning);
         assert!(!c.add_finalizer);
         assert_eq!((c.provision_timeout, c.deletion_timeout), (None, None));
         assert_eq!((c.metrics_port, c.metrics_path.as_str()), (0, "/metrics"));
@@ -379,14 +363,20 @@ mod tests {
                 Some("leader_election.renew_deadline"),
             ),
             (
-                "retry period not shorter than renew deadline",
+                "renew deadline not above the jittered retry period",
                 Config::default().leader_election(election(15, 10, 10)),
-                Some("leader_election.retry_period"),
+                Some("leader_election.renew_deadline"),
             ),
             (
                 "zero retry period",
                 Config::default().leader_election(election(15, 10, 0)),
                 Some("leader_election.retry_period"),
+            ),
+            (
+                "empty namespace",
+                Config::default()
+                    .leader_election(Some(LeaderElection::default().with_namespace(""))),
+                Some("leader_election.namespace"),
             ),
             (
                 "election off skips its checks",
@@ -452,7 +442,8 @@ mod tests {
                 .unwrap()
                 .leader_election
                 .unwrap()
-                .namespace
+                .namespace()
+                .to_owned()
         };
         assert_eq!(
             ns(&[

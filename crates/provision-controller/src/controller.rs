@@ -1,7 +1,9 @@
 //! [`ProvisionController`]: the builder, the shared context and `run`.
 
 mod claim;
+mod intent;
 mod op;
+mod run;
 mod save;
 mod volume;
 mod worker;
@@ -9,23 +11,24 @@ mod worker;
 use std::{
     collections::HashMap,
     future::Future,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
-use futures::StreamExt;
 use k8s_openapi::api::{
     core::v1::{PersistentVolume, PersistentVolumeClaim},
     storage::v1::StorageClass,
 };
-use kube_client::{Client, ResourceExt};
-use tokio::task::JoinSet;
-use tracing::Instrument;
+use kube_client::Client;
 
 use crate::{
     cache::{Caches, SharedCache},
     config::Config,
-    error::{Error, Result},
+    error::Result,
     events::Events,
+    http::{Health, MetricsSource},
     metrics::ControllerMetrics,
     provisioner::{DeletionGuard, Provisioner, Qualifier},
     queue::WorkQueue,
@@ -45,6 +48,12 @@ use crate::{
 ///   driven, even after the claim object is deleted and past the failure threshold,
 ///   until the driver returns a volume or a final answer, so its asset is never leaked.
 /// - When `run` returns, no task of the controller is left running.
+/// - With leader election, only the replica holding the lease runs workers; the others
+///   keep their caches synced and answer probes and scrapes.
+/// - With [`Config::crash_safe_provisioning`] (the default), a claim whose asset may exist
+///   without a saved PV carries
+///   [`FINALIZER_PROVISIONING`](crate::annotations::FINALIZER_PROVISIONING), so any later
+///   controller finishes it, or deletes the asset when the claim was deleted meanwhile.
 #[doc(alias = "NewProvisionController")]
 pub struct ProvisionController {
     client: Client,
@@ -57,6 +66,9 @@ pub struct ProvisionController {
     claims: Option<SharedCache<PersistentVolumeClaim>>,
     volumes: Option<SharedCache<PersistentVolume>>,
     classes: Option<SharedCache<StorageClass>>,
+    leader_client: Option<Client>,
+    metrics_source: Option<MetricsSource>,
+    health: Option<Health>,
 }
 
 impl ProvisionController {
@@ -78,6 +90,9 @@ impl ProvisionController {
             claims: None,
             volumes: None,
             classes: None,
+            leader_client: None,
+            metrics_source: None,
+            health: None,
         }
     }
 
@@ -103,7 +118,8 @@ impl ProvisionController {
         self
     }
 
-    /// Counts into `metrics` (Go `MetricsInstance`). Without it nothing is counted.
+    /// Counts into `metrics` (Go `MetricsInstance`). Without it the controller counts
+    /// into a registry of its own, served on the metrics endpoint.
     #[doc(alias = "MetricsInstance")]
     #[must_use]
     pub fn metrics(mut self, metrics: ControllerMetrics) -> Self {
@@ -142,186 +158,67 @@ impl ProvisionController {
         self
     }
 
-    /// Runs the controller until `shutdown` completes, then stops taking work, lets the
-    /// operations in flight finish and returns.
+    /// Renews the leader lease through `client` instead of the controller's client.
+    ///
+    /// Pass a client used for nothing else, built from the same `kube_client::Config` with
+    /// [`leader::dedicated_client`](crate::leader::dedicated_client): every clone of a
+    /// `kube_client::Client` shares one request buffer and connection, so without it a
+    /// burst of provisioning requests or a slow LIST can hold a renewal back past the
+    /// renew deadline and cost the lease. Default: the controller's client (works, but
+    /// renewals then queue behind the workers' traffic).
+    #[must_use]
+    pub fn leader_election_client(mut self, client: Client) -> Self {
+        self.leader_client = Some(client);
+        self
+    }
+
+    /// What the metrics endpoint serves (when [`Config::metrics_port`] is not 0).
+    ///
+    /// Default: the controller's own registry, holding its metrics when neither
+    /// [`metrics`](Self::metrics) nor [`metrics_registry`](Self::metrics_registry) was
+    /// called. A caller who registers the metrics on a registry of its own passes that
+    /// registry here (e.g. `Arc<Registry>` after registering everything), so the endpoint
+    /// serves it.
+    #[must_use]
+    pub fn metrics_source(mut self, source: impl Into<crate::http::MetricsSource>) -> Self {
+        self.metrics_source = Some(source.into());
+        self
+    }
+
+    /// Drives `health` (caches synced, role) instead of a fresh [`Health`]: for callers
+    /// that serve probes on a server of their own (with [`Config::metrics_port`] 0).
+    #[must_use]
+    pub fn health(mut self, health: Health) -> Self {
+        self.health = Some(health);
+        self
+    }
+
+    /// Runs the controller until `shutdown` completes or the lease is lost.
+    ///
+    /// Every replica starts its caches and, when [`Config::metrics_port`] is not 0, the
+    /// metrics and probe server (`/healthz`, `/readyz`, the metrics path). With leader
+    /// election (the default) it then stands by until it holds the lease; only the
+    /// leader runs workers. See `docs/production.md` for the timeline.
+    ///
+    /// On `shutdown`: the queues stop taking work, the operations in flight get
+    /// [`Config::shutdown_grace`] to finish (then they are abandoned, which crash-safe
+    /// provisioning makes safe), the lease is released so a standby takes over at once,
+    /// and `run` returns `Ok`.
     ///
     /// # Errors
-    /// [`Error::Config`] when [`Config::validate`] fails (before anything starts);
-    /// [`Error::Task`] when a task of the controller panicked.
+    /// [`Error::Config`](crate::Error::Config) when [`Config::validate`] fails (before anything starts);
+    /// [`Error::LeaderElection`](crate::Error::LeaderElection) when the elector cannot be built; [`Error::Http`](crate::Error::Http) when
+    /// the metrics server cannot bind; [`Error::LeadershipLost`](crate::Error::LeadershipLost) when the lease was lost
+    /// (the workers were stopped at once; the process is never exited);
+    /// [`Error::Task`](crate::Error::Task) when a task of the controller panicked.
     ///
-    /// # Caveats
-    /// Leader election and the metrics server are not implemented yet: when
-    /// [`Config::leader_election`] is set (the default) or a metrics port is configured,
-    /// `run` logs a warning and runs without them.
+    /// # Guarantees
+    /// When `run` returns, no task it started is running, and the lease is released
+    /// (after a shutdown) or no longer renewed (after a loss).
     #[doc(alias = "Run")]
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
-        self.config.validate()?;
-        if self.config.leader_election.is_some() {
-            tracing::warn!(
-                "leader election is enabled but not implemented yet; running without it"
-            );
-        }
-        if self.config.metrics_port != 0 {
-            tracing::warn!(
-                port = self.config.metrics_port,
-                "the metrics server is not implemented yet; register the metrics on your own server"
-            );
-        }
-        let (default_claims, default_volumes, default_classes) =
-            if self.claims.is_none() || self.volumes.is_none() || self.classes.is_none() {
-                let (c, v, s) = Caches::watch_all(&self.client);
-                (Some(c), Some(v), Some(s))
-            } else {
-                (None, None, None)
-            };
-        let claims = self.claims.or(default_claims).expect("claims cache is set");
-        let volumes = self
-            .volumes
-            .or(default_volumes)
-            .expect("volumes cache is set");
-        let classes = self
-            .classes
-            .or(default_classes)
-            .expect("classes cache is set");
-
-        let id = format!(
-            "{}_{:016x}",
-            gethostname::gethostname().to_string_lossy(),
-            rand::random::<u64>()
-        );
-        let limiter = self.config.failure_backoff.limiter();
-        let queue = |name| {
-            Arc::new(WorkQueue::new(
-                name,
-                Arc::clone(&limiter),
-                self.metrics.as_ref().map(|m| m.queue(name)),
-            ))
-        };
-        let ctx = Arc::new(Context {
-            events: Events::new(self.client.clone(), &self.name, id.clone()),
-            client: self.client,
-            provisioner: self.provisioner,
-            qualifier: self.qualifier,
-            guard: self.guard,
-            caches: Caches::new(
-                claims.store.clone(),
-                volumes.store.clone(),
-                classes.store.clone(),
-            ),
-            in_progress: Mutex::default(),
-            saver: save::Saver::new(&self.config.pv_save, self.metrics.as_ref()),
-            claim_queue: queue("claims"),
-            volume_queue: queue("volumes"),
-            metrics: self.metrics,
-            name: self.name,
-            config: self.config,
-        });
-        tracing::info!(provisioner = %ctx.name, %id, "starting provision controller");
-
-        // Feeding tasks run until aborted; workers end when their queue shuts down.
-        let mut feeders = JoinSet::new();
-        let feed = Arc::clone(&ctx);
-        feeders.spawn(claims.changes.for_each(move |claim| {
-            if let Some(uid) = feed.caches.index_claim(&claim) {
-                feed.claim_queue.add(uid);
-            }
-            async {}
-        }));
-        let feed = Arc::clone(&ctx);
-        feeders.spawn(volumes.changes.for_each(move |volume| {
-            let name = volume.name_any();
-            feed.caches.volume_seen(&name);
-            feed.volume_queue.add(name);
-            async {}
-        }));
-        // Go has no class handler: a claim whose class was missing waited for its backoff.
-        let feed = Arc::clone(&ctx);
-        feeders.spawn(classes.changes.for_each(move |class| {
-            feed.requeue_claims_of(&class.name_any());
-            async {}
-        }));
-
-        let mut shutdown = std::pin::pin!(shutdown);
-        let synced = async {
-            let (a, b, c) = futures::join!(
-                ctx.caches.claims.wait_until_ready(),
-                ctx.caches.volumes.wait_until_ready(),
-                ctx.caches.classes.wait_until_ready()
-            );
-            a.and(b).and(c)
-        };
-        tokio::select! {
-            ready = synced => {
-                if ready.is_err() {
-                    tracing::warn!("a cache writer was dropped before the caches synced");
-                }
-            }
-            () = shutdown.as_mut() => {
-                feeders.abort_all();
-                while feeders.join_next().await.is_some() {}
-                return Ok(());
-            }
-        }
-
-        let mut workers = JoinSet::new();
-        for i in 0..ctx.config.threads.get() {
-            let c = Arc::clone(&ctx);
-            workers
-                .spawn(worker::claim_worker(c).instrument(tracing::info_span!("claim_worker", i)));
-            let c = Arc::clone(&ctx);
-            workers.spawn(
-                worker::volume_worker(c).instrument(tracing::info_span!("volume_worker", i)),
-            );
-        }
-        let mut savers = JoinSet::new();
-        if matches!(ctx.saver, save::Saver::Background(_)) {
-            for _ in 0..Config::DEFAULT_THREADS.get() {
-                savers.spawn(save::run_background_worker(Arc::clone(&ctx)));
-            }
-        }
-        feeders.spawn(worker::resync(Arc::clone(&ctx)));
-        tracing::info!(provisioner = %ctx.name, "started provision controller");
-
-        shutdown.await;
-        tracing::info!(provisioner = %ctx.name, "stopping provision controller");
-        let (queued_claims, queued_volumes) = (ctx.claim_queue.len(), ctx.volume_queue.len());
-        ctx.claim_queue.shut_down();
-        ctx.volume_queue.shut_down();
-        tracing::info!(
-            queued_claims,
-            queued_volumes,
-            "waiting for the operations in flight"
-        );
-        futures::join!(ctx.claim_queue.wait_idle(), ctx.volume_queue.wait_idle());
-        let mut result = drain(&mut workers, "worker").await;
-        if let save::Saver::Background(bg) = &ctx.saver {
-            bg.queue.shut_down();
-            let unsaved = bg.unsaved();
-            if unsaved > 0 {
-                tracing::error!(
-                    unsaved,
-                    "stopping with provisioned volumes whose PV is not saved"
-                );
-            }
-        }
-        result = result.and(drain(&mut savers, "pv saver").await);
-        feeders.abort_all();
-        while feeders.join_next().await.is_some() {}
-        result
+        run::run(self, shutdown).await
     }
-}
-
-/// Waits for every task, returning the first abnormal end.
-async fn drain(set: &mut JoinSet<()>, task: &'static str) -> Result<()> {
-    let mut result = Ok(());
-    while let Some(joined) = set.join_next().await {
-        if let Err(source) = joined
-            && result.is_ok()
-        {
-            result = Err(Error::Task { task, source });
-        }
-    }
-    result
 }
 
 /// State shared by the workers (Go: the fields of `ProvisionController`).
@@ -340,6 +237,12 @@ pub(crate) struct Context {
     pub(crate) claim_queue: Arc<WorkQueue>,
     pub(crate) volume_queue: Arc<WorkQueue>,
     pub(crate) saver: save::Saver,
+    /// Whether watch events are queued: only while leading (standbys keep their caches
+    /// warm without queuing work).
+    pub(crate) accepting: AtomicBool,
+    /// Claim UID -> resourceVersion of our own last finalizer write, whose watch event is
+    /// not queued again (it would only repeat the sync that wrote it).
+    pub(crate) own_writes: Mutex<HashMap<String, String>>,
 }
 
 impl Context {
@@ -379,8 +282,59 @@ impl Context {
         }
     }
 
+    fn accepting(&self) -> bool {
+        self.accepting.load(Ordering::Acquire)
+    }
+
+    fn own_writes(&self) -> MutexGuard<'_, HashMap<String, String>> {
+        self.own_writes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Remembers that we wrote this version of the claim.
+    pub(crate) fn note_own_write(&self, claim: &PersistentVolumeClaim) {
+        if let (Some(uid), Some(rv)) = (&claim.metadata.uid, &claim.metadata.resource_version) {
+            self.own_writes().insert(uid.clone(), rv.clone());
+        }
+    }
+
+    /// Whether this watch event only shows our own last write (consumed when it does).
+    fn is_own_write(&self, uid: &str, claim: &PersistentVolumeClaim) -> bool {
+        let mut own = self.own_writes();
+        let mine = own
+            .get(uid)
+            .is_some_and(|rv| claim.metadata.resource_version.as_deref() == Some(rv.as_str()));
+        if mine {
+            own.remove(uid);
+        }
+        mine
+    }
+
+    /// Queues every cached claim and volume (at resync, and when leadership starts).
+    pub(crate) fn queue_everything(&self) -> (usize, usize) {
+        self.caches.prune_index();
+        self.own_writes()
+            .retain(|uid, _| self.caches.claim_by_uid(uid).is_some());
+        let claims = self.caches.claims.state();
+        let volumes = self.caches.volumes.state();
+        for claim in &claims {
+            if let Some(uid) = self.caches.index_claim(claim) {
+                self.claim_queue.add(uid);
+            }
+        }
+        for volume in &volumes {
+            self.volume_queue
+                .add(kube_client::ResourceExt::name_any(&**volume));
+        }
+        (claims.len(), volumes.len())
+    }
+
     /// Queues the unbound claims of `class` (it was created or changed).
     fn requeue_claims_of(&self, class: &str) {
+        if !self.accepting() {
+            return;
+        }
         let claims = self.caches.claims.state_filter(|c| {
             crate::annotations::claim_class(c) == class
                 && c.spec
@@ -437,7 +391,7 @@ mod tests {
         let err = controller.run(std::future::pending()).await.unwrap_err();
         assert!(matches!(
             err,
-            Error::Config(crate::ConfigError::Invalid {
+            crate::Error::Config(crate::ConfigError::Invalid {
                 option: "resync_period",
                 ..
             })

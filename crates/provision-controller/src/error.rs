@@ -110,6 +110,17 @@ pub enum Error {
         #[source]
         source: tokio::task::JoinError,
     },
+    /// This replica lost the leader lease (another replica took it over, or renewing
+    /// failed for the renew deadline). The workers were stopped; the caller may restart
+    /// the controller to stand by again, or exit so the pod restarts.
+    #[error(transparent)]
+    LeadershipLost(#[from] crate::leader::LeadershipLost),
+    /// Leader election could not start (its client or configuration).
+    #[error("leader election failed")]
+    LeaderElection(#[source] crate::leader::LeaderError),
+    /// The metrics and probe server could not start.
+    #[error("metrics and probe server failed")]
+    Http(#[from] crate::http::HttpError),
 }
 
 /// `Result` with this crate's [`Error`].

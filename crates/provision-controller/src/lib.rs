@@ -15,12 +15,14 @@
 //! | `CreateProvisionedPVRetryCount` (5), `CreateProvisionedPVInterval` (10 s) | [`Config::pv_save`]: [`PvSaveStrategy::Blocking`] |
 //! | `CreateProvisionedPVBackoff` | [`PvSaveStrategy::Backoff`] |
 //! | `CreateProvisionedPVLimiter` | [`PvSaveStrategy::Background`] |
-//! | `LeaderElection` (true), `LeaderElectionNamespace`, `LeaseDuration` (15 s), `RenewDeadline` (10 s), `RetryPeriod` (2 s) | [`Config::leader_election`]`(Option<`[`LeaderElectionConfig`]`>)`; namespace via [`Config::from_lookup`] |
+//! | `LeaderElection` (true), `LeaderElectionNamespace`, `LeaseDuration` (15 s), `RenewDeadline` (10 s), `RetryPeriod` (2 s) | [`Config::leader_election`]`(Option<`[`LeaderElection`]`>)`; namespace via [`Config::from_lookup`]; renewals on [`ProvisionController::leader_election_client`] |
 //! | `AdditionalProvisionerNames` | [`Config::additional_provisioner_names`] |
 //! | `AddFinalizer` (false) | [`Config::add_finalizer`] |
 //! | `ProvisionTimeout`, `DeletionTimeout` (none) | [`Config::provision_timeout`], [`Config::deletion_timeout`] |
 //! | `getProvisionedVolumeNameForClaim` (`pvc-<uid>`) | [`Config::volume_namer`] ([`VolumeNamer`]) |
-//! | `MetricsAddress`, `MetricsPort` (0 = off), `MetricsPath` | [`Config::metrics_address`], [`Config::metrics_port`], [`Config::metrics_path`] |
+//! | `MetricsAddress`, `MetricsPort` (0 = off), `MetricsPath` | [`Config::metrics_address`], [`Config::metrics_port`], [`Config::metrics_path`]; also serves `/healthz` and `/readyz` ([`http`]) |
+//! | (none: process exit on shutdown) | [`Config::shutdown_grace`] (30 s) |
+//! | (none: kubernetes-csi/external-provisioner#486) | [`Config::crash_safe_provisioning`] (on) |
 //! | `MetricsInstance` | [`ProvisionController::metrics`], [`ProvisionController::metrics_registry`] |
 //! | `ClaimsInformer`, `VolumesInformer`, `ClassesInformer` | [`ProvisionController::claims_cache`], [`ProvisionController::volumes_cache`], [`ProvisionController::classes_cache`] with a [`SharedCache`] |
 //! | `NodesLister` | not offered: the selected node is read with a GET, as Go does without a lister |
@@ -55,12 +57,28 @@
 //! - **Volumes whose CSI driver is ours** count as ours, as in newer upstream
 //!   (`isProvisionerForVolume`), besides the provisioned-by and migrated-to annotations.
 //! - Events are written with the `events.k8s.io/v1` API (kube-runtime's recorder).
+//! - **The lease is released on shutdown.** After a graceful stop (in-flight operations
+//!   get [`Config::shutdown_grace`]) the leader writes a released Lease record, so a
+//!   standby takes over at its next retry instead of after a whole lease duration.
+//! - **Losing the lease never exits the process.** The workers are stopped at once and
+//!   [`ProvisionController::run`] returns [`Error::LeadershipLost`]; the binary decides.
+//! - **Lease renewals do not queue behind worker traffic** when a dedicated client is
+//!   passed with [`ProvisionController::leader_election_client`].
+//! - **Standbys are warm and observable.** Every replica syncs its caches and serves the
+//!   metrics, `/healthz` and `/readyz`; Go starts informers and the metrics server only
+//!   on the leader. A new leader queues its cached claims and volumes at once.
+//! - **Crash-safe provisioning** ([`Config::crash_safe_provisioning`], default on): the
+//!   claim carries [`annotations::FINALIZER_PROVISIONING`] while its asset may exist
+//!   without a PV, so a restart between "asset created" and "PV saved" no longer leaks
+//!   the asset (kubernetes-csi/external-provisioner#486). Needs `patch` on claims.
+//! - **Leader election uses a Lease** (Go's copy uses an Endpoints lock).
 
 pub mod http;
 pub mod leader;
 pub mod metrics;
 pub(crate) mod queue;
 pub mod ratelimit;
+pub mod rbac;
 
 pub mod annotations;
 mod cache;
@@ -74,9 +92,10 @@ mod strategy;
 pub mod testing;
 
 pub use cache::SharedCache;
-pub use config::{Config, LeaderElectionConfig, SERVICE_ACCOUNT_NAMESPACE_PATH, VolumeNamer};
+pub use config::{Config, SERVICE_ACCOUNT_NAMESPACE_PATH, VolumeNamer};
 pub use controller::ProvisionController;
 pub use error::{BoxError, ConfigError, DeleteError, Error, ProvisionError, Result};
+pub use leader::LeaderElection;
 pub use metrics::ControllerMetrics;
 pub use provisioner::{DeletionGuard, ProvisionOptions, Provisioner, Qualifier};
 pub use strategy::{FailureBackoff, PvSaveStrategy};

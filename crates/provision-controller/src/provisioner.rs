@@ -59,6 +59,29 @@ impl ProvisionOptions {
 ///   same volume.
 /// - A panic inside either method is caught and treated as a failure of that call.
 ///
+/// # Assumptions (the driver's contract)
+/// The controller can be stopped, killed or lose its lease at any moment, also while a
+/// call is running; another replica or a restarted process then calls again. A driver
+/// must therefore honour what the Go library also assumes:
+/// - **`provision` is idempotent by `options.pv_name`.** A call for a name whose asset
+///   exists (complete or still being created) finds that asset and returns its PV (or
+///   [`ProvisionError::InBackground`] while it is not ready); it never creates a second
+///   asset. The name is deterministic (`pvc-<claim uid>` by default), so it can be the
+///   backend's idempotency key or the asset's name.
+/// - **Errors tell the truth about the backend.** [`ProvisionError::Final`],
+///   [`ProvisionError::Reschedule`] and [`ProvisionError::Ignored`] mean that no asset
+///   exists for this name (none was created, or it was removed again); anything that may
+///   have left an asset behind is [`ProvisionError::InBackground`] or
+///   [`ProvisionError::NoChange`].
+/// - **`delete` accepts the PV that `provision` returned** (plus the fields the
+///   controller adds) and succeeds when the asset is already gone.
+///
+/// With [crash-safe provisioning](crate::Config::crash_safe_provisioning) these rules are
+/// what lets a new controller clean up a claim deleted while an earlier one was
+/// provisioning: it calls `provision` with the same options (finding the asset), then
+/// `delete` with the returned volume. This may create and at once delete an asset when
+/// the earlier controller stopped before reaching the driver.
+///
 /// ```
 /// use async_trait::async_trait;
 /// use k8s_openapi::api::core::v1::PersistentVolume;

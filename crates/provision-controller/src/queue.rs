@@ -226,6 +226,11 @@ impl WorkQueue {
         self.limiter.retries(key)
     }
 
+    /// Keys being processed right now.
+    pub(crate) fn in_flight(&self) -> usize {
+        lock(&self.state).processing.len()
+    }
+
     /// Keys ready for a worker now (not counting keys being processed or delayed).
     pub(crate) fn len(&self) -> usize {
         let (len, promoted) = {

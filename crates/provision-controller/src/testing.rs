@@ -10,6 +10,10 @@
 //! # let _ = (claim, fast, fake);
 //! ```
 
+mod builders;
+
+pub use builders::{ClassBuilder, PvBuilder, PvcBuilder, class, pv, pvc};
+
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
     sync::{Arc, Mutex, MutexGuard},
@@ -17,26 +21,12 @@ use std::{
 
 use async_trait::async_trait;
 use k8s_openapi::{
-    api::{
-        core::v1::{
-            HostPathVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeClaim,
-            PersistentVolumeClaimSpec, PersistentVolumeSpec, PersistentVolumeStatus,
-            VolumeResourceRequirements,
-        },
-        storage::v1::StorageClass,
-    },
-    apimachinery::pkg::{
-        api::resource::Quantity,
-        apis::meta::v1::{ObjectMeta, Time},
-    },
+    api::core::v1::{HostPathVolumeSource, PersistentVolume, PersistentVolumeSpec},
+    apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::ObjectMeta},
 };
+use tokio::sync::watch;
 
-use crate::{
-    DeleteError, ProvisionError, ProvisionOptions, Provisioner,
-    annotations::{
-        ANN_MIGRATED_TO, ANN_PROVISIONED_BY, ANN_SELECTED_NODE, ANN_STORAGE_PROVISIONER,
-    },
-};
+use crate::{DeleteError, ProvisionError, ProvisionOptions, Provisioner};
 
 /// What the next [`FakeProvisioner::provision`] call does.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,6 +48,9 @@ pub enum ProvisionStep {
     Panic,
     /// Never return (to exercise timeouts).
     Hang,
+    /// Create the asset, then wait until [`FakeProvisioner::unblock`] before returning its
+    /// PV: a backend call in flight, for crash and shutdown tests.
+    Block,
 }
 
 /// What the next [`FakeProvisioner::delete`] call does.
@@ -81,11 +74,27 @@ struct State {
     assets: BTreeSet<String>,
 }
 
+/// The gate of [`ProvisionStep::Block`] calls.
+struct Gate {
+    open: watch::Sender<bool>,
+    blocked: watch::Sender<usize>,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Self {
+            open: watch::Sender::new(false),
+            blocked: watch::Sender::new(0),
+        }
+    }
+}
+
 /// A [`Provisioner`] that records its calls, keeps a set of "assets" (PV names) and
 /// follows scripts. Clones share their state.
 #[derive(Clone, Default)]
 pub struct FakeProvisioner {
     state: Arc<Mutex<State>>,
+    gate: Arc<Gate>,
     block: bool,
 }
 
@@ -128,6 +137,16 @@ impl FakeProvisioner {
     pub fn assets(&self) -> BTreeSet<String> {
         self.lock().assets.clone()
     }
+    /// Waits until at least `n` [`ProvisionStep::Block`] calls are blocked right now.
+    pub async fn wait_blocked(&self, n: usize) {
+        let mut rx = self.gate.blocked.subscribe();
+        // The sender lives in `self`, so the wait cannot fail.
+        let _ = rx.wait_for(|blocked| *blocked >= n).await;
+    }
+    /// Lets every blocked call return, and every later [`ProvisionStep::Block`] pass at once.
+    pub fn unblock(&self) {
+        self.gate.open.send_replace(true);
+    }
     /// Adds an asset, as if an earlier run had created it.
     pub fn add_asset(&self, name: &str) {
         self.lock().assets.insert(name.to_owned());
@@ -154,7 +173,7 @@ impl Provisioner for FakeProvisioner {
                 .provision_script
                 .pop_front()
                 .unwrap_or(ProvisionStep::Succeed);
-            if step == ProvisionStep::Succeed {
+            if matches!(step, ProvisionStep::Succeed | ProvisionStep::Block) {
                 state.assets.insert(options.pv_name.clone());
             }
             step
@@ -175,6 +194,14 @@ impl Provisioner for FakeProvisioner {
             }),
             ProvisionStep::Panic => panic!("fake provisioner panicked as scripted"),
             ProvisionStep::Hang => std::future::pending().await,
+            ProvisionStep::Block => {
+                let mut open = self.gate.open.subscribe();
+                self.gate.blocked.send_modify(|n| *n += 1);
+                // Counted down also when the call is dropped (a controller stopped mid-call).
+                let _blocked = scopeguard(&self.gate.blocked);
+                let _ = open.wait_for(|open| *open).await;
+                Ok(volume_for(options))
+            }
         }
     }
 
@@ -201,6 +228,19 @@ impl Provisioner for FakeProvisioner {
     fn supports_block(&self) -> bool {
         self.block
     }
+}
+
+/// Decrements the blocked-call count when dropped.
+struct Blocked<'a>(&'a watch::Sender<usize>);
+
+impl Drop for Blocked<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+fn scopeguard(blocked: &watch::Sender<usize>) -> Blocked<'_> {
+    Blocked(blocked)
 }
 
 /// The PV a simple driver would return: capacity, access modes and volume mode from the
@@ -240,248 +280,5 @@ pub fn volume_for(options: &ProvisionOptions) -> PersistentVolume {
             ..PersistentVolumeSpec::default()
         }),
         status: None,
-    }
-}
-
-/// Starts a claim builder: namespace `default`, 1Gi, ReadWriteOnce.
-pub fn pvc(name: &str) -> PvcBuilder {
-    PvcBuilder(PersistentVolumeClaim {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            namespace: Some("default".into()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PersistentVolumeClaimSpec {
-            access_modes: Some(vec!["ReadWriteOnce".into()]),
-            resources: Some(VolumeResourceRequirements {
-                requests: Some(BTreeMap::from([(
-                    "storage".to_owned(),
-                    Quantity("1Gi".into()),
-                )])),
-                ..VolumeResourceRequirements::default()
-            }),
-            ..PersistentVolumeClaimSpec::default()
-        }),
-        status: None,
-    })
-}
-
-/// Builds a [`PersistentVolumeClaim`]; see [`pvc`].
-#[derive(Clone, Debug)]
-#[must_use]
-pub struct PvcBuilder(PersistentVolumeClaim);
-
-fn spec(claim: &mut PersistentVolumeClaim) -> &mut PersistentVolumeClaimSpec {
-    claim.spec.get_or_insert_with(Default::default)
-}
-
-impl PvcBuilder {
-    /// Sets the namespace.
-    pub fn namespace(mut self, ns: &str) -> Self {
-        self.0.metadata.namespace = Some(ns.to_owned());
-        self
-    }
-    /// Sets the UID (the API server sets it on create).
-    pub fn uid(mut self, uid: &str) -> Self {
-        self.0.metadata.uid = Some(uid.to_owned());
-        self
-    }
-    /// Sets `spec.storageClassName`.
-    pub fn storage_class(mut self, class: &str) -> Self {
-        spec(&mut self.0).storage_class_name = Some(class.to_owned());
-        self
-    }
-    /// Adds an annotation.
-    pub fn annotation(mut self, key: &str, value: &str) -> Self {
-        self.0
-            .metadata
-            .annotations
-            .get_or_insert_with(Default::default)
-            .insert(key.to_owned(), value.to_owned());
-        self
-    }
-    /// Sets `volume.kubernetes.io/storage-provisioner` (what the PV controller does).
-    pub fn provisioner(self, name: &str) -> Self {
-        self.annotation(ANN_STORAGE_PROVISIONER, name)
-    }
-    /// Sets `volume.kubernetes.io/selected-node` (what the scheduler does).
-    pub fn selected_node(self, node: &str) -> Self {
-        self.annotation(ANN_SELECTED_NODE, node)
-    }
-    /// Sets `spec.volumeName` (a bound claim).
-    pub fn volume_name(mut self, name: &str) -> Self {
-        spec(&mut self.0).volume_name = Some(name.to_owned());
-        self
-    }
-    /// Asks for `volumeMode: Block`.
-    pub fn block(mut self) -> Self {
-        spec(&mut self.0).volume_mode = Some("Block".into());
-        self
-    }
-    /// Sets the requested storage, e.g. `"5Gi"`.
-    pub fn request(mut self, quantity: &str) -> Self {
-        spec(&mut self.0).resources = Some(VolumeResourceRequirements {
-            requests: Some(BTreeMap::from([(
-                "storage".to_owned(),
-                Quantity(quantity.into()),
-            )])),
-            ..VolumeResourceRequirements::default()
-        });
-        self
-    }
-    /// The claim.
-    #[must_use]
-    pub fn build(self) -> PersistentVolumeClaim {
-        self.0
-    }
-}
-
-/// Starts a volume builder: phase `Available`, reclaim policy `Delete`, 1Gi, host path.
-pub fn pv(name: &str) -> PvBuilder {
-    PvBuilder(PersistentVolume {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PersistentVolumeSpec {
-            capacity: Some(BTreeMap::from([(
-                "storage".to_owned(),
-                Quantity("1Gi".into()),
-            )])),
-            access_modes: Some(vec!["ReadWriteOnce".into()]),
-            persistent_volume_reclaim_policy: Some("Delete".into()),
-            host_path: Some(HostPathVolumeSource {
-                path: format!("/fake/{name}"),
-                type_: None,
-            }),
-            ..PersistentVolumeSpec::default()
-        }),
-        status: Some(PersistentVolumeStatus {
-            phase: Some("Available".into()),
-            ..PersistentVolumeStatus::default()
-        }),
-    })
-}
-
-/// Builds a [`PersistentVolume`]; see [`pv`].
-#[derive(Clone, Debug)]
-#[must_use]
-pub struct PvBuilder(PersistentVolume);
-
-impl PvBuilder {
-    fn spec(&mut self) -> &mut PersistentVolumeSpec {
-        self.0.spec.get_or_insert_with(Default::default)
-    }
-    /// Sets `status.phase` (`Bound`, `Released`, `Failed`, ...).
-    pub fn phase(mut self, phase: &str) -> Self {
-        self.0.status.get_or_insert_with(Default::default).phase = Some(phase.to_owned());
-        self
-    }
-    /// Sets the reclaim policy (`Delete`, `Retain`, `Recycle`).
-    pub fn reclaim_policy(mut self, policy: &str) -> Self {
-        self.spec().persistent_volume_reclaim_policy = Some(policy.to_owned());
-        self
-    }
-    /// Adds an annotation.
-    pub fn annotation(mut self, key: &str, value: &str) -> Self {
-        self.0
-            .metadata
-            .annotations
-            .get_or_insert_with(Default::default)
-            .insert(key.to_owned(), value.to_owned());
-        self
-    }
-    /// Sets `pv.kubernetes.io/provisioned-by`.
-    pub fn provisioned_by(self, name: &str) -> Self {
-        self.annotation(ANN_PROVISIONED_BY, name)
-    }
-    /// Sets `pv.kubernetes.io/migrated-to`.
-    pub fn migrated_to(self, name: &str) -> Self {
-        self.annotation(ANN_MIGRATED_TO, name)
-    }
-    /// Adds a finalizer.
-    pub fn finalizer(mut self, finalizer: &str) -> Self {
-        self.0
-            .metadata
-            .finalizers
-            .get_or_insert_with(Default::default)
-            .push(finalizer.to_owned());
-        self
-    }
-    /// Sets a deletion timestamp (the object is being deleted).
-    pub fn deleting(mut self) -> Self {
-        self.0.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
-        self
-    }
-    /// Sets `spec.storageClassName`.
-    pub fn storage_class(mut self, class: &str) -> Self {
-        self.spec().storage_class_name = Some(class.to_owned());
-        self
-    }
-    /// Sets `spec.claimRef`.
-    pub fn claim_ref(mut self, namespace: &str, name: &str, uid: &str) -> Self {
-        self.spec().claim_ref = Some(ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("PersistentVolumeClaim".into()),
-            namespace: Some(namespace.to_owned()),
-            name: Some(name.to_owned()),
-            uid: Some(uid.to_owned()),
-            ..ObjectReference::default()
-        });
-        self
-    }
-    /// The volume.
-    #[must_use]
-    pub fn build(self) -> PersistentVolume {
-        self.0
-    }
-}
-
-/// Starts a StorageClass builder: provisioner `example.com/fake`, binding `Immediate`.
-pub fn class(name: &str) -> ClassBuilder {
-    ClassBuilder(StorageClass {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            ..ObjectMeta::default()
-        },
-        provisioner: "example.com/fake".into(),
-        volume_binding_mode: Some("Immediate".into()),
-        ..StorageClass::default()
-    })
-}
-
-/// Builds a [`StorageClass`]; see [`class`].
-#[derive(Clone, Debug)]
-#[must_use]
-pub struct ClassBuilder(StorageClass);
-
-impl ClassBuilder {
-    /// Sets `provisioner`.
-    pub fn provisioner(mut self, name: &str) -> Self {
-        name.clone_into(&mut self.0.provisioner);
-        self
-    }
-    /// Sets `volumeBindingMode: WaitForFirstConsumer`.
-    pub fn wait_for_first_consumer(mut self) -> Self {
-        self.0.volume_binding_mode = Some("WaitForFirstConsumer".into());
-        self
-    }
-    /// Sets `reclaimPolicy`.
-    pub fn reclaim_policy(mut self, policy: &str) -> Self {
-        self.0.reclaim_policy = Some(policy.to_owned());
-        self
-    }
-    /// Adds a parameter.
-    pub fn parameter(mut self, key: &str, value: &str) -> Self {
-        self.0
-            .parameters
-            .get_or_insert_with(Default::default)
-            .insert(key.to_owned(), value.to_owned());
-        self
-    }
-    /// The class.
-    #[must_use]
-    pub fn build(self) -> StorageClass {
-        self.0
     }
 }

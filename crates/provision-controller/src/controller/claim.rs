@@ -12,7 +12,7 @@ use kube_client::{Api, api::PostParams};
 use tokio::time::Instant;
 
 use super::{
-    Context,
+    Context, intent,
     op::{self, Names, OpError, api, call, chain, is_api},
 };
 use crate::{
@@ -127,6 +127,17 @@ pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> 
         tracing::debug!(claim_uid = uid, "claim in work queue no longer exists");
         return Ok(());
     };
+    let ours = annotations::storage_provisioner(&claim).is_some_and(|p| ctx.names().knows(p));
+    let pv_name = ctx.config.volume_namer.name(&claim);
+    match intent::plan(&claim, ours, ctx.caches.volume_exists(&pv_name)) {
+        intent::Plan::Continue => {}
+        intent::Plan::Remove => {
+            let namespace = claim.metadata.namespace.as_deref().unwrap_or("default");
+            let name = claim.metadata.name.as_deref().unwrap_or_default();
+            return intent::set_intent(ctx, namespace, name, false).await;
+        }
+        intent::Plan::CleanUp => return intent::clean_up(ctx, &claim).await,
+    }
     let class = annotations::claim_class(&claim).to_owned();
     let source = data_source_kind(&claim).to_owned();
     // The qualifier is asked only about claims that are ours (same answers as Go, which
@@ -188,7 +199,7 @@ async fn provision_claim(ctx: &Context, claim: &Arc<PersistentVolumeClaim>) -> A
     if ctx.caches.volume_exists(&pv_name) {
         return Ok(Outcome::Stopped("persistentvolume already exists"));
     }
-    let claim_ref = claim_reference(claim).map_err(|e| (State::NoChange, e))?;
+    claim_reference(claim).map_err(|e| (State::NoChange, e))?;
 
     if let Err(message) = can_provision(claim, ctx.provisioner.supports_block(), &ctx.name) {
         tracing::error!(%message, "cannot provision claim");
@@ -245,10 +256,25 @@ async fn provision_claim(ctx: &Context, claim: &Arc<PersistentVolumeClaim>) -> A
         .normal(&**claim, events::PROVISIONING, note)
         .await;
 
+    let crash_safe = ctx.config.crash_safe_provisioning;
+    if crash_safe && !intent::has_intent(claim) {
+        if claim.metadata.deletion_timestamp.is_some() {
+            return Ok(Outcome::Stopped("claim is being deleted"));
+        }
+        let namespace = claim.metadata.namespace.as_deref().unwrap_or("default");
+        let name = claim.metadata.name.as_deref().unwrap_or_default();
+        intent::set_intent(ctx, namespace, name, true)
+            .await
+            .map_err(|e| (State::NoChange, e))?;
+    }
+
     let mut volume = match call(limit, ctx.provisioner.provision(&options)).await {
         Ok(Ok(volume)) => volume,
         Ok(Err(ProvisionError::Ignored { reason })) => {
             tracing::info!(%reason, "volume provision ignored");
+            if crash_safe {
+                intent::drop_intent(ctx, claim).await;
+            }
             return Ok(Outcome::Stopped("provisioner ignored the claim"));
         }
         Ok(Err(source)) => {
@@ -258,6 +284,10 @@ async fn provision_claim(ctx: &Context, claim: &Arc<PersistentVolumeClaim>) -> A
                 ProvisionError::Reschedule(_) => (State::Finished, true),
                 _ => (State::Finished, false),
             };
+            if crash_safe && state == State::Finished {
+                // The driver holds no asset for the claim: nothing to record.
+                intent::drop_intent(ctx, claim).await;
+            }
             let err = OpError::Provision {
                 class: class_name,
                 source,
@@ -277,9 +307,33 @@ async fn provision_claim(ctx: &Context, claim: &Arc<PersistentVolumeClaim>) -> A
     };
     tracing::info!(pv = ?volume.metadata.name, "volume provisioned");
 
+    decorate(ctx, claim, &class, &mut volume);
+    let name = volume.metadata.name.clone().unwrap_or_default();
+    let saved = ctx
+        .saver
+        .store(ctx, claim, volume)
+        .await
+        .map_err(|e| (State::Finished, e))?;
+    ctx.caches.mark_saved(&name);
+    if saved && (crash_safe || intent::has_intent(claim)) {
+        intent::drop_intent(ctx, claim).await;
+    }
+    Ok(Outcome::Provisioned)
+}
+
+/// What the controller adds to the driver's PV: claimRef, storageClassName, the
+/// protection finalizer (when configured) and `pv.kubernetes.io/provisioned-by`.
+pub(crate) fn decorate(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+    volume: &mut k8s_openapi::api::core::v1::PersistentVolume,
+) {
     let spec = volume.spec.get_or_insert_with(Default::default);
-    spec.claim_ref = Some(claim_ref);
-    spec.storage_class_name = Some(class_name);
+    if let Ok(claim_ref) = claim_reference(claim) {
+        spec.claim_ref = Some(claim_ref);
+    }
+    spec.storage_class_name = Some(annotations::claim_class(claim).to_owned());
     let reclaim_delete = spec.persistent_volume_reclaim_policy.as_deref() == Some("Delete");
     if ctx.config.add_finalizer && reclaim_delete {
         let finalizers = volume.metadata.finalizers.get_or_insert_with(Vec::new);
@@ -292,14 +346,6 @@ async fn provision_claim(ctx: &Context, claim: &Arc<PersistentVolumeClaim>) -> A
         .annotations
         .get_or_insert_with(Default::default)
         .insert(ANN_PROVISIONED_BY.to_owned(), class.provisioner.clone());
-
-    let name = volume.metadata.name.clone().unwrap_or_default();
-    ctx.saver
-        .store(ctx, claim, volume)
-        .await
-        .map_err(|e| (State::Finished, e))?;
-    ctx.caches.mark_saved(&name);
-    Ok(Outcome::Provisioned)
 }
 
 /// Go `provisionVolumeErrorHandling`: the event, then a reschedule when asked for.
@@ -330,24 +376,34 @@ async fn error_handling(
 
 /// Removes the selected-node annotation so the scheduler picks again (Go `rescheduleProvisioning`).
 ///
-/// An update, not a patch: it fails with a conflict when our copy is stale, so we never
-/// drop a node the scheduler chose after we read the claim.
+/// The claim is read fresh (our copy may predate our own finalizer write) and written
+/// with an update, which fails with a conflict when it changed meanwhile; when the
+/// scheduler already chose another node than the one we tried, nothing is removed.
 async fn reschedule_claim(ctx: &Context, claim: &PersistentVolumeClaim) -> Result<(), OpError> {
-    let mut updated = claim.clone();
-    if let Some(annotations) = updated.metadata.annotations.as_mut() {
-        annotations.remove(ANN_SELECTED_NODE);
-    }
     let namespace = claim.metadata.namespace.as_deref().unwrap_or("default");
     let name = claim.metadata.name.clone().unwrap_or_default();
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
+    let limit = ctx.config.provision_timeout;
+    let what = || {
+        format!(
+            "delete annotation {ANN_SELECTED_NODE} of claim {}",
+            claim_key(claim)
+        )
+    };
+    let Some(mut updated) = api(limit, what, claims.get_opt(&name)).await? else {
+        return Ok(());
+    };
+    if updated.metadata.uid != claim.metadata.uid
+        || annotations::selected_node(&updated) != annotations::selected_node(claim)
+    {
+        return Ok(());
+    }
+    if let Some(annotations) = updated.metadata.annotations.as_mut() {
+        annotations.remove(ANN_SELECTED_NODE);
+    }
     api(
-        ctx.config.provision_timeout,
-        || {
-            format!(
-                "delete annotation {ANN_SELECTED_NODE} of claim {}",
-                claim_key(claim)
-            )
-        },
+        limit,
+        what,
         claims.replace(&name, &PostParams::default(), &updated),
     )
     .await?;

@@ -22,6 +22,8 @@ pub(crate) enum OpError {
     Panicked { what: String, message: String },
     #[error("storageclass {name:?} not found")]
     ClassNotFound { name: String },
+    #[error("claim {claim} is gone or being deleted")]
+    ClaimGone { claim: String },
     #[error("claim {claim} has no uid")]
     NoUid { claim: String },
     #[error("failed to provision volume with StorageClass {class:?}")]

@@ -59,7 +59,8 @@ impl Saver {
         }
     }
 
-    /// Saves `volume` for `claim`. With the blocking strategy an error means no PV was
+    /// Saves `volume` for `claim`: `Ok(true)` when the PV is saved, `Ok(false)` when the
+    /// background saver took it over. With the blocking strategy an error means no PV was
     /// saved and the asset was deleted (or a cleanup event was sent); the background
     /// strategy never fails.
     pub(crate) async fn store(
@@ -67,13 +68,18 @@ impl Saver {
         ctx: &Context,
         claim: &PersistentVolumeClaim,
         volume: PersistentVolume,
-    ) -> Result<(), OpError> {
+    ) -> Result<bool, OpError> {
         match self {
-            Self::Blocking { pauses } => store_blocking(ctx, pauses, claim, volume).await,
+            Self::Blocking { pauses } => store_blocking(ctx, pauses, claim, volume)
+                .await
+                .map(|()| true),
             Self::Background(bg) => {
                 let name = volume.metadata.name.clone().unwrap_or_default();
                 match create(ctx, &volume).await {
-                    Ok(()) => succeeded(ctx, claim, &name).await,
+                    Ok(()) => {
+                        succeeded(ctx, claim, &name).await;
+                        return Ok(true);
+                    }
                     Err(err) => {
                         tracing::warn!(pv = %name, error = %chain(&err), "failed to save volume; retrying in background");
                         let unsaved = {
@@ -85,7 +91,7 @@ impl Saver {
                         bg.queue.add(name);
                     }
                 }
-                Ok(())
+                Ok(false)
             }
         }
     }
@@ -211,13 +217,17 @@ pub(crate) async fn run_background_worker(ctx: Arc<Context>) {
                     set_unsaved(&ctx, unsaved);
                     bg.queue.forget(&name);
                     ctx.caches.mark_saved(&name);
-                    let claim_uid = volume
-                        .spec
-                        .as_ref()
-                        .and_then(|s| s.claim_ref.as_ref())
-                        .and_then(|r| r.uid.as_deref());
+                    let claim_ref = volume.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
+                    let claim_uid = claim_ref.and_then(|r| r.uid.as_deref());
                     if let Some(claim) = claim_uid.and_then(|uid| ctx.caches.claim_by_uid(uid)) {
                         succeeded(&ctx, &claim, &name).await;
+                    }
+                    // The PV now records the asset: the claim's crash-safety finalizer goes.
+                    if let Some((Some(ns), Some(claim))) =
+                        claim_ref.map(|r| (r.namespace.as_deref(), r.name.as_deref()))
+                        && let Err(err) = super::intent::set_intent(&ctx, ns, claim, false).await
+                    {
+                        tracing::warn!(pv = %name, error = %chain(&err), "failed to remove the crash-safety finalizer; retried at the next sync");
                     }
                 }
                 Err(err) => {

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use kube_client::ResourceExt;
 use tracing::Instrument;
 
 use super::{Context, claim, op, volume};
@@ -69,15 +68,7 @@ pub(crate) async fn resync(ctx: Arc<Context>) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        ctx.caches.prune_index();
-        for claim in ctx.caches.claims.state() {
-            if let Some(uid) = ctx.caches.index_claim(&claim) {
-                ctx.claim_queue.add(uid);
-            }
-        }
-        for volume in ctx.caches.volumes.state() {
-            ctx.volume_queue.add(volume.name_any());
-        }
+        ctx.queue_everything();
     }
 }
 
@@ -130,6 +121,8 @@ mod tests {
         }
         let calls = Arc::new(Mutex::new(Vec::new()));
         let seen = Arc::clone(&calls);
+        // Crash safety writes claim finalizers, and this harness has no API server.
+        let config = config.crash_safe_provisioning(false);
         let limiter = config.failure_backoff.limiter();
         let ctx = Arc::new(Context {
             client,
@@ -147,6 +140,8 @@ mod tests {
             claim_queue: Arc::new(WorkQueue::new("claims", Arc::clone(&limiter), None)),
             volume_queue: Arc::new(WorkQueue::new("volumes", limiter, None)),
             saver: Saver::new(&PvSaveStrategy::background(), None),
+            accepting: std::sync::atomic::AtomicBool::new(true),
+            own_writes: Mutex::default(),
             config,
         });
         Harness {

@@ -32,7 +32,17 @@ impl InvalidLeaderElection {
 ///
 /// Setters never fail; [`validate`](Self::validate) checks the combination and
 /// [`LeaderElector::new`](super::LeaderElector::new) calls it.
+///
+/// This is also the type of [`Config::leader_election`](crate::Config::leader_election).
+/// There, [`LeaderElection::default`] leaves the lease name and the identity empty and
+/// [`ProvisionController::run`](crate::ProvisionController::run) fills them in: the lease
+/// is named after the provisioner (see [`lease_name_for`](Self::lease_name_for)) and the
+/// identity is a [`default_identity`](Self::default_identity).
 #[doc(alias = "LeaderElectionConfig")]
+#[doc(alias = "LeaderElectionNamespace")]
+#[doc(alias = "LeaseDuration")]
+#[doc(alias = "RenewDeadline")]
+#[doc(alias = "RetryPeriod")]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaderElection {
     lease_name: String,
@@ -41,6 +51,21 @@ pub struct LeaderElection {
     lease_duration: Duration,
     renew_deadline: Duration,
     retry_period: Duration,
+}
+
+impl Default for LeaderElection {
+    /// Namespace `default`, the Go timings, and an empty lease name and identity, which
+    /// the controller derives from the provisioner name and the host (see the type docs).
+    fn default() -> Self {
+        Self {
+            lease_name: String::new(),
+            namespace: "default".into(),
+            identity: String::new(),
+            lease_duration: Self::DEFAULT_LEASE_DURATION,
+            renew_deadline: Self::DEFAULT_RENEW_DEADLINE,
+            retry_period: Self::DEFAULT_RETRY_PERIOD,
+        }
+    }
 }
 
 impl LeaderElection {
@@ -121,8 +146,37 @@ impl LeaderElection {
         format!("{}_{suffix:016x}", host.to_string_lossy())
     }
 
+    /// The Lease name. Empty (in [`Default`]) means: named after the provisioner.
+    #[must_use]
+    pub fn with_lease_name(mut self, name: impl Into<String>) -> Self {
+        self.lease_name = name.into();
+        self
+    }
+
+    /// The Lease namespace (Go `LeaderElectionNamespace`). Default `default`;
+    /// [`Config::from_lookup`](crate::Config::from_lookup) finds the pod's namespace.
+    #[must_use]
+    pub fn with_namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Fills what is left empty: the lease name from `provisioner_name` ('/' → '-') and
+    /// the identity with a [`default_identity`](Self::default_identity).
+    #[must_use]
+    pub fn resolved_for(mut self, provisioner_name: &str) -> Self {
+        if self.lease_name.is_empty() {
+            self.lease_name = Self::lease_name_for(provisioner_name);
+        }
+        if self.identity.is_empty() {
+            self.identity = Self::default_identity();
+        }
+        self
+    }
+
     /// The identity written to `holderIdentity`.
-    /// Default: [`default_identity`](Self::default_identity).
+    /// Default: [`default_identity`](Self::default_identity) (empty in [`Default`], filled
+    /// by the controller).
     #[must_use]
     pub fn with_identity(mut self, identity: impl Into<String>) -> Self {
         self.identity = identity.into();
