@@ -130,3 +130,95 @@ async fn a_claim_is_provisioned_and_reclaimed_on_caches_the_caller_runs() {
     run.await.unwrap().unwrap();
     caller_tasks.abort_all();
 }
+
+/// GET `path` over HTTP/1.1; the status, or `None` while nothing listens.
+async fn status_of(addr: std::net::SocketAddr, path: &str) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.ok()?;
+    raw.split(' ').nth(1)?.parse().ok()
+}
+
+#[tokio::test]
+async fn with_the_production_defaults_a_replica_leads_serves_probes_and_releases_its_lease() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let sim = kube_sim::KubeSim::builder()
+        .pv_binder(true)
+        .start()
+        .await
+        .unwrap();
+    let client: Client = sim.client();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    // What a binary does: Config from its environment (here: none, so namespace
+    // "default"), leader election on by default, a dedicated client for the lease.
+    let config = Config::from_lookup(|_| None)
+        .unwrap()
+        .metrics_address([127, 0, 0, 1].into())
+        .metrics_port(port);
+    let kube_config = kube_client::Config::new(sim.url().parse().unwrap());
+    let fake = FakeProvisioner::new();
+    let controller = ProvisionController::new(client.clone(), NAME, fake.clone())
+        .with_config(config)
+        .leader_election_client(
+            provision_controller::leader::dedicated_client(&kube_config).unwrap(),
+        );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(controller.run(async {
+        let _ = stopped.await;
+    }));
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    wait_until("ready", || async {
+        status_of(addr, "/readyz").await == Some(200)
+    })
+    .await;
+    assert_eq!(status_of(addr, "/healthz").await, Some(200));
+
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let holder = || async {
+        leases
+            .get_opt("example.com-fake")
+            .await
+            .unwrap()
+            .and_then(|l| l.spec?.holder_identity)
+            .filter(|h| !h.is_empty())
+    };
+    wait_until("lease held", || async { holder().await.is_some() }).await;
+
+    Api::<StorageClass>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &class("fast").provisioner(NAME).build(),
+        )
+        .await
+        .unwrap();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    claims
+        .create(
+            &PostParams::default(),
+            &pvc("data").storage_class("fast").build(),
+        )
+        .await
+        .unwrap();
+    wait_until("claim bound", || async {
+        let claim = claims.get("data").await.unwrap();
+        claim.status.and_then(|s| s.phase).as_deref() == Some("Bound")
+    })
+    .await;
+    assert_eq!(fake.provision_calls().len(), 1);
+
+    stop.send(()).unwrap();
+    run.await.unwrap().unwrap();
+    assert_eq!(holder().await, None, "the lease is released on shutdown");
+    assert_eq!(
+        status_of(addr, "/healthz").await,
+        None,
+        "the server stopped with run"
+    );
+}

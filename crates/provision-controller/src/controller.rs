@@ -1,6 +1,7 @@
 //! [`ProvisionController`]: the builder, the shared context and `run`.
 
 mod claim;
+mod decorate;
 mod intent;
 mod op;
 mod run;
@@ -128,6 +129,10 @@ impl ProvisionController {
     }
 
     /// Registers the controller's metrics on `registry` and counts into them.
+    ///
+    /// The metrics endpoint serves the controller's own registry unless told otherwise:
+    /// pass the same registry to [`metrics_source`](Self::metrics_source) (e.g. as
+    /// `Arc<Registry>` once everything is registered) to serve it.
     #[must_use]
     pub fn metrics_registry(self, registry: &mut prometheus_client::registry::Registry) -> Self {
         self.metrics(ControllerMetrics::new(registry))

@@ -15,7 +15,7 @@
 //! | `controller_persistentvolume_delete_duration_seconds` | histogram | `class` | time to delete, successes only |
 //! | `controller_claims_in_progress` | gauge | | claims whose provisioning continues in the background |
 //! | `controller_unsaved_persistentvolumes` | gauge | | provisioned PVs still waiting to be saved |
-//! | `controller_leader` | gauge | | 1 while this replica holds the leader lease, else 0 |
+//! | `controller_leader` | gauge | | 1 while this replica holds the leader lease (always 1 while running without leader election), else 0 |
 //! | `workqueue_depth` | gauge | `name` | keys waiting to be processed |
 //! | `workqueue_adds_total` | counter | `name` | keys added |
 //! | `workqueue_retries_total` | counter | `name` | rate-limited re-adds after failures |

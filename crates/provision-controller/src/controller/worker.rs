@@ -24,10 +24,10 @@ pub(crate) async fn claim_worker(ctx: Arc<Context>) {
                 if threshold == 0 || failures < threshold {
                     tracing::warn!(claim_uid = %uid, failures, %error, "retrying claim");
                     ctx.claim_queue.add_rate_limited(uid.clone());
-                } else if ctx.is_in_progress(&uid) {
+                } else if ctx.is_in_progress(&uid) || cleaning_up(&ctx, &uid) {
                     // Go drops the claim here and can leak the volume being provisioned.
                     tracing::warn!(claim_uid = %uid, failures, %error,
-                        "retrying claim past the threshold: its provisioning runs in the background");
+                        "retrying claim past the threshold: its provisioning runs in the background or its asset is being cleaned up");
                     ctx.claim_queue.add_rate_limited(uid.clone());
                 } else {
                     tracing::error!(claim_uid = %uid, failures, threshold, %error, "giving up on claim");
@@ -36,6 +36,14 @@ pub(crate) async fn claim_worker(ctx: Arc<Context>) {
         }
         ctx.claim_queue.done(&uid);
     }
+}
+
+/// Whether the claim is a deleted claim whose asset is being cleaned up: it keeps our
+/// finalizer until then, so giving up would leave it Terminating.
+fn cleaning_up(ctx: &Context, uid: &str) -> bool {
+    ctx.caches
+        .claim_by_uid(uid)
+        .is_some_and(|c| c.metadata.deletion_timestamp.is_some() && super::intent::has_intent(&c))
 }
 
 pub(crate) async fn volume_worker(ctx: Arc<Context>) {

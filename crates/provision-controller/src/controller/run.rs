@@ -1,0 +1,421 @@
+//! `ProvisionController::run`: caches and probes on every replica, leader election,
+//! workers while leading, and the drain on shutdown or lease loss.
+//!
+//! Timeline (each step logged at info, so an operator can follow a failover):
+//! 1. the metrics/probe server starts (`/healthz` ok, `/readyz` 503 "starting");
+//! 2. the caches start and sync (`/readyz` still 503 until they have);
+//! 3. with leader election: the replica stands by (`/readyz` 200, `controller_leader` 0)
+//!    until it holds the lease;
+//! 4. leading: every cached claim and volume is queued and the workers start
+//!    (`controller_leader` 1);
+//! 5. on shutdown: the queues stop, the operations in flight get `shutdown_grace`, the
+//!    lease is released; on lease loss: the workers are stopped at once and `run` fails.
+
+use std::{future::Future, sync::Arc, sync::atomic::Ordering};
+
+use futures::StreamExt;
+use kube_client::ResourceExt;
+use prometheus_client::registry::Registry;
+use tokio::{task::JoinSet, time::Instant};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::{Context, ProvisionController, save, worker};
+use crate::{
+    cache::Caches,
+    config::Config,
+    error::{Error, Result},
+    events::Events,
+    http::{Health, HttpServer, HttpServerHandle, MetricsSource, Role},
+    leader::{LeaderElection, LeaderElector, LeaderError},
+    metrics::ControllerMetrics,
+    queue::WorkQueue,
+};
+
+/// Tasks that live as long as `run`: the shutdown watcher, the cache feeders, the
+/// resync, and the metrics server. [`Background::finish`] stops them all.
+struct Background {
+    tasks: JoinSet<()>,
+    server: Option<(HttpServerHandle, CancellationToken)>,
+    health: Health,
+}
+
+impl Background {
+    async fn finish(mut self, name: &str, result: Result<()>) -> Result<()> {
+        self.health.set_role(Role::Stopping);
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+        if let Some((server, stop)) = self.server.take() {
+            stop.cancel();
+            if let Err(error) = server.join().await {
+                tracing::warn!(error = %crate::controller::op::chain(&error), "metrics server ended with an error");
+            }
+        }
+        match &result {
+            Ok(()) => tracing::info!(provisioner = %name, "provision controller stopped"),
+            Err(error) => {
+                tracing::warn!(provisioner = %name, error = %crate::controller::op::chain(error), "provision controller stopped")
+            }
+        }
+        result
+    }
+}
+
+pub(super) async fn run(
+    ctrl: ProvisionController,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    ctrl.config.validate()?;
+    let ProvisionController {
+        client,
+        name,
+        provisioner,
+        qualifier,
+        guard,
+        config,
+        metrics,
+        claims,
+        volumes,
+        classes,
+        leader_client,
+        metrics_source,
+        health,
+    } = ctrl;
+
+    // Metrics: the caller's, or our own registry, which the endpoint then serves.
+    let (metrics, own_source) = match metrics {
+        Some(m) => (m, None),
+        None => {
+            let mut registry = Registry::default();
+            let m = ControllerMetrics::new(&mut registry);
+            (m, Some(MetricsSource::from(Arc::new(registry))))
+        }
+    };
+    let source = metrics_source
+        .or(own_source)
+        .unwrap_or_else(|| MetricsSource::from(Registry::default()));
+    metrics.set_leader(false);
+
+    let mut elector = match &config.leader_election {
+        Some(election) => {
+            let election = election.clone().resolved_for(&name);
+            let client = leader_client.unwrap_or_else(|| client.clone());
+            Some(LeaderElector::new(client, election).map_err(Error::LeaderElection)?)
+        }
+        None => None,
+    };
+    let identity = elector
+        .as_ref()
+        .map_or_else(LeaderElection::default_identity, |e| {
+            e.identity().to_owned()
+        });
+
+    let health = health.unwrap_or_default();
+    health.set_caches_synced(false);
+    health.set_role(Role::Starting);
+    let server = HttpServer::bind_configured(
+        config.metrics_address,
+        config.metrics_port,
+        &config.metrics_path,
+        source,
+        health.clone(),
+    )
+    .await?
+    .map(|server| {
+        let stop = CancellationToken::new();
+        (server.spawn(stop.clone().cancelled_owned()), stop)
+    });
+
+    let stop = CancellationToken::new();
+    let mut bg = Background {
+        tasks: JoinSet::new(),
+        server,
+        health: health.clone(),
+    };
+    let on_shutdown = stop.clone();
+    bg.tasks.spawn(async move {
+        shutdown.await;
+        on_shutdown.cancel();
+    });
+
+    let (default_claims, default_volumes, default_classes) =
+        if claims.is_none() || volumes.is_none() || classes.is_none() {
+            let (c, v, s) = Caches::watch_all(&client);
+            (Some(c), Some(v), Some(s))
+        } else {
+            (None, None, None)
+        };
+    let claims = claims.or(default_claims).expect("claims cache is set");
+    let volumes = volumes.or(default_volumes).expect("volumes cache is set");
+    let classes = classes.or(default_classes).expect("classes cache is set");
+
+    let limiter = config.failure_backoff.limiter();
+    let queue = |queue_name| {
+        Arc::new(WorkQueue::new(
+            queue_name,
+            Arc::clone(&limiter),
+            Some(metrics.queue(queue_name)),
+        ))
+    };
+    let ctx = Arc::new(Context {
+        events: Events::new(client.clone(), &name, identity.clone()),
+        client,
+        provisioner,
+        qualifier,
+        guard,
+        caches: Caches::new(
+            claims.store.clone(),
+            volumes.store.clone(),
+            classes.store.clone(),
+        ),
+        in_progress: std::sync::Mutex::default(),
+        saver: save::Saver::new(&config.pv_save, Some(&metrics)),
+        claim_queue: queue("claims"),
+        volume_queue: queue("volumes"),
+        metrics: Some(metrics),
+        name,
+        config,
+        accepting: false.into(),
+        own_writes: std::sync::Mutex::default(),
+    });
+    tracing::info!(
+        provisioner = %ctx.name,
+        %identity,
+        leader_election = elector.is_some(),
+        lease = elector.as_ref().map(|e| format!("{}/{}", e.config().namespace(), e.config().lease_name())).unwrap_or_default(),
+        metrics_address = bg.server.as_ref().map(|(s, _)| s.local_addr().to_string()).unwrap_or_default(),
+        "starting provision controller"
+    );
+
+    spawn_feeders(
+        &mut bg.tasks,
+        &ctx,
+        claims.changes,
+        volumes.changes,
+        classes.changes,
+    );
+
+    // Every replica syncs its caches, so a standby is ready to work the moment it leads.
+    let synced = async {
+        let (a, b, c) = futures::join!(
+            ctx.caches.claims.wait_until_ready(),
+            ctx.caches.volumes.wait_until_ready(),
+            ctx.caches.classes.wait_until_ready()
+        );
+        a.and(b).and(c)
+    };
+    tokio::select! {
+        ready = synced => {
+            if ready.is_err() {
+                tracing::warn!("a cache writer was dropped before the caches synced");
+            }
+        }
+        () = stop.cancelled() => return bg.finish(&ctx.name, Ok(())).await,
+    }
+    health.set_caches_synced(true);
+    tracing::info!(
+        claims = ctx.caches.claims.state().len(),
+        volumes = ctx.caches.volumes.state().len(),
+        classes = ctx.caches.classes.state().len(),
+        "caches synced"
+    );
+
+    if let Some(elector) = elector.as_mut() {
+        health.set_role(Role::Standby);
+        tracing::info!(identity = elector.identity(), "standing by for the lease");
+        match elector.acquire(stop.cancelled()).await {
+            Ok(()) => {}
+            Err(LeaderError::Cancelled { .. }) => {
+                tracing::info!("shutdown requested while standing by");
+                return bg.finish(&ctx.name, Ok(())).await;
+            }
+            Err(err) => return bg.finish(&ctx.name, Err(Error::LeaderElection(err))).await,
+        }
+    }
+
+    // Leading (or running without election): queue everything and start the workers.
+    health.set_role(Role::Leading);
+    set_leader(&ctx, true);
+    ctx.accepting.store(true, Ordering::Release);
+    let (queued_claims, queued_volumes) = ctx.queue_everything();
+    let mut workers = JoinSet::new();
+    let threads = ctx.config.threads.get();
+    for i in 0..threads {
+        let c = Arc::clone(&ctx);
+        workers.spawn(worker::claim_worker(c).instrument(tracing::info_span!("claim_worker", i)));
+        let c = Arc::clone(&ctx);
+        workers.spawn(worker::volume_worker(c).instrument(tracing::info_span!("volume_worker", i)));
+    }
+    let mut savers = JoinSet::new();
+    if matches!(ctx.saver, save::Saver::Background(_)) {
+        for _ in 0..Config::DEFAULT_THREADS.get() {
+            savers.spawn(save::run_background_worker(Arc::clone(&ctx)));
+        }
+    }
+    bg.tasks.spawn(worker::resync(Arc::clone(&ctx)));
+    tracing::info!(
+        provisioner = %ctx.name,
+        claim_workers = threads,
+        volume_workers = threads,
+        queued_claims,
+        queued_volumes,
+        "leading: workers started"
+    );
+
+    let lost = match elector.as_ref() {
+        Some(elector) => tokio::select! {
+            () = stop.cancelled() => None,
+            lost = elector.lost() => Some(lost),
+        },
+        None => {
+            stop.cancelled().await;
+            None
+        }
+    };
+    health.set_role(Role::Stopping);
+    ctx.accepting.store(false, Ordering::Release);
+    let in_flight = ctx.claim_queue.in_flight() + ctx.volume_queue.in_flight();
+    let (waiting_claims, waiting_volumes) = (ctx.claim_queue.len(), ctx.volume_queue.len());
+    ctx.claim_queue.shut_down();
+    ctx.volume_queue.shut_down();
+
+    if let Some(lost) = lost {
+        // Another replica may lead already: stop at once, as Go's process exit would.
+        workers.abort_all();
+        savers.abort_all();
+        let result = drain(&mut workers, "worker")
+            .await
+            .and(drain(&mut savers, "pv saver").await);
+        set_leader(&ctx, false);
+        tracing::warn!(
+            abandoned = in_flight,
+            waiting_claims,
+            waiting_volumes,
+            reason = %lost.reason,
+            "lost the lease: workers stopped"
+        );
+        drop(elector);
+        let result = result.and(Err(Error::LeadershipLost(lost)));
+        return bg.finish(&ctx.name, result).await;
+    }
+
+    tracing::info!(
+        in_flight,
+        waiting_claims,
+        waiting_volumes,
+        grace = ?ctx.config.shutdown_grace,
+        "shutdown requested: queues stopped, waiting for the operations in flight"
+    );
+    let deadline = Instant::now() + ctx.config.shutdown_grace;
+    let idle = async {
+        futures::join!(ctx.claim_queue.wait_idle(), ctx.volume_queue.wait_idle());
+    };
+    // The drain ends early when the lease is lost meanwhile: another replica may lead.
+    let lost_meanwhile = async {
+        match elector.as_ref() {
+            Some(elector) => elector.lost().await,
+            None => std::future::pending().await,
+        }
+    };
+    let mut abandoned = 0;
+    let drained = tokio::select! {
+        drained = tokio::time::timeout_at(deadline, idle) => drained.is_ok(),
+        lost = lost_meanwhile => {
+            tracing::warn!(reason = %lost.reason, "lost the lease while draining; stopping at once");
+            false
+        }
+    };
+    if !drained {
+        abandoned = ctx.claim_queue.in_flight() + ctx.volume_queue.in_flight();
+        workers.abort_all();
+    }
+    let mut result = drain(&mut workers, "worker").await;
+    if let save::Saver::Background(saver) = &ctx.saver {
+        saver.queue.shut_down();
+        if tokio::time::timeout_at(deadline, saver.queue.wait_idle())
+            .await
+            .is_err()
+        {
+            savers.abort_all();
+        }
+        let unsaved = saver.unsaved();
+        if unsaved > 0 {
+            tracing::warn!(
+                unsaved,
+                "stopping with provisioned volumes whose PV is not saved; their claims keep the crash-safety finalizer when it is on"
+            );
+        }
+    }
+    result = result.and(drain(&mut savers, "pv saver").await);
+    tracing::info!(
+        finished = in_flight.saturating_sub(abandoned),
+        abandoned,
+        "workers stopped"
+    );
+    if let Some(mut elector) = elector
+        && let Err(error) = elector.release().await
+    {
+        tracing::warn!(error = %crate::controller::op::chain(&error), "failed to release the lease; it expires after its duration");
+    }
+    set_leader(&ctx, false);
+    bg.finish(&ctx.name, result).await
+}
+
+fn set_leader(ctx: &Context, leading: bool) {
+    if let Some(m) = &ctx.metrics {
+        m.set_leader(leading);
+    }
+}
+
+/// Feeds the queues from the caches' change streams. Standbys keep their caches warm but
+/// queue nothing (`Context::accepting`).
+fn spawn_feeders(
+    tasks: &mut JoinSet<()>,
+    ctx: &Arc<Context>,
+    claims: futures::stream::BoxStream<
+        'static,
+        Arc<k8s_openapi::api::core::v1::PersistentVolumeClaim>,
+    >,
+    volumes: futures::stream::BoxStream<'static, Arc<k8s_openapi::api::core::v1::PersistentVolume>>,
+    classes: futures::stream::BoxStream<'static, Arc<k8s_openapi::api::storage::v1::StorageClass>>,
+) {
+    let feed = Arc::clone(ctx);
+    tasks.spawn(claims.for_each(move |claim| {
+        if let Some(uid) = feed.caches.index_claim(&claim)
+            && feed.accepting()
+            && !feed.is_own_write(&uid, &claim)
+        {
+            feed.claim_queue.add(uid);
+        }
+        async {}
+    }));
+    let feed = Arc::clone(ctx);
+    tasks.spawn(volumes.for_each(move |volume| {
+        let name = volume.name_any();
+        feed.caches.volume_seen(&name);
+        if feed.accepting() {
+            feed.volume_queue.add(name);
+        }
+        async {}
+    }));
+    // Go has no class handler: a claim whose class was missing waited for its backoff.
+    let feed = Arc::clone(ctx);
+    tasks.spawn(classes.for_each(move |class| {
+        feed.requeue_claims_of(&class.name_any());
+        async {}
+    }));
+}
+
+/// Waits for every task, returning the first abnormal end (an abort is not one).
+async fn drain(set: &mut JoinSet<()>, task: &'static str) -> Result<()> {
+    let mut result = Ok(());
+    while let Some(joined) = set.join_next().await {
+        if let Err(source) = joined
+            && !source.is_cancelled()
+            && result.is_ok()
+        {
+            result = Err(Error::Task { task, source });
+        }
+    }
+    result
+}

@@ -1,0 +1,215 @@
+//! Two replicas on one lease: only the leader provisions; a killed leader is replaced
+//! within the lease duration; a graceful shutdown hands over at once; a lost lease ends
+//! `run` with an error instead of exiting.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube_client::{
+    Api,
+    api::{Patch, PatchParams},
+};
+use provision_controller::{Error, annotations::FINALIZER_PROVISIONING, testing::FakeProvisioner};
+use tokio::time::Instant;
+
+use super::*;
+
+#[tokio::test]
+async fn of_two_replicas_on_one_lease_only_the_leader_provisions() {
+    let sim = sim().await;
+    let a = Replica::start(
+        &sim,
+        FakeProvisioner::new(),
+        config(Some(election("a"))),
+        true,
+    );
+    wait_holder(&sim, "a").await;
+    let b = Replica::start(
+        &sim,
+        FakeProvisioner::new(),
+        config(Some(election("b"))),
+        true,
+    );
+
+    let mut pvs = Vec::new();
+    for i in 0..3 {
+        pvs.push(create_claim(&sim, &format!("claim-{i}")).await);
+    }
+    for (i, pv) in pvs.iter().enumerate() {
+        bound(&sim, &format!("claim-{i}"), pv).await;
+    }
+    // The standby serves probes and metrics too: ready, and not the leader.
+    eventually("standby ready", || async {
+        (b.get("/readyz").await? == (200, "ok".into())).then_some(())
+    })
+    .await;
+    let (_, b_metrics) = b.get("/metrics").await.unwrap();
+    assert!(
+        b_metrics.lines().any(|l| l == "controller_leader 0"),
+        "{b_metrics}"
+    );
+    let (_, a_metrics) = a.get("/metrics").await.unwrap();
+    assert!(
+        a_metrics.lines().any(|l| l == "controller_leader 1"),
+        "{a_metrics}"
+    );
+
+    assert_eq!(a.fake.provision_calls().len(), 3);
+    assert!(
+        b.fake.provision_calls().is_empty(),
+        "the standby never provisions"
+    );
+    assert_eq!(lease_holder(&sim.client()).await.as_deref(), Some("a"));
+    // Once saved, the PVs hold the assets: no claim keeps the crash-safety finalizer.
+    let claims = claims(&sim);
+    eventually("crash-safety finalizers removed", || async {
+        let list = claims.list(&Default::default()).await.ok()?;
+        list.items
+            .iter()
+            .all(|c| {
+                !c.metadata
+                    .finalizers
+                    .iter()
+                    .flatten()
+                    .any(|f| f == FINALIZER_PROVISIONING)
+            })
+            .then_some(())
+    })
+    .await;
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_killed_leader_is_replaced_within_the_lease_duration_and_every_claim_is_bound_once() {
+    let sim = sim().await;
+    let a = Replica::start(
+        &sim,
+        FakeProvisioner::new(),
+        config(Some(election("a"))),
+        false,
+    );
+    wait_holder(&sim, "a").await;
+    let b = Replica::start(
+        &sim,
+        FakeProvisioner::new(),
+        config(Some(election("b"))),
+        false,
+    );
+    let mut claims = Vec::new();
+    for i in 0..2 {
+        let name = format!("before-{i}");
+        let pv = create_claim(&sim, &name).await;
+        bound(&sim, &name, &pv).await;
+        claims.push((name, pv));
+    }
+    let a_fake = a.fake.clone();
+
+    let killed = Instant::now();
+    a.kill().await;
+    for i in 0..2 {
+        let name = format!("after-{i}");
+        let pv = create_claim(&sim, &name).await;
+        claims.push((name, pv));
+    }
+    wait_holder(&sim, "b").await;
+    let handover = killed.elapsed();
+    eprintln!("handover after a killed leader: {handover:?}");
+    // b takes over one lease duration after it last saw a's renewal, plus its polling.
+    assert!(
+        handover < LEASE + RETRY * 5,
+        "handover took {handover:?}, lease duration is {LEASE:?}"
+    );
+    for (name, pv) in &claims {
+        bound(&sim, name, pv).await;
+    }
+
+    // Exactly one successful provision call per claim, across both replicas.
+    let calls: Vec<String> = a_fake
+        .provision_calls()
+        .into_iter()
+        .chain(b.fake.provision_calls())
+        .map(|o| o.pv_name)
+        .collect();
+    let unique: BTreeSet<_> = calls.iter().cloned().collect();
+    assert_eq!(calls.len(), 4, "{calls:?}");
+    assert_eq!(unique.len(), 4, "{calls:?}");
+    assert_eq!(
+        b.fake.provision_calls().len(),
+        2,
+        "b provisions only the new claims"
+    );
+    let assets: BTreeSet<_> = a_fake.assets().union(&b.fake.assets()).cloned().collect();
+    assert_eq!(assets, claims.iter().map(|(_, pv)| pv.clone()).collect());
+    b.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_graceful_shutdown_releases_the_lease_and_the_standby_takes_over_at_once() {
+    let sim = sim().await;
+    let a = Replica::start(
+        &sim,
+        FakeProvisioner::new(),
+        config(Some(election("a"))),
+        false,
+    );
+    wait_holder(&sim, "a").await;
+    let b = Replica::start(
+        &sim,
+        FakeProvisioner::new(),
+        config(Some(election("b"))),
+        true,
+    );
+    eventually("standby ready", || async {
+        (b.get("/readyz").await? == (200, "ok".into())).then_some(())
+    })
+    .await;
+
+    let stopping = Instant::now();
+    a.stop().await.expect("a graceful stop is not an error");
+    let stopped = stopping.elapsed();
+    wait_holder(&sim, "b").await;
+    let handover = stopping.elapsed();
+    eprintln!("graceful handover: run returned after {stopped:?}, b leads after {handover:?}");
+    assert!(
+        handover < LEASE / 2 + RETRY * 2,
+        "handover took {handover:?}; without the release it would take about {LEASE:?}"
+    );
+    let pv = create_claim(&sim, "after").await;
+    bound(&sim, "after", &pv).await;
+    assert_eq!(b.fake.provision_calls().len(), 1);
+    b.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_lost_lease_stops_the_workers_and_run_returns_an_error() {
+    let sim = sim().await;
+    let a = Replica::start(
+        &sim,
+        FakeProvisioner::new(),
+        config(Some(election("a"))),
+        false,
+    );
+    wait_holder(&sim, "a").await;
+    let fake = a.fake.clone();
+    // Another party takes the lease over (as after a long pause of this replica).
+    let patch =
+        serde_json::json!({"spec": {"holderIdentity": "intruder", "leaseDurationSeconds": 60}});
+    Api::<Lease>::namespaced(sim.client(), "default")
+        .patch(LEASE_NAME, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let result = a.finished().await;
+    assert!(
+        matches!(result, Err(Error::LeadershipLost(_))),
+        "run must report the loss, got {result:?}"
+    );
+    // Nothing runs any more: a new claim is not provisioned by the old leader.
+    create_claim(&sim, "orphan").await;
+    tokio::time::sleep(RETRY * 3).await;
+    assert!(fake.provision_calls().is_empty());
+    assert_eq!(
+        lease_holder(&sim.client()).await.as_deref(),
+        Some("intruder")
+    );
+}
