@@ -62,6 +62,7 @@ pub fn has_selected_node(claim: &PersistentVolumeClaim) -> bool {
 /// The deprecated `volume.beta.kubernetes.io/storage-class` annotation wins when present,
 /// as in Kubernetes.
 #[must_use]
+#[doc(alias = "GetPersistentVolumeClaimClass")]
 pub fn claim_class(claim: &PersistentVolumeClaim) -> &str {
     if let Some(class) = annotation(&claim.metadata, "volume.beta.kubernetes.io/storage-class") {
         return class;
@@ -75,6 +76,7 @@ pub fn claim_class(claim: &PersistentVolumeClaim) -> &str {
 
 /// Whether the claim asks for `volumeMode: Block`.
 #[must_use]
+#[doc(alias = "CheckPersistentVolumeClaimModeBlock")]
 pub fn is_block(claim: &PersistentVolumeClaim) -> bool {
     claim.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block")
 }
@@ -93,6 +95,7 @@ pub fn migrated_to(volume: &PersistentVolume) -> Option<&str> {
 
 /// Whether the PV carries `finalizer`.
 #[must_use]
+#[doc(alias = "checkFinalizer")]
 pub fn has_finalizer(volume: &PersistentVolume, finalizer: &str) -> bool {
     volume
         .metadata

@@ -53,6 +53,8 @@ use serde::de::DeserializeOwned;
 /// # let _ = claims;
 /// # }
 /// ```
+#[doc(alias = "SharedInformer")]
+#[doc(alias = "informer")]
 pub struct SharedCache<K: Resource<DynamicType = ()> + 'static> {
     pub(crate) store: Store<K>,
     pub(crate) changes: BoxStream<'static, Arc<K>>,
@@ -63,6 +65,7 @@ where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
     /// A cache from a store and the stream of objects it changes.
+    #[must_use]
     pub fn new(store: Store<K>, changes: impl Stream<Item = Arc<K>> + Send + 'static) -> Self {
         Self {
             store,
@@ -71,6 +74,7 @@ where
     }
 
     /// A cache whose changes the controller needs not hear about (storage classes).
+    #[must_use]
     pub fn store_only(store: Store<K>) -> Self {
         Self::new(store, futures::stream::pending())
     }
@@ -151,9 +155,10 @@ impl Caches {
         )
     }
 
-    /// Records where the claim with this UID lives.
+    /// Records where the claim with this UID lives; `None` for a claim without a UID
+    /// (an empty one counts as none: it cannot key the queue nor name a PV).
     pub(crate) fn index_claim(&self, claim: &PersistentVolumeClaim) -> Option<String> {
-        let uid = claim.metadata.uid.clone()?;
+        let uid = claim.metadata.uid.clone().filter(|uid| !uid.is_empty())?;
         lock(&self.uid_index).insert(uid.clone(), ObjectRef::from_obj(claim));
         Some(uid)
     }
@@ -198,5 +203,29 @@ impl Caches {
     /// Drops index entries whose claim is gone.
     pub(crate) fn prune_index(&self) {
         lock(&self.uid_index).retain(|_, r| self.claims.get(r).is_some());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::pvc;
+
+    #[test]
+    fn a_claim_without_a_uid_is_not_indexed() {
+        let (claims, _) = reflector::store();
+        let (volumes, _) = reflector::store();
+        let (classes, _) = reflector::store();
+        let caches = Caches::new(claims, volumes, classes);
+        assert_eq!(caches.index_claim(&pvc("c").build()), None);
+        assert_eq!(
+            caches.index_claim(&pvc("c").uid("").build()),
+            None,
+            "an empty uid cannot key the queue"
+        );
+        assert_eq!(
+            caches.index_claim(&pvc("c").uid("u1").build()).as_deref(),
+            Some("u1")
+        );
     }
 }

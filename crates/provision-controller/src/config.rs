@@ -16,12 +16,14 @@ use crate::{
     strategy::{FailureBackoff, PvSaveStrategy},
 };
 
-/// Computes the PV name for a claim (Go `getProvisionedVolumeNameForClaim`).
+/// Computes the PV name for a claim (Go `getProvisionedVolumeNameForClaim`, `VolumeNameHook`).
+#[doc(alias = "VolumeNameHook")]
 #[derive(Clone)]
 pub struct VolumeNamer(Arc<dyn Fn(&PersistentVolumeClaim) -> String + Send + Sync>);
 
 impl VolumeNamer {
     /// A hook from a closure; the name must be unique per claim and stable across calls.
+    #[must_use]
     pub fn new(f: impl Fn(&PersistentVolumeClaim) -> String + Send + Sync + 'static) -> Self {
         Self(Arc::new(f))
     }
@@ -280,7 +282,8 @@ setters! {
     /// Limit of each API and backend call while deleting (Go `DeletionTimeout`). Default none.
     #[doc(alias = "DeletionTimeout")]
     deletion_timeout: Option<Duration>;
-    /// The PV name for a claim. Default `pvc-<claim uid>`.
+    /// The PV name for a claim (Go `VolumeNameHook`). Default `pvc-<claim uid>`.
+    #[doc(alias = "VolumeNameHook")]
     volume_namer: VolumeNamer;
     /// Address of the metrics server (Go `MetricsAddress`). Default `0.0.0.0`.
     #[doc(alias = "MetricsAddress")]

@@ -45,10 +45,12 @@ pub enum ProvisionError {
 
 impl ProvisionError {
     /// Wraps `err` as [`ProvisionError::Final`].
+    #[must_use]
     pub fn final_(err: impl Into<BoxError>) -> Self {
         Self::Final(err.into())
     }
     /// Wraps `err` as [`ProvisionError::InBackground`].
+    #[must_use]
     pub fn in_background(err: impl Into<BoxError>) -> Self {
         Self::InBackground(err.into())
     }

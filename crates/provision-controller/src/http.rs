@@ -95,6 +95,7 @@ pub enum HttpError {
 /// The part the replica plays, as far as readiness is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[repr(u8)]
+#[non_exhaustive]
 pub enum Role {
     /// Starting up: not ready.
     #[default]

@@ -33,17 +33,21 @@
 //!   progress" when the failure threshold is reached, even while the driver is still
 //!   creating its volume in the background; the asset is then never saved nor deleted.
 //!   Here such a claim keeps being retried (at the limiter's pace) until the driver
-//!   returns a volume, which is saved and then reclaimed as usual, or a final answer.
+//!   returns a volume, which is saved and then reclaimed as usual, or a final answer;
+//!   neither the qualifier nor a change of the claim or its class (deleted, naming
+//!   another provisioner) nor a deleted selected node make it forget the claim.
 //! - **Stop outcomes are not failures.** A PV that already exists, a claim the driver
 //!   ignores, an unsupported block claim or a rescheduled claim count in
-//!   `..._provision_stopped_total`, not in `..._provision_failed_total`.
+//!   `..._provision_stopped_total`, not in `..._provision_failed_total`; a deletion the
+//!   driver ignores counts in `..._delete_stopped_total`, not as a deletion.
 //! - **Timeouts bound every call.** [`Config::provision_timeout`] and
 //!   [`Config::deletion_timeout`] limit each API and backend call of an operation,
 //!   including PV saving and the cleanup after a failed save (Go's blocking save used an
 //!   unbounded context). A provision call that times out is treated as running in the
 //!   background, so its claim is driven to the end.
 //! - **A panicking driver** fails that call only: an event, a retry, the claim keeps its
-//!   remembered state ([`ProvisionError::NoChange`]).
+//!   remembered state ([`ProvisionError::NoChange`]). A panic anywhere else in a sync
+//!   (the volume-name hook, a bug) fails that claim or volume only; the worker lives on.
 //! - **Additional names delete too.** A released PV whose provisioned-by annotation holds
 //!   one of [`Config::additional_provisioner_names`] is deleted; Go only matched the main name.
 //! - **Deleting a PV that is already gone** counts as done instead of an error.
@@ -54,8 +58,12 @@
 //! - **Finalizers are written with a merge patch** guarded by the resourceVersion; the
 //!   finalizer is put only on PVs with reclaim policy Delete at provisioning time (Go adds
 //!   it and removes it again on the next sync for Retain volumes).
-//! - **Volumes whose CSI driver is ours** count as ours, as in newer upstream
-//!   (`isProvisionerForVolume`), besides the provisioned-by and migrated-to annotations.
+//! - **Which volumes are ours** follows newer upstream (`isProvisionerForVolume`): with a
+//!   provisioned-by annotation, that or migrated-to must name us; a statically
+//!   provisioned CSI volume is ours when its driver is; a static in-tree one when
+//!   migrated to us.
+//! - **A nameless PV from the driver** is given `pv_name`; a claim with an empty UID is
+//!   never provisioned (it would share the PV name `pvc-` with every other such claim).
 //! - Events are written with the `events.k8s.io/v1` API (kube-runtime's recorder).
 //! - **The lease is released on shutdown.** After a graceful stop (in-flight operations
 //!   get [`Config::shutdown_grace`]) the leader writes a released Lease record, so a

@@ -12,6 +12,7 @@
 //! | `controller_persistentvolumeclaim_provision_duration_seconds` | histogram | `class`, `source` | time to provision, successes only |
 //! | `controller_persistentvolume_delete_total` | counter | `class` | volumes deleted |
 //! | `controller_persistentvolume_delete_failed_total` | counter | `class` | failed deletion attempts |
+//! | `controller_persistentvolume_delete_stopped_total` | counter | `class` | deletions the driver ignored; Go counts these as successes |
 //! | `controller_persistentvolume_delete_duration_seconds` | histogram | `class` | time to delete, successes only |
 //! | `controller_claims_in_progress` | gauge | | claims whose provisioning continues in the background |
 //! | `controller_unsaved_persistentvolumes` | gauge | | provisioned PVs still waiting to be saved |
@@ -120,6 +121,7 @@ pub struct ControllerMetrics {
     provision_duration: HistogramFamily<ClaimLabels>,
     delete_total: Family<ClassLabels, Counter>,
     delete_failed: Family<ClassLabels, Counter>,
+    delete_stopped: Family<ClassLabels, Counter>,
     delete_duration: HistogramFamily<ClassLabels>,
     claims_in_progress: Gauge,
     unsaved_pvs: Gauge,
@@ -146,6 +148,7 @@ impl ControllerMetrics {
             provision_duration: Family::new_with_constructor(operation_histogram),
             delete_total: Family::default(),
             delete_failed: Family::default(),
+            delete_stopped: Family::default(),
             delete_duration: Family::new_with_constructor(operation_histogram),
             claims_in_progress: Gauge::default(),
             unsaved_pvs: Gauge::default(),
@@ -192,6 +195,11 @@ impl ControllerMetrics {
             "controller_persistentvolume_delete_failed",
             "Failed persistent volume deletion attempts, by storage class",
             self.delete_failed.clone(),
+        );
+        registry.register(
+            "controller_persistentvolume_delete_stopped",
+            "Persistent volume deletions the provisioner ignored (left to another provisioner), by storage class",
+            self.delete_stopped.clone(),
         );
         registry.register(
             "controller_persistentvolume_delete_duration_seconds",
@@ -288,6 +296,16 @@ impl ControllerMetrics {
     pub fn delete_failed(&self, class: &str, elapsed: Duration) {
         let _ = elapsed;
         self.delete_failed
+            .get_or_create(&ClassLabels {
+                class: class.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts a deletion the driver ignored ([`DeleteError::Ignored`](crate::DeleteError::Ignored)):
+    /// neither a success nor a failure (Go counts it as a success).
+    pub fn delete_stopped(&self, class: &str) {
+        self.delete_stopped
             .get_or_create(&ClassLabels {
                 class: class.to_owned(),
             })

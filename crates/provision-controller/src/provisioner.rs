@@ -26,7 +26,8 @@ pub struct ProvisionOptions {
     #[doc(alias = "PVC")]
     pub claim: Arc<PersistentVolumeClaim>,
     /// The node the scheduler chose (`volume.kubernetes.io/selected-node`), for
-    /// `WaitForFirstConsumer` classes; the node is known to exist.
+    /// `WaitForFirstConsumer` classes; the node is known to exist, except when a
+    /// provisioning that runs in the background is driven on after its node was deleted.
     #[doc(alias = "SelectedNode")]
     pub selected_node_name: Option<String>,
 }

@@ -5,6 +5,7 @@
 
 /// Verbs on one resource of one API group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Permission {
     /// The API group (`""` for core).
     pub group: &'static str,

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::{
     Context,
-    decorate::{claim_reference, decorate},
+    decorate::{claim_reference, decorate, ensure_name},
     intent,
     op::{self, Names, OpError, api, call, chain, is_api},
 };
@@ -142,12 +142,21 @@ pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> 
     }
     let class = annotations::claim_class(&claim).to_owned();
     let source = data_source_kind(&claim).to_owned();
-    // The qualifier is asked only about claims that are ours (same answers as Go, which
-    // asks it first, without calling a possibly costly qualifier for every claim).
-    let should = match should_provision(&claim, ctx.names(), |c| ctx.caches.class(c)) {
-        Ok(false) => Ok(false),
-        decision if ctx.qualified(&claim).await => decision,
-        _ => Ok(false),
+    // A claim whose provisioning may run in the background is driven until the driver
+    // answers, whatever the claim, its class or the qualifier say now: forgetting it
+    // would leak the asset being created (Go forgets it here).
+    let in_progress = ctx.is_in_progress(uid);
+    let should = if in_progress {
+        tracing::debug!(pvc = %claim_key(&claim), "provisioning runs in the background; driving it on");
+        Ok(true)
+    } else {
+        // The qualifier is asked only about claims that are ours (same answers as Go,
+        // which asks it first, without calling a possibly costly qualifier for every claim).
+        match should_provision(&claim, ctx.names(), |c| ctx.caches.class(c)) {
+            Ok(false) => Ok(false),
+            decision if ctx.qualified(&claim).await => decision,
+            _ => Ok(false),
+        }
     };
     match should {
         Err(err) => {
@@ -160,7 +169,7 @@ pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> 
         Ok(true) => {}
     }
     let start = Instant::now();
-    let attempt = provision_claim(ctx, &claim).await;
+    let attempt = provision_claim(ctx, &claim, in_progress).await;
     let elapsed = start.elapsed();
     match attempt {
         Ok(Outcome::Provisioned) => {
@@ -193,12 +202,22 @@ pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> 
 }
 
 /// One provisioning attempt (Go `provisionClaimOperation`).
+///
+/// `in_progress`: the driver may be creating the asset in the background. Such a claim
+/// ends only with an answer of the driver (or its PV existing): a missing class keeps it
+/// (and is retried), and a class that now names another provisioner or a selected node
+/// that is gone do not stop it.
 #[tracing::instrument(skip_all, fields(pvc = %claim_key(claim)))]
-async fn provision_claim(ctx: &Context, claim: &Arc<PersistentVolumeClaim>) -> Attempt {
+async fn provision_claim(
+    ctx: &Context,
+    claim: &Arc<PersistentVolumeClaim>,
+    in_progress: bool,
+) -> Attempt {
     let limit = ctx.config.provision_timeout;
     let class_name = annotations::claim_class(claim).to_owned();
     let pv_name = ctx.config.volume_namer.name(claim);
-    if ctx.caches.volume_exists(&pv_name) {
+    // Saved, or waiting in the background saver (Go adds it to its volume cache).
+    if ctx.caches.volume_exists(&pv_name) || ctx.saver.is_pending(&pv_name) {
         return Ok(Outcome::Stopped("persistentvolume already exists"));
     }
     claim_reference(claim).map_err(|e| (State::NoChange, e))?;
@@ -210,12 +229,16 @@ async fn provision_claim(ctx: &Context, claim: &Arc<PersistentVolumeClaim>) -> A
             .await;
         return Ok(Outcome::Stopped("provisioner cannot serve the claim"));
     }
+    // Retried: the class may be created again. `NoChange` keeps a claim in progress.
     let Some(class) = ctx.caches.class(&class_name) else {
-        return Err((State::Finished, OpError::ClassNotFound { name: class_name }));
+        return Err((State::NoChange, OpError::ClassNotFound { name: class_name }));
     };
     if !ctx.names().knows(&class.provisioner) {
-        tracing::error!(provisioner = %class.provisioner, "unknown provisioner requested in the claim's class");
-        return Ok(Outcome::Stopped("class names another provisioner"));
+        if !in_progress {
+            tracing::error!(provisioner = %class.provisioner, "unknown provisioner requested in the claim's class");
+            return Ok(Outcome::Stopped("class names another provisioner"));
+        }
+        tracing::warn!(provisioner = %class.provisioner, "the claim's class now names another provisioner; driving the provisioning that runs in the background to its end");
     }
 
     let selected_node = annotations::selected_node(claim).map(str::to_owned);
@@ -223,6 +246,9 @@ async fn provision_claim(ctx: &Context, claim: &Arc<PersistentVolumeClaim>) -> A
         let nodes: Api<Node> = Api::all(ctx.client.clone());
         match call(limit, nodes.get(node)).await {
             Ok(Ok(_)) => {}
+            Ok(Err(source)) if in_progress && is_api(&source, |s| s.is_not_found()) => {
+                tracing::warn!(%node, "the selected node is gone; driving the provisioning that runs in the background to its end");
+            }
             Ok(Err(source)) if is_api(&source, |s| s.is_not_found()) => {
                 let err = OpError::Node {
                     node: node.clone(),
@@ -240,7 +266,14 @@ async fn provision_claim(ctx: &Context, claim: &Arc<PersistentVolumeClaim>) -> A
                     .await;
                 return Err((State::NoChange, err));
             }
-            Err(e) => return Err((State::NoChange, e.into_op(format!("get node {node}")))),
+            // As any other failure to read the node (Go: the context's deadline error).
+            Err(e) => {
+                let err = e.into_op(format!("get target node {node:?}"));
+                ctx.events
+                    .warning(&**claim, events::PROVISIONING_FAILED, chain(&err))
+                    .await;
+                return Err((State::NoChange, err));
+            }
         }
     }
 
@@ -307,6 +340,7 @@ async fn provision_claim(ctx: &Context, claim: &Arc<PersistentVolumeClaim>) -> A
             return error_handling(ctx, claim, State::NoChange, false, err).await;
         }
     };
+    ensure_name(&mut volume, &options.pv_name, claim);
     tracing::info!(pv = ?volume.metadata.name, "volume provisioned");
 
     decorate(ctx, claim, &class, &mut volume);
@@ -316,9 +350,13 @@ async fn provision_claim(ctx: &Context, claim: &Arc<PersistentVolumeClaim>) -> A
         .store(ctx, claim, volume)
         .await
         .map_err(|e| (State::Finished, e))?;
-    ctx.caches.mark_saved(&name);
-    if saved && (crash_safe || intent::has_intent(claim)) {
-        intent::drop_intent(ctx, claim).await;
+    // Only a PV really saved records the asset; one waiting in the background saver
+    // does not (its claim keeps the crash-safety finalizer until the saver is done).
+    if saved {
+        ctx.caches.mark_saved(&name);
+        if crash_safe || intent::has_intent(claim) {
+            intent::drop_intent(ctx, claim).await;
+        }
     }
     Ok(Outcome::Provisioned)
 }

@@ -208,6 +208,7 @@ pub(crate) async fn clean_up(
         }
     };
     if let Some(mut volume) = volume {
+        super::decorate::ensure_name(&mut volume, &pv_name, claim);
         super::decorate::decorate(ctx, claim, &class, &mut volume);
         match call(ctx.config.deletion_timeout, ctx.provisioner.delete(&volume)).await {
             Ok(Ok(()) | Err(DeleteError::Ignored { .. })) => {
@@ -226,6 +227,8 @@ pub(crate) async fn clean_up(
         tracing::info!(pv = %pv_name, "the driver holds no asset for the deleted claim");
     }
     ctx.set_in_progress(&uid, None);
+    // A PV still waiting in the background saver would describe a deleted asset.
+    ctx.saver.forget_pending(ctx, &pv_name);
     let namespace = claim.metadata.namespace.as_deref().unwrap_or("default");
     let name = claim.metadata.name.as_deref().unwrap_or_default();
     set_intent(ctx, namespace, name, false).await

@@ -381,11 +381,12 @@ fn spawn_feeders(
 ) {
     let feed = Arc::clone(ctx);
     tasks.spawn(claims.for_each(move |claim| {
-        if let Some(uid) = feed.caches.index_claim(&claim)
-            && feed.accepting()
-            && !feed.is_own_write(&uid, &claim)
-        {
-            feed.claim_queue.add(uid);
+        match feed.caches.index_claim(&claim) {
+            Some(uid) if feed.accepting() && !feed.is_own_write(&uid, &claim) => {
+                feed.claim_queue.add(uid);
+            }
+            Some(_) => {}
+            None => tracing::warn!(pvc = %super::claim::claim_key(&claim), "claim without a uid; skipped"),
         }
         async {}
     }));

@@ -38,6 +38,11 @@ impl Background {
     pub(crate) fn unsaved(&self) -> usize {
         self.pending().len()
     }
+    /// The PV waiting to be saved under `name`.
+    #[cfg(test)]
+    pub(crate) fn pending_volume(&self, name: &str) -> Option<PersistentVolume> {
+        self.pending().get(name).cloned()
+    }
 }
 
 impl Saver {
@@ -56,6 +61,29 @@ impl Saver {
                 pending: Mutex::default(),
             }),
             (None, _) => Self::Blocking { pauses: Vec::new() },
+        }
+    }
+
+    /// Whether the background saver holds an unsaved PV named `name`.
+    pub(crate) fn is_pending(&self, name: &str) -> bool {
+        match self {
+            Self::Background(bg) => bg.pending().contains_key(name),
+            Self::Blocking { .. } => false,
+        }
+    }
+
+    /// Drops the unsaved PV `name` (its asset was deleted: nothing is left to describe).
+    pub(crate) fn forget_pending(&self, ctx: &Context, name: &str) {
+        if let Self::Background(bg) = self {
+            let unsaved = {
+                let mut pending = bg.pending();
+                if pending.remove(name).is_none() {
+                    return;
+                }
+                pending.len()
+            };
+            tracing::info!(pv = name, "dropped the unsaved PV of a deleted asset");
+            set_unsaved(ctx, unsaved);
         }
     }
 

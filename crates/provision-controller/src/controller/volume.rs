@@ -21,18 +21,21 @@ use crate::{
     events,
 };
 
-/// Whether the PV belongs to us (Go `isProvisionerForVolume`): its provisioned-by or
-/// migrated-to annotation, or its CSI driver (statically provisioned CSI volumes), names
-/// one of our names. Statically provisioned in-tree volumes never do.
+/// Whether the PV belongs to us (newer Go `isProvisionerForVolume`):
+/// - a dynamically provisioned PV (with `pv.kubernetes.io/provisioned-by`) is ours when
+///   that annotation or `pv.kubernetes.io/migrated-to` names one of our names; its CSI
+///   driver does not count (another provisioner may use the same driver);
+/// - a statically provisioned CSI PV is ours when its driver is one of our names;
+/// - a statically provisioned in-tree PV is ours only when migrated to us.
 pub(crate) fn is_ours(volume: &PersistentVolume, names: Names<'_>) -> bool {
-    let csi_driver = volume
-        .spec
-        .as_ref()
-        .and_then(|s| s.csi.as_ref())
-        .map(|c| c.driver.as_str());
-    annotations::provisioned_by(volume).is_some_and(|p| names.knows(p))
-        || annotations::migrated_to(volume).is_some_and(|m| names.knows(m))
-        || csi_driver.is_some_and(|d| names.knows(d))
+    let migrated_to_us = annotations::migrated_to(volume).is_some_and(|m| names.knows(m));
+    if let Some(provisioned_by) = annotations::provisioned_by(volume) {
+        return names.knows(provisioned_by) || migrated_to_us;
+    }
+    match volume.spec.as_ref().and_then(|s| s.csi.as_ref()) {
+        Some(csi) => names.knows(&csi.driver),
+        None => migrated_to_us,
+    }
 }
 
 fn reclaim_policy(volume: &PersistentVolume) -> &str {
@@ -114,8 +117,9 @@ pub(crate) async fn sync_volume(ctx: &Context, name: &str) -> Result<(), OpError
     let result = delete_volume(ctx, &volume).await;
     match (&result, &ctx.metrics) {
         (Ok(true), Some(m)) => m.delete_succeeded(&class, start.elapsed()),
+        (Ok(false), Some(m)) => m.delete_stopped(&class),
         (Err(_), Some(m)) => m.delete_failed(&class, start.elapsed()),
-        _ => {}
+        (_, None) => {}
     }
     result.map(|_| ())
 }
@@ -388,6 +392,25 @@ mod tests {
                 false,
             ),
             (
+                "a dynamically provisioned volume of another provisioner is not ours, even with our CSI driver",
+                with_ann(csi(ME), crate::annotations::ANN_PROVISIONED_BY, "x/y"),
+                false,
+            ),
+            (
+                "a dynamically provisioned CSI volume of another driver migrated to us is ours",
+                with_ann(
+                    with_ann(csi("x/y"), crate::annotations::ANN_PROVISIONED_BY, "x/y"),
+                    crate::annotations::ANN_MIGRATED_TO,
+                    ME,
+                ),
+                true,
+            ),
+            (
+                "a statically provisioned CSI volume of another driver is not ours, even migrated to us",
+                with_ann(csi("x/y"), crate::annotations::ANN_MIGRATED_TO, ME),
+                false,
+            ),
+            (
                 "a statically provisioned in-tree volume is never ours",
                 pv("v").build(),
                 false,
@@ -477,6 +500,12 @@ mod tests {
                 ours().finalizer("other/x").finalizer(FINALIZER_PV).build(),
                 false,
                 Some(vec!["other/x".to_owned()]),
+            ),
+            (
+                "adds the finalizer to a static in-tree volume migrated to us",
+                pv("v").migrated_to(ME).build(),
+                true,
+                Some(fin()),
             ),
             (
                 "leaves volumes of other provisioners alone",

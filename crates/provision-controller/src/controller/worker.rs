@@ -9,9 +9,13 @@ use super::{Context, claim, op, volume};
 
 pub(crate) async fn claim_worker(ctx: Arc<Context>) {
     while let Some(uid) = ctx.claim_queue.get().await {
-        let result = claim::sync_claim(&ctx, &uid)
-            .instrument(tracing::info_span!("sync_claim", claim_uid = %uid))
-            .await;
+        // A panic anywhere in the sync (a hook, a bug) fails this claim only: the worker
+        // lives on and the key is released.
+        let sync = claim::sync_claim(&ctx, &uid)
+            .instrument(tracing::info_span!("sync_claim", claim_uid = %uid));
+        let result = op::call(None, sync)
+            .await
+            .unwrap_or_else(|e| Err(e.into_op("sync of claim")));
         match result {
             Ok(()) => {
                 ctx.claim_queue.forget(&uid);
@@ -48,9 +52,11 @@ fn cleaning_up(ctx: &Context, uid: &str) -> bool {
 
 pub(crate) async fn volume_worker(ctx: Arc<Context>) {
     while let Some(name) = ctx.volume_queue.get().await {
-        let result = volume::sync_volume(&ctx, &name)
-            .instrument(tracing::info_span!("sync_volume", pv = %name))
-            .await;
+        let sync = volume::sync_volume(&ctx, &name)
+            .instrument(tracing::info_span!("sync_volume", pv = %name));
+        let result = op::call(None, sync)
+            .await
+            .unwrap_or_else(|e| Err(e.into_op("sync of volume")));
         match result {
             Ok(()) => ctx.volume_queue.forget(&name),
             Err(err) => {
@@ -108,8 +114,10 @@ mod tests {
         ctx: Arc<Context>,
         claims: reflector::store::Writer<PersistentVolumeClaim>,
         volumes: reflector::store::Writer<k8s_openapi::api::core::v1::PersistentVolume>,
-        _classes: reflector::store::Writer<StorageClass>,
+        classes: reflector::store::Writer<StorageClass>,
         calls: Arc<Mutex<Vec<Instant>>>,
+        /// What the qualifier answers (true at first).
+        qualify: Arc<std::sync::atomic::AtomicBool>,
     }
 
     /// A context on empty caches and a client that is never contacted (the flows under
@@ -129,6 +137,8 @@ mod tests {
         }
         let calls = Arc::new(Mutex::new(Vec::new()));
         let seen = Arc::clone(&calls);
+        let qualify = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let answer = Arc::clone(&qualify);
         // Crash safety writes claim finalizers, and this harness has no API server.
         let config = config.crash_safe_provisioning(false);
         let limiter = config.failure_backoff.limiter();
@@ -138,7 +148,7 @@ mod tests {
             provisioner: Arc::new(fake),
             qualifier: Some(Arc::new(move |_: &PersistentVolumeClaim| {
                 seen.lock().unwrap().push(Instant::now());
-                true
+                answer.load(std::sync::atomic::Ordering::SeqCst)
             })),
             guard: None,
             caches: Caches::new(claims_store, volumes_store, classes_store),
@@ -156,8 +166,9 @@ mod tests {
             ctx,
             claims,
             volumes,
-            _classes: classes,
+            classes,
             calls,
+            qualify,
         }
     }
 
@@ -399,6 +410,8 @@ mod tests {
         assert!(claim::sync_claim(&h.ctx, "u1").await.is_ok());
         assert!(fake.provision_calls().is_empty());
     }
+
+    mod more;
 
     #[tokio::test(start_paused = true)]
     async fn a_failing_volume_is_retried_until_the_delete_threshold() {

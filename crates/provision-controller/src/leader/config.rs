@@ -5,6 +5,7 @@ use std::time::Duration;
 /// A leader-election setting that cannot work, naming the field and the problem.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid leader election setting {field}: {problem}")]
+#[non_exhaustive]
 pub struct InvalidLeaderElection {
     /// The offending field, e.g. `"renew_deadline"`.
     pub field: &'static str,

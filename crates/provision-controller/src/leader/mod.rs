@@ -118,6 +118,7 @@ impl std::fmt::Display for LossReason {
 /// Leadership has ended; returned by [`LeaderElector::lost`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("lost leadership of lease {lease}: {reason}")]
+#[non_exhaustive]
 pub struct LeadershipLost {
     /// `namespace/name` of the Lease.
     pub lease: String,

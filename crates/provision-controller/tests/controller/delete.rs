@@ -13,7 +13,7 @@ use crate::{Env, ME, claim, eventually, fast_class, quick, quiet, settle};
 
 /// Creates a PV and sets its status phase. A Released PV gets a claimRef to a deleted
 /// claim, as in a cluster (the binder makes unclaimed PVs Available).
-async fn create_volume(env: &Env, mut volume: PersistentVolume, phase: &str) {
+pub(crate) async fn create_volume(env: &Env, mut volume: PersistentVolume, phase: &str) {
     let name = volume.metadata.name.clone().unwrap();
     let spec = volume.spec.as_mut().unwrap();
     if phase == "Released" && spec.claim_ref.is_none() {
@@ -104,9 +104,11 @@ async fn only_released_delete_volumes_of_this_provisioner_are_deleted() {
 }
 
 #[tokio::test]
-async fn an_ignored_delete_keeps_the_volume_without_an_event() {
+async fn an_ignored_delete_keeps_the_volume_without_an_event_and_counts_apart() {
     let fake = FakeProvisioner::new().script_delete([DeleteStep::Ignored]);
-    let env = Env::start(quiet(), fake).await;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = provision_controller::ControllerMetrics::new(&mut registry);
+    let env = Env::start_with(quiet(), fake, |c| c.metrics(metrics)).await;
     create_volume(&env, pv("v").provisioned_by(ME).build(), "Released").await;
     eventually("delete called", || async {
         (!env.fake.delete_calls().is_empty()).then_some(())
@@ -116,6 +118,21 @@ async fn an_ignored_delete_keeps_the_volume_without_an_event() {
     assert_eq!(env.fake.delete_calls().len(), 1, "ignored, not retried");
     assert!(env.volumes().get_opt("v").await.unwrap().is_some());
     assert!(env.events("v", VOLUME_FAILED_DELETE).await.is_empty());
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    let counted = |name: &str| text.lines().any(|l| l.starts_with(name));
+    assert!(
+        text.contains("controller_persistentvolume_delete_stopped_total{class=\"\"} 1"),
+        "{text}"
+    );
+    assert!(
+        !counted("controller_persistentvolume_delete_total"),
+        "{text}"
+    );
+    assert!(
+        !counted("controller_persistentvolume_delete_failed_total"),
+        "{text}"
+    );
     env.stop().await;
 }
 

@@ -3,7 +3,9 @@
 
 mod delete;
 mod provision;
+mod robust;
 mod save;
+mod upstream;
 
 use std::{future::Future, sync::Arc, time::Duration};
 
@@ -63,6 +65,17 @@ impl Env {
         fake: FakeProvisioner,
         build: impl FnOnce(ProvisionController) -> ProvisionController,
     ) -> Self {
+        let driver = fake.clone();
+        Self::start_driver(config, fake, driver, build).await
+    }
+
+    /// Runs the controller on `driver` (typically wrapping `fake`, which the test inspects).
+    pub(crate) async fn start_driver(
+        config: Config,
+        fake: FakeProvisioner,
+        driver: impl provision_controller::Provisioner,
+        build: impl FnOnce(ProvisionController) -> ProvisionController,
+    ) -> Self {
         let _ = tracing_subscriber::fmt()
             .with_test_writer()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -70,7 +83,7 @@ impl Env {
         let sim = KubeSim::builder().pv_binder(true).start().await.unwrap();
         let client = sim.client();
         let controller =
-            build(ProvisionController::new(client.clone(), ME, fake.clone()).with_config(config));
+            build(ProvisionController::new(client.clone(), ME, driver).with_config(config));
         let (stop, stopped) = oneshot::channel();
         let run = tokio::spawn(controller.run(async {
             let _ = stopped.await;

@@ -134,3 +134,43 @@ async fn provisioning_in_the_background_continues_after_the_claim_is_deleted_wit
     );
     env.stop().await;
 }
+
+#[tokio::test]
+async fn a_claim_deleted_while_its_pv_waits_in_the_background_saver_leaves_no_asset() {
+    let env = Env::start(
+        quick().pv_save(PvSaveStrategy::background()),
+        FakeProvisioner::new(),
+    )
+    .await;
+    env.sim.add_fault(
+        FaultRule::new(Verb::Create, "persistentvolumes")
+            .always()
+            .status(500, "InternalError"),
+    );
+    env.create_class(fast_class()).await;
+    let uid = env.create_claim(claim("data")).await;
+    eventually("asset created", || async {
+        (!env.fake.assets().is_empty()).then_some(())
+    })
+    .await;
+    env.delete_claim("data").await;
+    let claims = env.claims();
+    eventually("claim gone", || {
+        let claims = claims.clone();
+        async move { claims.get_opt("data").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    assert!(
+        env.fake.assets().is_empty(),
+        "the claim kept its crash-safety finalizer until the asset of its unsaved PV was deleted"
+    );
+
+    env.sim.clear_faults();
+    settle().await;
+    let name = format!("pvc-{uid}");
+    assert!(
+        env.volumes().get_opt(&name).await.unwrap().is_none(),
+        "the unsaved PV of the deleted asset is dropped, not saved"
+    );
+    env.stop().await;
+}
