@@ -178,7 +178,7 @@ async fn apply(object: &CnsVolumeMetadata, ctx: &Context) -> Result<Action, Reco
     info!(entity_type = %spec.entity_type, entity = %spec.entity_name, "reconciling");
     if let Err(invalid) = validate(object) {
         let note = format!(
-            "Failed to validate reconcile request: {}",
+            "Failed to validate reconcile request with error: {}",
             join_violations(&invalid)
         );
         ctx.publish(object, EventType::Warning, "Validate", note)
@@ -212,25 +212,29 @@ async fn apply(object: &CnsVolumeMetadata, ctx: &Context) -> Result<Action, Reco
             write_status(object, ctx, status.clone()).await?;
             return Err(volumes_failed(object, failed, status.len()));
         }
-        write(object, ctx, "remove finalizer", |o| {
+        let removed = write(object, ctx, "remove finalizer", |o| {
             o.metadata
                 .finalizers
                 .get_or_insert_default()
                 .retain(|f| f != FINALIZER);
             o.status.volume_status.clone_from(&status);
         })
-        .await?;
+        .await;
+        warn_finalizer_failure(object, ctx, "remove", &removed).await;
+        removed?;
         info!("metadata removed from cns; finalizer removed");
         return Ok(Action::await_change());
     }
     if !has_finalizer {
-        write(object, ctx, "add finalizer", |o| {
+        let added = write(object, ctx, "add finalizer", |o| {
             let finalizers = o.metadata.finalizers.get_or_insert_default();
             if !finalizers.iter().any(|f| f == FINALIZER) {
                 finalizers.push(FINALIZER.to_owned());
             }
         })
-        .await?;
+        .await;
+        warn_finalizer_failure(object, ctx, "add", &added).await;
+        added?;
         // The finalizer change triggers the next reconcile, which pushes the metadata.
         return Ok(Action::await_change());
     }
@@ -251,6 +255,25 @@ async fn apply(object: &CnsVolumeMetadata, ctx: &Context) -> Result<Action, Reco
         .await;
     write_status(object, ctx, status).await?;
     Ok(Action::await_change())
+}
+
+/// Publishes the `UpdateFailed` event Go records when adding or removing the finalizer
+/// fails (`verb` is `add` or `remove`).
+async fn warn_finalizer_failure(
+    object: &CnsVolumeMetadata,
+    ctx: &Context,
+    verb: &str,
+    result: &Result<(), ReconcileError>,
+) {
+    if let Err(error) = result {
+        let note = format!(
+            "Failed to {verb} finalizer {FINALIZER:?} for {:?}. Err: {}. Requeueing request.",
+            object.name_any(),
+            error_chain(error)
+        );
+        ctx.publish(object, EventType::Warning, "UpdateFinalizer", note)
+            .await;
+    }
 }
 
 fn volumes_failed(object: &CnsVolumeMetadata, failed: usize, total: usize) -> ReconcileError {

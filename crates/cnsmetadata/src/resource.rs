@@ -13,6 +13,8 @@ use k8s_openapi::{NamespaceResourceScope, apimachinery::pkg::apis::meta::v1::Obj
 use kube_client::Resource;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+mod lenient;
+
 /// API group of the resource.
 pub const GROUP: &str = "cns.vmware.com";
 /// API version of the resource.
@@ -197,24 +199,25 @@ pub struct CnsVolumeMetadataSpec {
 /// The JSON keys are PascalCase (`EntityType`, `EntityName`, `Namespace`, `ClusterID`)
 /// and always written, as the Go struct has no JSON tags. The older key `ClusterId` is
 /// accepted when reading.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+///
+/// Reading is lenient, because the upstream CRD leaves these items untyped
+/// (`x-kubernetes-preserve-unknown-fields`), so the API server accepts anything there: a
+/// `null` item or value reads as empty, a number or boolean as its JSON text, unknown keys
+/// are ignored. One malformed object then fails validation (with an event) instead of
+/// failing the decoding of every object listed with it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize)]
 pub struct EntityReference {
     /// Kind of the referred entity.
-    #[serde(rename = "EntityType", default, deserialize_with = "null_default")]
+    #[serde(rename = "EntityType")]
     pub entity_type: EntityType,
     /// Name of the referred entity.
-    #[serde(rename = "EntityName", default, deserialize_with = "null_default")]
+    #[serde(rename = "EntityName")]
     pub entity_name: String,
     /// Namespace of the referred entity (empty for PVs).
-    #[serde(rename = "Namespace", default, deserialize_with = "null_default")]
+    #[serde(rename = "Namespace")]
     pub namespace: String,
     /// Cluster of the referred entity; empty when a guest PV refers to a supervisor PVC.
-    #[serde(
-        rename = "ClusterID",
-        alias = "ClusterId",
-        default,
-        deserialize_with = "null_default"
-    )]
+    #[serde(rename = "ClusterID")]
     pub cluster_id: String,
 }
 

@@ -352,3 +352,70 @@ async fn status_write_conflict_is_retried_on_a_fresh_copy() {
         .count();
     assert_eq!(updates, 2, "one conflicting and one successful replace");
 }
+
+/// The `UpdateFailed` warnings about the finalizer of `namespace/name`, newest last.
+async fn finalizer_warnings(h: &Harness, namespace: &str, name: &str) -> Vec<String> {
+    h.events(namespace, name)
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(REASON_UPDATE_FAILED))
+        .filter(|e| e.type_.as_deref() == Some("Warning"))
+        .filter_map(|e| e.note)
+        .filter(|note| note.contains("finalizer"))
+        .collect()
+}
+
+#[tokio::test]
+async fn failing_to_add_the_finalizer_publishes_a_warning_event() {
+    let h = harness().await;
+    h.vsphere_volume("tenant", "gc-1-vol-a").await;
+    let d = h.direct(config()).await;
+    h.create("tenant", "gc-1-data", pvc_spec()).await;
+    h.sim.add_fault(
+        FaultRule::new(Verb::Update, "cnsvolumemetadatas")
+            .times(1)
+            .status(500, "InternalError"),
+    );
+    let error = step(&h, &d, "tenant", "gc-1-data").await.unwrap_err();
+    assert!(matches!(error, ReconcileError::Write { .. }), "{error}");
+    let warnings = finalizer_warnings(&h, "tenant", "gc-1-data").await;
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0]
+            .starts_with("Failed to add finalizer \"cns.vmware.com\" for \"gc-1-data\". Err: ")
+            && warnings[0].ends_with(". Requeueing request."),
+        "{}",
+        warnings[0]
+    );
+    assert!(h.backend.calls().is_empty());
+}
+
+#[tokio::test]
+async fn failing_to_remove_the_finalizer_publishes_a_warning_event() {
+    let h = harness().await;
+    h.vsphere_volume("tenant", "gc-1-vol-a").await;
+    let d = h.direct(config()).await;
+    created_and_synced(&h, &d, "tenant", "gc-1-data").await;
+    h.delete("tenant", "gc-1-data").await;
+    h.sim.add_fault(
+        FaultRule::new(Verb::Update, "cnsvolumemetadatas")
+            .times(1)
+            .status(500, "InternalError"),
+    );
+    assert!(step(&h, &d, "tenant", "gc-1-data").await.is_err());
+    let warnings = finalizer_warnings(&h, "tenant", "gc-1-data").await;
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0]
+            .starts_with("Failed to remove finalizer \"cns.vmware.com\" for \"gc-1-data\". Err: "),
+        "{}",
+        warnings[0]
+    );
+    let object = h.get("tenant", "gc-1-data").await.expect("still there");
+    assert_eq!(object.metadata.finalizers, Some(vec![FINALIZER.to_owned()]));
+    assert_eq!(
+        step(&h, &d, "tenant", "gc-1-data").await.unwrap(),
+        Action::await_change()
+    );
+    assert!(h.get("tenant", "gc-1-data").await.is_none());
+}

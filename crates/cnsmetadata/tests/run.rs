@@ -208,7 +208,7 @@ async fn invalid_object_gets_a_warning_event_naming_every_problem() {
     assert_eq!(
         event.note.as_deref(),
         Some(
-            "Failed to validate reconcile request: Namespace should be set for POD instances; \
+            "Failed to validate reconcile request with error: Namespace should be set for POD instances; \
              Labels cannot be set for POD instances; VolumeNames and EntityReferences should \
              have the same length for POD instances (got 3 volume names and 2 entity references)"
         )

@@ -22,10 +22,12 @@ const USER_AGENT: &str = concat!("vsphere-cns-rs/", env!("CARGO_PKG_VERSION"));
 mod transport;
 
 use transport::fetch_version;
+#[cfg(test)]
+pub(crate) use transport::route;
 
 /// Where a SOAP call goes and which `SOAPAction` it carries.
 #[derive(Clone, Copy, Debug)]
-enum Endpoint {
+pub(crate) enum Endpoint {
     /// `/sdk` with `urn:vim25/<vim version>`.
     Vim,
     /// `/sdk` with `urn:vsan/<vsan version>`: task polling, as VMware asks.
@@ -246,7 +248,7 @@ impl CnsClient {
     pub async fn logout(&self) -> Result<()> {
         let body = encode::logout(&self.inner.content.session_manager);
         let result = self.inner.post(Endpoint::Vim, "Logout", body).await;
-        *self.inner.cookie.lock().expect("cookie lock poisoned") = None;
+        *self.inner.cookie_slot() = None;
         result.map(drop)
     }
 

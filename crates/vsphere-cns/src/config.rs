@@ -282,8 +282,13 @@ impl VsphereConfig {
             file,
             warnings: Vec::new(),
         };
-        let items =
-            ini::tokenize(text).map_err(|e| parser.error(Some(e.line), None, None, e.message))?;
+        let items = ini::tokenize(text).map_err(|e| ConfigError::Invalid {
+            file: file.to_owned(),
+            line: Some(e.line),
+            section: e.section,
+            key: e.key,
+            message: e.message,
+        })?;
         let mut global = Raw {
             title: "Global".into(),
             ..Raw::default()

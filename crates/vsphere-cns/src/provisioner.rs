@@ -123,6 +123,11 @@ pub enum ProvisionerError {
 ///   and the lookup then finds the volume); a failure before anything was sent is
 ///   [`ProvisionError::NoChange`]; a rejected claim, class or spec is
 ///   [`ProvisionError::Final`].
+/// - **`Final` means no volume of that name exists**, as crash-safe provisioning relies
+///   on: a claim or class refused while a volume of that name exists (made before the
+///   class changed) is `NoChange`; a create that failed in vCenter is followed by deleting
+///   any volume of that name it left behind, and is `InBackground` when that cannot be
+///   done; a `CnsAlreadyRegisteredFault` whose volume cannot be found is `InBackground`.
 /// - `delete` deletes the volume and its disk; a volume that is already gone counts as
 ///   deleted; PVs of other drivers are [`DeleteError::Ignored`].
 ///
@@ -216,17 +221,22 @@ impl CnsProvisioner {
         Ok(self.default_datastores.clone())
     }
 
-    /// The volumes named `name`, ordered by ID.
+    /// The volumes of this provisioner's container cluster named `name`, ordered by ID.
+    /// Volumes of other clusters sharing the vCenter are never reused nor removed.
     async fn find_by_name(&self, name: &str) -> Result<Vec<CnsVolume>, ProvisionerError> {
-        let mut volumes = self
-            .client
-            .query_volume(&QueryFilter::by_names([name]))
-            .await
-            .map_err(|source| ProvisionerError::Cns {
-                action: "looking up",
-                volume: name.to_owned(),
-                source,
-            })?;
+        let mut filter = QueryFilter::by_names([name]);
+        if !self.cluster.cluster_id.is_empty() {
+            filter.container_cluster_ids = vec![self.cluster.cluster_id.clone()];
+        }
+        let mut volumes =
+            self.client
+                .query_volume(&filter)
+                .await
+                .map_err(|source| ProvisionerError::Cns {
+                    action: "looking up",
+                    volume: name.to_owned(),
+                    source,
+                })?;
         volumes.retain(|v| v.name.as_deref() == Some(name));
         volumes.sort_by(|a, b| a.volume_id.cmp(&b.volume_id));
         Ok(volumes)
@@ -269,6 +279,64 @@ impl CnsProvisioner {
         }
         Ok(Some(first.volume_id))
     }
+
+    /// A claim or class refused now is [`ProvisionError::Final`] only when no volume of
+    /// that name exists. One may, made by an earlier attempt before the class changed:
+    /// then the answer is [`ProvisionError::NoChange`], so that the asset is not forgotten.
+    async fn refused(&self, name: &str, refused: ProvisionerError) -> ProvisionError {
+        match self.find_by_name(name).await {
+            Ok(volumes) if volumes.is_empty() => ProvisionError::final_(refused),
+            Ok(volumes) => {
+                warn!(volume = name, volume_id = %volumes[0].volume_id, error = %error_chain(&refused),
+                    "refusing a claim whose cns volume already exists; the volume is kept");
+                ProvisionError::NoChange(Box::new(refused))
+            }
+            Err(lookup) => {
+                warn!(volume = name, error = %error_chain(&lookup), "cannot tell whether a cns volume exists");
+                ProvisionError::NoChange(Box::new(refused))
+            }
+        }
+    }
+
+    /// Maps a failed create. A fault means the create ran and failed; a vCenter may still
+    /// have left a volume behind (a task that failed after creating the disk), so one of
+    /// that name is deleted before the failure is reported as [`ProvisionError::Final`];
+    /// if it cannot be, the failure is [`ProvisionError::InBackground`] and the retry's
+    /// lookup finds the volume.
+    async fn failed_create(&self, name: &str, error: Error) -> ProvisionError {
+        let outcome = create_error(name, error);
+        let ProvisionError::Final(source) = outcome else {
+            return outcome;
+        };
+        let leftovers = match self.find_by_name(name).await {
+            Ok(volumes) => volumes,
+            Err(lookup) => {
+                warn!(volume = name, error = %error_chain(&lookup), "cannot look for a volume left by the failed create");
+                return ProvisionError::InBackground(source);
+            }
+        };
+        for volume in leftovers {
+            warn!(volume = name, volume_id = %volume.volume_id, "deleting the volume a failed create left behind");
+            match self.client.delete_volume(&volume.volume_id, true).await {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => {
+                    warn!(volume = name, error = %error_chain(&e), "cannot delete the volume a failed create left behind");
+                    return ProvisionError::InBackground(source);
+                }
+            }
+        }
+        ProvisionError::Final(source)
+    }
+}
+
+/// A failed CNS create of `name`.
+fn cns(name: &str, source: Error) -> ProvisionerError {
+    ProvisionerError::Cns {
+        action: "creating",
+        volume: name.to_owned(),
+        source,
+    }
 }
 
 #[async_trait]
@@ -278,11 +346,13 @@ impl Provisioner for CnsProvisioner {
         &self,
         options: &ProvisionOptions,
     ) -> Result<PersistentVolume, ProvisionError> {
-        let request = VolumeRequest::new(options).map_err(ProvisionError::final_)?;
-        let datastores = self
-            .datastores(&request.class, &request.params)
-            .map_err(ProvisionError::final_)?;
         let name = &options.pv_name;
+        let checked = VolumeRequest::new(options)
+            .and_then(|request| Ok((self.datastores(&request.class, &request.params)?, request)));
+        let (datastores, request) = match checked {
+            Ok(checked) => checked,
+            Err(refused) => return Err(self.refused(name, refused).await),
+        };
         // Nothing was sent yet, so a failed lookup changes nothing.
         if let Some(id) = self
             .existing(name)
@@ -307,10 +377,11 @@ impl Provisioner for CnsProvisioner {
             Err(e) if e.fault_type() == Some("CnsAlreadyRegisteredFault") => {
                 match self.existing(name).await {
                     Ok(Some(id)) => id,
-                    _ => return Err(create_error(name, e)),
+                    // A volume exists (CNS says so) but cannot be found by name yet.
+                    _ => return Err(ProvisionError::InBackground(Box::new(cns(name, e)))),
                 }
             }
-            Err(e) => return Err(create_error(name, e)),
+            Err(e) => return Err(self.failed_create(name, e).await),
         };
         info!(volume_id = %id, capacity_in_mb = spec.capacity_in_mb, "cns volume created");
         if let Err(e) = self.remove_duplicates(name, &id).await {
@@ -377,11 +448,7 @@ fn create_error(name: &str, source: Error) -> ProvisionError {
         // the create may have been received and may complete.
         _ => Some(true),
     };
-    let error = Box::new(ProvisionerError::Cns {
-        action: "creating",
-        volume: name.to_owned(),
-        source,
-    });
+    let error = Box::new(cns(name, source));
     match sent {
         Some(true) => ProvisionError::InBackground(error),
         Some(false) => ProvisionError::Final(error),

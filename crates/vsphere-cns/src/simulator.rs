@@ -5,7 +5,10 @@
 //! shapes recorded from VMware's vCenter simulator (`tests/samples`). It keeps volumes and
 //! their metadata in memory, issues quoted `vmware_soap_session` cookies as a real vCenter
 //! does, rejects calls without a valid session (`NotAuthenticated`) and a wrong password
-//! (`InvalidLogin`), and can be told to fail or delay calls.
+//! (`InvalidLogin`), and can be told to fail or delay calls. Like a vCenter, it finishes a
+//! call it has received even when the client gives up waiting (a client-side timeout): a
+//! delayed create, delete or update still changes the volumes. Malformed requests and
+//! unknown methods get SOAP faults.
 //!
 //! Where vcsim and a real vCenter differ, the simulator follows the real vCenter: updating
 //! an unknown volume reports `NotFound` (vcsim returns an empty result), metadata updates
@@ -28,15 +31,17 @@
 
 mod handlers;
 mod tls;
+mod volumes;
 mod wire;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 
 use crate::connection::VcConfig;
 use crate::tls::{Thumbprint, TlsMode};
@@ -77,6 +82,9 @@ pub enum FaultSite {
     Task,
     /// The task succeeds but its per-volume result carries the fault (nothing is changed).
     VolumeResult,
+    /// A partial failure: the operation is carried out (a create leaves its volume), then
+    /// the task ends in state `error` with the fault.
+    TaskAfterChange,
 }
 
 /// A fault to inject with [`CnsSimulator::fail_next`].
@@ -105,6 +113,14 @@ impl SimFault {
     pub fn task(fault_type: impl Into<String>) -> Self {
         Self {
             site: FaultSite::Task,
+            ..Self::call(fault_type)
+        }
+    }
+
+    /// A task that changes what it was asked to, then ends in `error` with the fault.
+    pub fn task_after_change(fault_type: impl Into<String>) -> Self {
+        Self {
+            site: FaultSite::TaskAfterChange,
             ..Self::call(fault_type)
         }
     }
@@ -164,11 +180,26 @@ pub(crate) struct Shared {
     /// Datastore MoRef value → (name, URL).
     pub(crate) datastores: BTreeMap<String, (String, String)>,
     pub(crate) data: Mutex<Data>,
+    /// Every request runs in a task of this set, so that a call whose client has gone away
+    /// (a timeout) still completes, as a vCenter task does. Joined on shutdown.
+    pub(crate) work: Mutex<JoinSet<()>>,
 }
 
 impl Shared {
     pub(crate) fn data(&self) -> std::sync::MutexGuard<'_, Data> {
-        self.data.lock().expect("simulator state lock poisoned")
+        // Plain values only: a panic elsewhere cannot leave them half-updated.
+        self.data.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn work(&self) -> std::sync::MutexGuard<'_, JoinSet<()>> {
+        self.work.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `job` in a task owned by the simulator (reaping the finished ones first).
+    pub(crate) fn spawn(&self, job: impl Future<Output = ()> + Send + 'static) {
+        let mut work = self.work();
+        while work.try_join_next().is_some() {}
+        work.spawn(job);
     }
 }
 
@@ -239,6 +270,7 @@ impl Builder {
             password: self.password,
             datastores: self.datastores,
             data: Mutex::new(Data::default()),
+            work: Mutex::new(JoinSet::new()),
         });
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
@@ -365,8 +397,9 @@ impl CnsSimulator {
             .push_back(fault);
     }
 
-    /// Delays every call of `method` by `delay` before it is answered;
-    /// `Duration::ZERO` removes the delay.
+    /// Delays every call of `method` by `delay` before it is carried out and answered;
+    /// `Duration::ZERO` removes the delay. A delayed call whose client stops waiting
+    /// still runs to completion (its effect shows up after `delay`).
     pub fn delay(&self, method: &str, delay: Duration) {
         let mut data = self.shared.data();
         if delay.is_zero() {
@@ -391,7 +424,8 @@ impl CnsSimulator {
         self.shared.data().requests.clone()
     }
 
-    /// Stops serving and waits for the server task.
+    /// Stops serving, then waits for the server task and for every call still running
+    /// (a delayed create, delete or update whose client gave up completes first).
     pub async fn shutdown(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -399,16 +433,22 @@ impl CnsSimulator {
         if let Some(server) = self.server.take() {
             let _ = server.await;
         }
+        let mut work = std::mem::take(&mut *self.shared.work());
+        while work.join_next().await.is_some() {}
     }
 }
 
 impl Drop for CnsSimulator {
+    /// Stops at once: the server and every call still running are aborted.
     fn drop(&mut self) {
         if let Some(server) = self.server.take() {
             server.abort();
         }
+        self.shared.work().abort_all();
     }
 }
 
+#[cfg(test)]
+mod background_tests;
 #[cfg(test)]
 mod tests;

@@ -13,6 +13,10 @@ use quick_xml::reader::NsReader;
 pub(crate) const XSI_NS: &str = "http://www.w3.org/2001/XMLSchema-instance";
 /// The SOAP 1.1 envelope namespace.
 pub(crate) const SOAP_ENV_NS: &str = "http://schemas.xmlsoap.org/soap/envelope/";
+/// Deepest nesting [`Element::parse`] accepts. SOAP messages of this API nest about 12
+/// levels; the limit keeps a hostile document from overflowing the stack when the
+/// (recursive) tree is walked or dropped.
+const MAX_DEPTH: usize = 128;
 
 /// Why a document could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -48,6 +52,11 @@ impl Element {
             let ns = namespace(resolved);
             match event {
                 Event::Start(ref start) => {
+                    if stack.len() >= MAX_DEPTH {
+                        return Err(XmlError(format!(
+                            "elements nested deeper than {MAX_DEPTH} levels"
+                        )));
+                    }
                     let element = start_element(&reader, ns, start)?;
                     stack.push(element);
                 }
@@ -314,6 +323,16 @@ mod tests {
         for doc in ["", "<a>", "<a></b>", "<a>&bogus;</a>", "text only"] {
             assert!(Element::parse(doc).is_err(), "{doc:?} should not parse");
         }
+    }
+
+    #[test]
+    fn hostile_nesting_is_refused_instead_of_overflowing_the_stack() {
+        let depth = 200_000;
+        let doc = format!("{}{}", "<a>".repeat(depth), "</a>".repeat(depth));
+        let err = Element::parse(&doc).unwrap_err();
+        assert!(err.to_string().contains("nested deeper than 128"), "{err}");
+        let fine = format!("{}{}", "<a>".repeat(MAX_DEPTH), "</a>".repeat(MAX_DEPTH));
+        assert!(Element::parse(&fine).is_ok());
     }
 
     #[test]

@@ -272,8 +272,8 @@ async fn a_failed_lookup_changes_nothing() {
     sim.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_slow_create_is_in_background_and_the_retry_does_not_leak() {
+#[tokio::test(start_paused = true)]
+async fn a_slow_create_is_in_background_and_the_late_volume_does_not_leak() {
     let sim = sim().await;
     let slow = sim.vc_config().task_timeout(Duration::from_millis(500));
     let provisioner = provisioner_with(&sim, slow).await;
@@ -281,16 +281,21 @@ async fn a_slow_create_is_in_background_and_the_retry_does_not_leak() {
     let err = provisioner.provision(&default_options()).await.unwrap_err();
     assert!(matches!(err, ProvisionError::InBackground(_)), "{err:?}");
     sim.delay("CnsCreateVolume", Duration::ZERO);
-    // The simulator drops a call whose client went away, so nothing landed; the retry
-    // creates the volume once.
+    // The first create still runs in the simulator, as a vCenter task would; the retry's
+    // lookup does not see it yet and creates a second volume.
     let pv = provisioner.provision(&default_options()).await.unwrap();
+    assert_eq!(sim.volumes().len(), 1);
+    tokio::time::sleep(Duration::from_secs(10)).await;
     let volumes = sim.volumes();
-    assert_eq!(volumes.len(), 1, "{volumes:?}");
-    assert_eq!(handle(&pv), volumes[0].id.as_str());
+    assert_eq!(volumes.len(), 2, "the late create landed: {volumes:?}");
+    assert!(volumes.iter().any(|v| v.id.as_str() == handle(&pv)));
+    // Deleting the PV removes its volume and the late duplicate of the same name.
+    provisioner.delete(&pv).await.unwrap();
+    assert!(sim.volumes().is_empty(), "{:?}", sim.volumes());
     sim.shutdown().await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_create_that_landed_before_the_timeout_is_found_by_the_retry() {
     let sim = sim().await;
     let slow = sim.vc_config().task_timeout(Duration::from_millis(500));
@@ -340,5 +345,89 @@ async fn duplicates_left_by_a_late_create_are_removed() {
     assert_eq!(sim.volumes().len(), 2);
     provisioner.delete(&pv).await.unwrap();
     assert!(sim.volumes().is_empty(), "{:?}", sim.volumes());
+    sim.shutdown().await;
+}
+
+fn count(sim: &CnsSimulator, method: &str) -> usize {
+    sim.requests().iter().filter(|r| r.method == method).count()
+}
+
+#[tokio::test]
+async fn a_create_task_that_failed_after_making_the_volume_is_cleaned_up_before_final() {
+    let sim = sim().await;
+    let provisioner = provisioner(&sim).await;
+    sim.fail_next("CnsCreateVolume", SimFault::task_after_change("CnsFault"));
+    let err = provisioner.provision(&default_options()).await.unwrap_err();
+    assert!(matches!(err, ProvisionError::Final(_)), "{err:?}");
+    assert!(sim.volumes().is_empty(), "Final means no volume exists");
+    assert_eq!(count(&sim, "CnsDeleteVolume"), 1);
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_failed_create_whose_leftover_cannot_be_deleted_is_in_background() {
+    let sim = sim().await;
+    let provisioner = provisioner(&sim).await;
+    sim.fail_next("CnsCreateVolume", SimFault::task_after_change("CnsFault"));
+    sim.fail_next("CnsDeleteVolume", SimFault::call("CnsFault"));
+    let err = provisioner.provision(&default_options()).await.unwrap_err();
+    assert!(matches!(err, ProvisionError::InBackground(_)), "{err:?}");
+    assert_eq!(sim.volumes().len(), 1);
+    // The retry finds the volume by name instead of making a second one.
+    let pv = provisioner.provision(&default_options()).await.unwrap();
+    let volumes = sim.volumes();
+    assert_eq!(volumes.len(), 1);
+    assert_eq!(handle(&pv), volumes[0].id.as_str());
+    assert_eq!(count(&sim, "CnsCreateVolume"), 1);
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_class_refused_after_its_volume_was_made_is_no_change_and_keeps_the_volume() {
+    let sim = sim().await;
+    let provisioner = provisioner(&sim).await;
+    provisioner.provision(&default_options()).await.unwrap();
+    // The class gained a parameter this provisioner refuses (say, after a restart).
+    let changed = options(
+        class(&[("datastoreurl", DS_URL), ("diskformat", "thin")]),
+        claim("1500Mi"),
+    );
+    let err = provisioner.provision(&changed).await.unwrap_err();
+    assert!(matches!(err, ProvisionError::NoChange(_)), "{err:?}");
+    assert_eq!(sim.volumes().len(), 1);
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn already_registered_without_a_findable_volume_is_in_background() {
+    let sim = sim().await;
+    let provisioner = provisioner(&sim).await;
+    sim.fail_next(
+        "CnsCreateVolume",
+        SimFault::volume_result("CnsAlreadyRegisteredFault"),
+    );
+    let err = provisioner.provision(&default_options()).await.unwrap_err();
+    assert!(matches!(err, ProvisionError::InBackground(_)), "{err:?}");
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_volume_of_the_same_name_in_another_cluster_is_neither_reused_nor_removed() {
+    let sim = sim().await;
+    let provisioner = provisioner(&sim).await;
+    let neighbour = CnsProvisioner::new(
+        CnsClient::connect(&sim.vc_config()).await.unwrap(),
+        "cluster-2",
+        ClusterFlavor::Vanilla,
+    )
+    .datastore_url(DS_URL, MoRef::datastore(DS_ID));
+    let theirs = neighbour.provision(&default_options()).await.unwrap();
+    let ours = provisioner.provision(&default_options()).await.unwrap();
+    assert_ne!(handle(&ours), handle(&theirs), "a volume of its own");
+    assert_eq!(sim.volumes().len(), 2);
+    provisioner.delete(&ours).await.unwrap();
+    let left = sim.volumes();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0].id.as_str(), handle(&theirs));
     sim.shutdown().await;
 }

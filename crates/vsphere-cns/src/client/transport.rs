@@ -66,7 +66,15 @@ impl Inner {
     }
 
     pub(super) fn cookie(&self) -> Option<String> {
-        self.cookie.lock().expect("cookie lock poisoned").clone()
+        self.cookie_slot().clone()
+    }
+
+    /// The session cookie. It is a plain value, so a panic elsewhere while the lock was
+    /// held cannot leave it half-written: a poisoned lock is used as is.
+    pub(super) fn cookie_slot(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.cookie
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     async fn relogin(&self, stale: Option<String>) -> Result<()> {
@@ -78,7 +86,7 @@ impl Inner {
     }
 
     pub(super) async fn login(&self) -> Result<()> {
-        *self.cookie.lock().expect("cookie lock poisoned") = None;
+        *self.cookie_slot() = None;
         let body = encode::login(
             &self.content.session_manager,
             &self.config.user,
@@ -103,11 +111,7 @@ impl Inner {
         operation: &'static str,
         body: String,
     ) -> Result<Element> {
-        let (path, action) = match endpoint {
-            Endpoint::Vim => ("/sdk", format!("urn:vim25/{}", self.vim_version)),
-            Endpoint::VimForTasks => ("/sdk", format!("urn:vsan/{}", self.vsan_version)),
-            Endpoint::Cns => ("/vsanHealth", format!("urn:vsan/{}", self.vsan_version)),
-        };
+        let (path, action) = route(endpoint, &self.vim_version, &self.vsan_version);
         let url = format!("{}{path}", self.base);
         let mut request = self
             .http
@@ -143,7 +147,7 @@ impl Inner {
                 source,
             })?;
         if let Some(session) = session {
-            *self.cookie.lock().expect("cookie lock poisoned") = Some(session);
+            *self.cookie_slot() = Some(session);
         }
         match decode::body(&text, operation) {
             Err(Error::Protocol { detail, .. }) if !status.is_success() => Err(Error::Protocol {
@@ -152,6 +156,19 @@ impl Inner {
             }),
             other => other,
         }
+    }
+}
+
+/// The path and `SOAPAction` of a call to `endpoint`.
+pub(crate) fn route(
+    endpoint: Endpoint,
+    vim_version: &str,
+    vsan_version: &str,
+) -> (&'static str, String) {
+    match endpoint {
+        Endpoint::Vim => ("/sdk", format!("urn:vim25/{vim_version}")),
+        Endpoint::VimForTasks => ("/sdk", format!("urn:vsan/{vsan_version}")),
+        Endpoint::Cns => ("/vsanHealth", format!("urn:vsan/{vsan_version}")),
     }
 }
 

@@ -21,17 +21,30 @@ pub(super) enum Item {
     },
 }
 
-/// A syntax error at `line`.
+/// A syntax error at `line`, in `section` (as written, `VirtualCenter "vc1"`) and at `key`
+/// when known. The message never quotes the line: it may hold a password.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct SyntaxError {
     pub(super) line: usize,
+    pub(super) section: Option<String>,
+    pub(super) key: Option<String>,
     pub(super) message: String,
 }
 
 fn err(line: usize, message: impl Into<String>) -> SyntaxError {
     SyntaxError {
         line,
+        section: None,
+        key: None,
         message: message.into(),
+    }
+}
+
+impl SyntaxError {
+    fn at(mut self, section: Option<&str>, key: Option<&str>) -> Self {
+        self.section = section.map(str::to_owned);
+        self.key = key.map(str::to_owned);
+        self
     }
 }
 
@@ -40,6 +53,7 @@ pub(super) fn tokenize(text: &str) -> Result<Vec<Item>, SyntaxError> {
     let lines: Vec<&str> = text.lines().collect();
     let mut items = Vec::new();
     let mut index = 0;
+    let mut current: Option<String> = None;
     while index < lines.len() {
         let line_no = index + 1;
         let line = lines[index].trim_start_matches('\u{feff}').trim();
@@ -48,29 +62,32 @@ pub(super) fn tokenize(text: &str) -> Result<Vec<Item>, SyntaxError> {
             continue;
         }
         if let Some(rest) = line.strip_prefix('[') {
-            items.push(section(line_no, rest)?);
+            let item = section(line_no, rest)?;
+            if let Item::Section { display, sub, .. } = &item {
+                current = Some(match sub {
+                    Some(sub) => format!("{display} {sub:?}"),
+                    None => display.clone(),
+                });
+            }
+            items.push(item);
             continue;
         }
         let name_end = line
             .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
             .unwrap_or(line.len());
-        let name = &line[..name_end];
+        let (name, rest) = line.split_at(name_end);
+        let section = current.as_deref();
         if name.is_empty() || !name.starts_with(|c: char| c.is_ascii_alphabetic()) {
-            return Err(err(
-                line_no,
-                format!("invalid line {line:?}: expected name = value"),
-            ));
+            return Err(err(line_no, "expected name = value").at(section, None));
         }
-        let rest = line[name_end..].trim_start();
+        let rest = rest.trim_start();
         let value = if rest.is_empty() || rest.starts_with(';') || rest.starts_with('#') {
             None
         } else if let Some(raw) = rest.strip_prefix('=') {
-            Some(value(line_no, raw, &lines, &mut index)?)
+            let value = value(line_no, raw, &lines, &mut index);
+            Some(value.map_err(|e| e.at(section, Some(name)))?)
         } else {
-            return Err(err(
-                line_no,
-                format!("invalid line {line:?}: expected name = value"),
-            ));
+            return Err(err(line_no, "expected name = value").at(section, Some(name)));
         };
         items.push(Item::Variable {
             line: line_no,
@@ -262,6 +279,29 @@ mod tests {
             let e = tokenize(text).unwrap_err();
             assert_eq!(e.line, line, "{text:?}: {e:?}");
             assert!(e.message.contains(needle), "{text:?}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn syntax_errors_name_section_and_key_but_never_quote_the_line() {
+        for (text, section, key) in [
+            (
+                "[Global]\npassword = \"hunter2\n",
+                Some("Global"),
+                Some("password"),
+            ),
+            (
+                "[VirtualCenter \"vc1\"]\npassword: hunter2\n",
+                Some("VirtualCenter \"vc1\""),
+                Some("password"),
+            ),
+            ("[Global]\n= hunter2\n", Some("Global"), None),
+            ("password hunter2\n", None, Some("password")),
+        ] {
+            let e = tokenize(text).unwrap_err();
+            assert_eq!(e.section.as_deref(), section, "{text:?}: {e:?}");
+            assert_eq!(e.key.as_deref(), key, "{text:?}: {e:?}");
+            assert!(!format!("{e:?}").contains("hunter2"), "{e:?}");
         }
     }
 }

@@ -160,7 +160,7 @@ fn bad_files_are_rejected_with_file_line_section_and_key() {
         (
             "unterminated quote",
             format!("{vc}datacenters = \"dc-1\n"),
-            "csi-vsphere.conf:4: unterminated quote in value",
+            "csi-vsphere.conf:4: [VirtualCenter \"vc1\"] datacenters: unterminated quote in value",
         ),
         (
             "unterminated section quote",
@@ -185,11 +185,22 @@ fn bad_files_are_rejected_with_file_line_section_and_key() {
         (
             "garbage line",
             format!("{vc}this is not ini\n"),
-            "csi-vsphere.conf:4: invalid line",
+            "csi-vsphere.conf:4: [VirtualCenter \"vc1\"] this: expected name = value",
+        ),
+        (
+            "unterminated password names section and key, not the value",
+            "[VirtualCenter \"vc1\"]\nuser = u\npassword = \"s3cret\n".into(),
+            "csi-vsphere.conf:3: [VirtualCenter \"vc1\"] password: unterminated quote in value",
+        ),
+        (
+            "password without = is not echoed",
+            "[VirtualCenter \"vc1\"]\nuser = u\npassword: s3cret\n".into(),
+            "csi-vsphere.conf:3: [VirtualCenter \"vc1\"] password: expected name = value",
         ),
     ];
     for (name, text, expected) in cases {
         let err = VsphereConfig::parse(text).expect_err(name).to_string();
+        assert!(!err.contains("s3cret"), "{name}: {err}");
         assert!(
             err.starts_with(expected),
             "{name}: got {err:?}, want prefix {expected:?}"
