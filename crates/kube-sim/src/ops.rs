@@ -8,6 +8,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use crate::crd;
+use crate::fields::{self, FieldValidation};
 use crate::meta::{self, meta_str};
 use crate::patch::{self, PatchKind};
 use crate::resources::ResourceDef;
@@ -24,6 +25,19 @@ pub(crate) struct Scope<'a> {
     pub(crate) ns: &'a str,
     /// `dryRun=All`: validate and answer, but store nothing.
     pub(crate) dry_run: bool,
+    /// What to do with fields a built-in type does not have.
+    pub(crate) validation: FieldValidation,
+}
+
+/// What carried a write, for the wording of a strict field validation error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WriteKind {
+    /// A create or update body.
+    Body,
+    /// A merge, JSON or strategic patch.
+    Patch,
+    /// A server-side apply configuration.
+    Apply,
 }
 
 /// The result of a write: the object and whether it was created.
@@ -92,6 +106,66 @@ fn check_body(scope: &Scope<'_>, path_name: Option<&str>, body: &mut Value) -> A
 }
 
 impl State {
+    /// Drops the fields a built-in type does not have, as the real server's decoding does:
+    /// `Strict` refuses the write instead, `Warn` queues one warning per field in
+    /// `State::warnings`. Custom resources are stored as sent.
+    ///
+    /// # Errors
+    /// 400 BadRequest for unknown fields under `Strict`, worded as the real server words
+    /// it for a body, a patch or an apply configuration.
+    fn check_fields(
+        &mut self,
+        scope: &Scope<'_>,
+        obj: &mut Value,
+        write: WriteKind,
+    ) -> ApiResult<()> {
+        let def = scope.def;
+        let Some(shape) = def.builtin.then(|| fields::shape(&def.key)).flatten() else {
+            return Ok(());
+        };
+        let unknown = fields::prune(shape, obj);
+        if unknown.is_empty() {
+            return Ok(());
+        }
+        let messages = unknown.iter().map(|p| format!("unknown field {p:?}"));
+        match scope.validation {
+            FieldValidation::Ignore => Ok(()),
+            FieldValidation::Warn => {
+                self.warnings.extend(messages);
+                Ok(())
+            }
+            FieldValidation::Strict => {
+                let detail = format!(
+                    "strict decoding error: {}",
+                    messages.collect::<Vec<_>>().join(", ")
+                );
+                Err(ApiError::bad_request(match write {
+                    WriteKind::Body => format!(
+                        "{kind} in version {version:?} cannot be handled as a {kind}: {detail}",
+                        kind = def.kind,
+                        version = scope.version
+                    ),
+                    WriteKind::Patch => detail,
+                    WriteKind::Apply => {
+                        let fields: Vec<String> = unknown
+                            .iter()
+                            .map(|p| format!(".{p}: field not declared in schema"))
+                            .collect();
+                        format!(
+                            "failed to create typed patch object ({}/{}, Kind={}) {}/{}: {}",
+                            def.group,
+                            scope.version,
+                            def.kind,
+                            scope.ns,
+                            meta_str(obj, "name").unwrap_or_default(),
+                            fields.join(", ")
+                        )
+                    }
+                }))
+            }
+        }
+    }
+
     fn namespace_exists(&self, scope: &Scope<'_>) -> ApiResult<()> {
         if scope.def.namespaced && self.get("/namespaces", "", scope.ns).is_none() {
             return Err(ApiError::not_found("", "namespaces", scope.ns));
@@ -118,6 +192,7 @@ impl State {
     /// name is taken, 422 when invalid.
     pub(crate) fn create(&mut self, scope: &Scope<'_>, mut body: Value) -> ApiResult<Arc<Stored>> {
         check_body(scope, None, &mut body)?;
+        self.check_fields(scope, &mut body, WriteKind::Body)?;
         self.namespace_exists(scope)?;
         let def = scope.def;
         let name = meta_str(&body, "name").unwrap_or_default().to_string();
@@ -230,6 +305,7 @@ impl State {
         status_only: bool,
     ) -> ApiResult<Written> {
         check_body(scope, Some(name), &mut body)?;
+        self.check_fields(scope, &mut body, WriteKind::Body)?;
         let def = scope.def;
         let Some(old) = self.get(&def.key, scope.ns, name) else {
             if def.create_on_update() && !status_only {
@@ -283,6 +359,7 @@ impl State {
         Self::check_rv(def, &old, given.as_deref(), name)?;
         Self::check_uid(def, &old, &patched, name)?;
         check_body(scope, Some(name), &mut patched)?;
+        self.check_fields(scope, &mut patched, WriteKind::Patch)?;
         let new = self.merge_part(scope, &old, patched, status_only);
         Ok((self.commit_update(scope, &old, new)?, false))
     }
@@ -345,6 +422,7 @@ impl State {
             }
         }
         check_body(scope, Some(name), &mut applied)?;
+        self.check_fields(scope, &mut applied, WriteKind::Apply)?;
         let entry = json!({
             "manager": manager,
             "operation": "Apply",

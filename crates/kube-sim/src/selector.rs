@@ -1,7 +1,12 @@
 //! Label selectors (`=`, `==`, `!=`, `in`, `notin`, exists, `!`) and field selectors
-//! (`metadata.name`, `metadata.namespace` with `=`, `==`, `!=`).
+//! (`=`, `==`, `!=` on `metadata.name`, `metadata.namespace` and the labels each type adds,
+//! e.g. `involvedObject.name` for events and `spec.nodeName` for pods).
 
 use serde_json::{Map, Value};
+
+mod field;
+
+pub(crate) use self::field::{FieldSelector, FieldSet};
 
 /// One requirement of a label selector.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -137,72 +142,6 @@ impl LabelSelector {
     }
 }
 
-/// One requirement of a field selector.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct FieldReq {
-    field: String,
-    value: String,
-    negate: bool,
-}
-
-/// A parsed field selector; empty matches everything.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct FieldSelector(Vec<FieldReq>);
-
-/// Fields every type supports; others are answered with 400 as the real server does.
-const SUPPORTED_FIELDS: &[&str] = &["metadata.name", "metadata.namespace"];
-
-impl FieldSelector {
-    /// Parses the `fieldSelector` query value.
-    pub(crate) fn parse(s: &str) -> Result<Self, String> {
-        let mut reqs = Vec::new();
-        if s.trim().is_empty() {
-            return Ok(Self(reqs));
-        }
-        for part in s.split(',') {
-            let part = part.trim();
-            let (field, value, negate) = if let Some((f, v)) = part.split_once("!=") {
-                (f, v, true)
-            } else if let Some((f, v)) = part.split_once("==") {
-                (f, v, false)
-            } else if let Some((f, v)) = part.split_once('=') {
-                (f, v, false)
-            } else {
-                return Err(format!(
-                    "invalid selector: '{s}'; can't understand '{part}'"
-                ));
-            };
-            let field = field.trim();
-            if !SUPPORTED_FIELDS.contains(&field) {
-                return Err(format!("field label not supported: {field}"));
-            }
-            reqs.push(FieldReq {
-                field: field.to_string(),
-                value: value.trim().to_string(),
-                negate,
-            });
-        }
-        Ok(Self(reqs))
-    }
-
-    /// Whether an object in `namespace` named `name` satisfies every requirement.
-    pub(crate) fn matches(&self, namespace: &str, name: &str) -> bool {
-        self.0.iter().all(|req| {
-            let actual = if req.field == "metadata.name" {
-                name
-            } else {
-                namespace
-            };
-            (actual == req.value) != req.negate
-        })
-    }
-
-    /// Whether the selector has no requirements.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,15 +182,5 @@ mod tests {
         assert!(LabelSelector::parse("a in x").is_err());
         assert!(LabelSelector::parse("a=b c").is_err());
         assert!(LabelSelector::parse("a,,b").is_err());
-        assert!(FieldSelector::parse("spec.nodeName=x").is_err());
-        assert!(FieldSelector::parse("metadata.name").is_err());
-    }
-
-    #[test]
-    fn field_selector_matches_name_and_namespace() {
-        let sel = FieldSelector::parse("metadata.name=a,metadata.namespace!=kube-system").unwrap();
-        assert!(sel.matches("default", "a"));
-        assert!(!sel.matches("kube-system", "a"));
-        assert!(!sel.matches("default", "b"));
     }
 }

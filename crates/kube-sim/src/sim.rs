@@ -126,6 +126,7 @@ impl Builder {
                     version: "v1",
                     ns: "",
                     dry_run: false,
+                    validation: crate::fields::FieldValidation::Strict,
                 };
                 let obj =
                     json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::Value;
 
+use crate::events;
 use crate::resources::{Registry, ResKey};
 
 /// A stored object with its JSON, serialised once per write.
@@ -66,6 +67,9 @@ pub(crate) struct State {
     pub(crate) min_rv: u64,
     /// The newest resourceVersion of an event dropped from the history.
     pub(crate) evicted_rv: u64,
+    /// `Warning` headers of the write in progress (unknown fields dropped); the HTTP layer
+    /// takes them after each write.
+    pub(crate) warnings: Vec<String>,
 }
 
 impl State {
@@ -79,6 +83,7 @@ impl State {
             window: window.max(1),
             min_rv: 1,
             evicted_rv: 0,
+            warnings: Vec::new(),
         }
     }
 
@@ -102,15 +107,24 @@ impl State {
     }
 
     /// Stores `value` (whose `metadata.resourceVersion` is set here) and records the event.
-    /// Returns the stored object.
-    pub(crate) fn put(
+    /// Returns the stored object. An Event is also stored, converted, for the other Event
+    /// API, with the same resourceVersion.
+    pub(crate) fn put(&mut self, res: &ResKey, ns: &str, name: &str, value: Value) -> Arc<Stored> {
+        let rv = self.next_rv();
+        if let Some((other, converted)) = events::counterpart(res, &value) {
+            self.put_at(&other, ns, name, converted, rv);
+        }
+        self.put_at(res, ns, name, value, rv)
+    }
+
+    fn put_at(
         &mut self,
         res: &ResKey,
         ns: &str,
         name: &str,
         mut value: Value,
+        rv: u64,
     ) -> Arc<Stored> {
-        let rv = self.next_rv();
         value["metadata"]["resourceVersion"] = Value::String(rv.to_string());
         let stored = Stored::new(value);
         let prev = self
@@ -134,13 +148,21 @@ impl State {
         stored
     }
 
-    /// Removes an object; the DELETED event carries a new resourceVersion.
+    /// Removes an object (an Event from both Event APIs); the DELETED event carries a new
+    /// resourceVersion.
     pub(crate) fn remove(&mut self, res: &ResKey, ns: &str, name: &str) -> Option<Arc<Stored>> {
-        let old = self
-            .objects
-            .get_mut(res)?
-            .remove(&(ns.to_string(), name.to_string()))?;
+        let key = (ns.to_string(), name.to_string());
+        let old = self.objects.get_mut(res)?.remove(&key)?;
         let rv = self.next_rv();
+        if let Some(other) = events::other_api(res)
+            && let Some(mirror) = self.objects.get_mut(&other).and_then(|t| t.remove(&key))
+        {
+            self.record_removal(&other, ns, mirror, rv);
+        }
+        Some(self.record_removal(res, ns, old, rv))
+    }
+
+    fn record_removal(&mut self, res: &ResKey, ns: &str, old: Arc<Stored>, rv: u64) -> Arc<Stored> {
         let mut value = old.value.clone();
         value["metadata"]["resourceVersion"] = Value::String(rv.to_string());
         let stored = Stored::new(value);
@@ -152,7 +174,7 @@ impl State {
             object: stored.clone(),
             prev: Some(old),
         });
-        Some(stored)
+        stored
     }
 
     fn record(&mut self, event: Event) {
@@ -181,9 +203,13 @@ impl State {
         self.history.range(start..)
     }
 
-    /// Number of stored objects over all resources.
+    /// Number of stored objects over all resources (an Event counts once).
     pub(crate) fn object_count(&self) -> usize {
-        self.objects.values().map(BTreeMap::len).sum()
+        self.objects
+            .iter()
+            .filter(|(res, _)| &***res != events::V1)
+            .map(|(_, t)| t.len())
+            .sum()
     }
 }
 

@@ -424,9 +424,12 @@ async fn kubectl_style_table_requests_get_a_table() {
             "Capacity",
             "Access Modes",
             "StorageClass",
-            "Age"
+            "VolumeAttributesClass",
+            "Age",
+            "VolumeMode"
         ]
     );
+    assert_eq!(table["columnDefinitions"][8]["priority"], 1);
     assert_eq!(table["rows"][0]["cells"][0], "a");
     assert_eq!(table["rows"][0]["cells"][1], "Pending");
     assert_eq!(table["rows"][0]["object"]["metadata"]["name"], "a");

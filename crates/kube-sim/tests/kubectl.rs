@@ -4,8 +4,9 @@
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{Event as CoreEvent, ObjectReference, PersistentVolumeClaim};
 use kube_client::api::{Api, Patch, PatchParams, PostParams};
+use kube_runtime::events::{Event as RecordedEvent, EventType, Recorder, Reporter};
 use kube_sim::KubeSim;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -661,4 +662,296 @@ async fn standalone_server_reports_a_bad_kubeconfig_path_in_one_line() {
     );
     assert!(stderr.contains("/nonexistent-dir/kubeconfig"), "{stderr}");
     assert!(output.stdout.is_empty());
+}
+
+/// The `Events:` section of `kubectl describe` output.
+fn events_section(described: &str) -> &str {
+    described
+        .split_once("\nEvents:")
+        .map_or("", |(_, events)| events)
+}
+
+#[tokio::test]
+async fn describe_claim_lists_core_and_events_v1_events_about_it() {
+    let Some(k) = Kubectl::start().await else {
+        return;
+    };
+    k.run(&["apply", "-f", "-"], Some(CLASS_AND_CLAIM)).await;
+    let claims: Api<PersistentVolumeClaim> = Api::default_namespaced(k.sim.client());
+    let claim = claims.get("claim-1").await.unwrap();
+    let reference = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("PersistentVolumeClaim".into()),
+        name: Some("claim-1".into()),
+        namespace: Some("default".into()),
+        uid: claim.metadata.uid.clone(),
+        ..ObjectReference::default()
+    };
+    // As kube-runtime's Recorder writes them: events.k8s.io/v1.
+    let recorder = Recorder::new(
+        k.sim.client(),
+        Reporter {
+            controller: "example.com/csi".into(),
+            instance: None,
+        },
+    );
+    let failed = RecordedEvent {
+        type_: EventType::Warning,
+        reason: "ProvisioningFailed".into(),
+        note: Some("no space left on the datastore".into()),
+        action: "Provision".into(),
+        secondary: None,
+    };
+    recorder.publish(&failed, &reference).await.unwrap();
+    recorder.publish(&failed, &reference).await.unwrap();
+    // As client-go's legacy recorder writes them: core/v1.
+    let core: Api<CoreEvent> = Api::default_namespaced(k.sim.client());
+    let waiting = serde_json::from_value(json!({
+        "metadata": {"name": "claim-1.external"},
+        "involvedObject": reference,
+        "reason": "ExternalProvisioning",
+        "message": "Waiting for a volume to be created by the external provisioner",
+        "type": "Normal",
+        "source": {"component": "persistentvolume-controller"},
+        "count": 1,
+    }))
+    .unwrap();
+    core.create(&PostParams::default(), &waiting).await.unwrap();
+    // An event about another claim stays out of the section.
+    let mut unrelated = reference.clone();
+    unrelated.name = Some("claim-2".into());
+    recorder
+        .publish(
+            &RecordedEvent {
+                type_: EventType::Normal,
+                reason: "Unrelated".into(),
+                note: None,
+                action: "Provision".into(),
+                secondary: None,
+            },
+            &unrelated,
+        )
+        .await
+        .unwrap();
+
+    let described = k.run(&["describe", "pvc", "claim-1"], None).await;
+    let events = events_section(&described);
+    assert!(events.contains("ProvisioningFailed"), "{described}");
+    assert!(events.contains("(x2 over"), "{described}");
+    assert!(events.contains("example.com/csi"), "{described}");
+    assert!(
+        events.contains("no space left on the datastore"),
+        "{described}"
+    );
+    assert!(events.contains("ExternalProvisioning"), "{described}");
+    assert!(
+        events.contains("persistentvolume-controller"),
+        "{described}"
+    );
+    assert!(!events.contains("Unrelated"), "{described}");
+
+    let listed = k.run(&["events", "--for", "pvc/claim-1"], None).await;
+    assert!(listed.contains("ProvisioningFailed"), "{listed}");
+    assert!(listed.contains("PersistentVolumeClaim/claim-1"), "{listed}");
+    assert!(!listed.contains("Unrelated"), "{listed}");
+}
+
+const BOGUS_CLAIM: &str = "\
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: claim-bogus
+  namespace: default
+spec:
+  bogus: 1
+  accessModes: [ReadWriteOnce]
+  resources:
+    requests:
+      storage: 1Gi
+";
+
+#[tokio::test]
+async fn unknown_fields_fail_strict_validation_and_are_dropped_with_a_warning() {
+    let Some(k) = Kubectl::start().await else {
+        return;
+    };
+    let refused = k.output(&["apply", "-f", "-"], Some(BOGUS_CLAIM)).await;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "PersistentVolumeClaim in version \"v1\" cannot be handled as a \
+             PersistentVolumeClaim: strict decoding error: unknown field \"spec.bogus\""
+        ),
+        "{stderr}"
+    );
+    let claims: Api<PersistentVolumeClaim> = Api::default_namespaced(k.sim.client());
+    assert!(claims.get_opt("claim-bogus").await.unwrap().is_none());
+
+    let warned = k
+        .output(&["apply", "--validate=warn", "-f", "-"], Some(BOGUS_CLAIM))
+        .await;
+    let stderr = String::from_utf8_lossy(&warned.stderr);
+    assert!(warned.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("Warning: unknown field \"spec.bogus\""),
+        "{stderr}"
+    );
+    let stored = k.get_json(&["pvc", "claim-bogus"]).await;
+    assert!(stored["spec"].get("bogus").is_none(), "{stored}");
+    assert_eq!(stored["spec"]["resources"]["requests"]["storage"], "1Gi");
+}
+
+/// The header line of `kubectl get`, split into column names.
+fn header(printed: &str) -> Vec<String> {
+    let line = printed.lines().next().unwrap_or_default();
+    line.split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn get_prints_the_server_columns_for_claims_volumes_and_classes() {
+    let Some(k) = Kubectl::start().await else {
+        return;
+    };
+    k.run(&["apply", "-f", "-"], Some(CLASS_AND_CLAIM)).await;
+    let volume = "\
+apiVersion: v1
+kind: PersistentVolume
+metadata:
+  name: pv-1
+spec:
+  capacity: {storage: 1Gi}
+  accessModes: [ReadWriteOnce]
+  storageClassName: fast
+  claimRef: {namespace: default, name: claim-1}
+  csi: {driver: example.com/csi, volumeHandle: vol-1}
+";
+    k.run(&["apply", "-f", "-"], Some(volume)).await;
+
+    let claims = k.run(&["get", "pvc"], None).await;
+    assert_eq!(
+        header(&claims),
+        [
+            "NAME",
+            "STATUS",
+            "VOLUME",
+            "CAPACITY",
+            "ACCESS MODES",
+            "STORAGECLASS",
+            "VOLUMEATTRIBUTESCLASS",
+            "AGE"
+        ],
+        "{claims}"
+    );
+    let row: Vec<&str> = claims.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(
+        row[..4],
+        ["claim-1", "Pending", "fast", "<unset>"],
+        "{claims}"
+    );
+
+    let volumes = k.run(&["get", "pv"], None).await;
+    assert_eq!(
+        header(&volumes),
+        [
+            "NAME",
+            "CAPACITY",
+            "ACCESS MODES",
+            "RECLAIM POLICY",
+            "STATUS",
+            "CLAIM",
+            "STORAGECLASS",
+            "VOLUMEATTRIBUTESCLASS",
+            "REASON",
+            "AGE"
+        ],
+        "{volumes}"
+    );
+    let row: Vec<&str> = volumes.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(
+        row[..7],
+        [
+            "pv-1",
+            "1Gi",
+            "RWO",
+            "Retain",
+            "Pending",
+            "default/claim-1",
+            "fast"
+        ],
+        "{volumes}"
+    );
+
+    let classes = k.run(&["get", "sc"], None).await;
+    assert_eq!(
+        header(&classes),
+        [
+            "NAME",
+            "PROVISIONER",
+            "RECLAIMPOLICY",
+            "VOLUMEBINDINGMODE",
+            "ALLOWVOLUMEEXPANSION",
+            "AGE"
+        ],
+        "{classes}"
+    );
+    let row: Vec<&str> = classes.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(
+        row[..5],
+        ["fast", "example.com/csi", "Delete", "Immediate", "false"],
+        "{classes}"
+    );
+}
+
+#[tokio::test]
+async fn auth_can_i_says_yes() {
+    let Some(k) = Kubectl::start().await else {
+        return;
+    };
+    let answer = k
+        .run(&["auth", "can-i", "delete", "persistentvolumes"], None)
+        .await;
+    assert_eq!(answer.trim(), "yes");
+    let rules = k.run(&["auth", "can-i", "--list"], None).await;
+    assert!(rules.lines().any(|l| l.starts_with("*.*")), "{rules}");
+}
+
+#[tokio::test]
+async fn create_namespace_run_and_api_resources_work() {
+    let Some(k) = Kubectl::start().await else {
+        return;
+    };
+    let created = k.run(&["create", "namespace", "demo"], None).await;
+    assert_eq!(created.trim(), "namespace/demo created");
+    let namespace = k.get_json(&["namespace", "demo"]).await;
+    assert_eq!(namespace["status"]["phase"], "Active");
+    assert!(
+        namespace["metadata"].get("generateName").is_none(),
+        "{namespace}"
+    );
+    let again = k.output(&["create", "namespace", "demo"], None).await;
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        stderr.contains("namespaces \"demo\" already exists"),
+        "{stderr}"
+    );
+    let deleted = k.run(&["delete", "namespace", "demo"], None).await;
+    assert!(deleted.contains("deleted"), "{deleted}");
+
+    let ran = k.run(&["run", "web", "--image=nginx"], None).await;
+    assert_eq!(ran.trim(), "pod/web created");
+    let pod = k.get_json(&["pod", "web"]).await;
+    assert_eq!(pod["spec"]["containers"][0]["image"], "nginx");
+    let resources = k.run(&["api-resources", "-o", "name"], None).await;
+    for name in [
+        "persistentvolumeclaims",
+        "events.events.k8s.io",
+        "selfsubjectaccessreviews.authorization.k8s.io",
+    ] {
+        assert!(resources.lines().any(|l| l == name), "{name}: {resources}");
+    }
 }

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
+use crate::http::auth;
 use crate::resources::{Registry, ResourceDef};
 
 const VERBS: &[&str] = &[
@@ -52,6 +53,7 @@ pub(crate) fn core_versions(address: &str) -> Value {
 /// Served versions per group (not the core group), in registration order.
 fn groups(reg: &Registry) -> BTreeMap<String, Vec<String>> {
     let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    groups.insert(auth::GROUP.to_string(), vec!["v1".to_string()]);
     for def in reg.all().filter(|d| !d.group.is_empty()) {
         let versions = groups.entry(def.group.clone()).or_default();
         for (v, _) in &def.versions {
@@ -116,11 +118,14 @@ fn entries(def: &ResourceDef, version: &str) -> Vec<Value> {
 
 /// `/api/v1` or `/apis/{group}/{version}`, if served.
 pub(crate) fn resource_list(reg: &Registry, group: &str, version: &str) -> Option<Value> {
-    let resources: Vec<Value> = reg
+    let mut resources: Vec<Value> = reg
         .all()
         .filter(|d| d.group == group && d.serves(version))
         .flat_map(|d| entries(d, version))
         .collect();
+    if group == auth::GROUP && version == "v1" {
+        resources.extend(auth::resources());
+    }
     if resources.is_empty() && !(group.is_empty() && version == "v1") {
         return None;
     }
@@ -177,6 +182,11 @@ mod tests {
         assert_eq!(
             group(&reg, "coordination.k8s.io").unwrap()["kind"],
             "APIGroup"
+        );
+        let auth = resource_list(&reg, "authorization.k8s.io", "v1").unwrap();
+        assert_eq!(
+            auth["resources"][0]["name"], "selfsubjectaccessreviews",
+            "{auth}"
         );
     }
 }

@@ -1,8 +1,10 @@
 //! The HTTP front: one axum fallback handler that routes by path, applies fault rules,
 //! dispatches to the verbs and logs every request.
 
+pub(crate) mod auth;
 pub(crate) mod discovery;
 pub(crate) mod openapi;
+pub(crate) mod protobuf;
 pub(crate) mod read;
 pub(crate) mod route;
 pub(crate) mod table;
@@ -21,12 +23,14 @@ use serde_json::Value;
 
 use crate::delete::DeleteOptions;
 use crate::fault::{self, RequestKey, Verb};
+use crate::fields::FieldValidation;
 use crate::ops::Scope;
 use crate::patch;
 use crate::requests::RequestRecord;
 use crate::resources::ResourceDef;
 use crate::shared::Shared;
 use crate::status::{ApiError, ApiResult};
+use crate::store;
 
 use self::route::{ResourcePath, Route};
 
@@ -66,6 +70,20 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         namespace: None,
     };
     let resp = match route::parse(&path) {
+        Route::Resource(rp) if auth::serves(&rp) => {
+            record.verb = "create".into();
+            record.resource = rp.plural.clone();
+            match axum::body::to_bytes(body, MAX_BODY).await {
+                Ok(bytes) => match auth::review(parts.method == Method::POST, &rp, &bytes) {
+                    Ok(review) => json_response(
+                        StatusCode::CREATED,
+                        serde_json::to_vec(&review).unwrap_or_default(),
+                    ),
+                    Err(err) => err.into_response(),
+                },
+                Err(_) => too_large().into_response(),
+            }
+        }
         Route::Resource(rp) => {
             let q = route::query(&query);
             match resource(
@@ -177,15 +195,41 @@ fn parse_body(headers: &HeaderMap, body: &[u8], def: &ResourceDef) -> ApiResult<
             ))
         })?,
         "application/yaml" => patch::parse_apply(body)?,
+        protobuf::MEDIA_TYPE if protobuf::accepts(def) => protobuf::decode(def, body)?,
         _ => {
-            return Err(ApiError::unsupported_media_type(&[
-                "application/json",
-                "application/yaml",
-                "application/vnd.kubernetes.protobuf",
-            ]));
+            let mut accepted = vec!["application/json", "application/yaml"];
+            if protobuf::accepts(def) {
+                accepted.push(protobuf::MEDIA_TYPE);
+            }
+            return Err(ApiError::unsupported_media_type(&accepted));
         }
     };
     Ok(parsed)
+}
+
+fn too_large() -> ApiError {
+    ApiError::new(
+        413,
+        "RequestEntityTooLarge",
+        "the request body is too large",
+    )
+}
+
+/// Runs a write and takes the warnings it queued (dropped unknown fields).
+fn with_warnings<T>(
+    state: &mut store::State,
+    f: impl FnOnce(&mut store::State) -> T,
+) -> (T, Vec<String>) {
+    state.warnings.clear();
+    let out = f(state);
+    (out, std::mem::take(&mut state.warnings))
+}
+
+/// A `Warning` header value as the real server writes it: `299 - "text"`, with `"` and
+/// `\` escaped.
+fn warning_header(text: &str) -> String {
+    let escaped = text.replace('\\', "\\\\").replace('"', "\\\"");
+    format!("299 - \"{escaped}\"")
 }
 
 async fn resource(
@@ -210,13 +254,9 @@ async fn resource(
     if verb == Verb::Create && def.namespaced && rp.namespace.is_none() {
         return Err(ApiError::method_not_allowed());
     }
-    let body: Bytes = axum::body::to_bytes(body, MAX_BODY).await.map_err(|_| {
-        ApiError::new(
-            413,
-            "RequestEntityTooLarge",
-            "the request body is too large",
-        )
-    })?;
+    let body: Bytes = axum::body::to_bytes(body, MAX_BODY)
+        .await
+        .map_err(|_| too_large())?;
     let create_name = (verb == Verb::Create)
         .then(|| serde_json::from_slice::<Value>(&body).ok())
         .flatten()
@@ -246,16 +286,37 @@ async fn resource(
             )));
         }
     };
+    let options_kind = match verb {
+        Verb::Create => "CreateOptions",
+        Verb::Update => "UpdateOptions",
+        _ => "PatchOptions",
+    };
+    let validation = match verb {
+        Verb::Create | Verb::Update | Verb::Patch => {
+            FieldValidation::parse(q.get("fieldValidation").map(String::as_str), options_kind)?
+        }
+        _ => FieldValidation::default(),
+    };
     let ns = rp.namespace.as_deref().unwrap_or_default();
     let scope = Scope {
         def: &def,
         version: &rp.version,
         ns,
         dry_run,
+        validation,
     };
     let name = rp.name.as_deref().unwrap_or_default();
     let status_only = rp.subresource.is_some();
     let ok = |code: StatusCode, b: Bytes| Ok(json_response(code, b));
+    let written = |code: StatusCode, b: Bytes, warnings: Vec<String>| {
+        let mut resp = json_response(code, b);
+        for warning in warnings {
+            if let Ok(value) = HeaderValue::from_str(&warning_header(&warning)) {
+                resp.headers_mut().append(header::WARNING, value);
+            }
+        }
+        Ok(resp)
+    };
     let accept = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -284,19 +345,23 @@ async fn resource(
         ),
         Verb::Create => {
             let value = parse_body(headers, &body, &def)?;
-            let stored = shared.write(|s| s.create(&scope, value))?;
-            ok(StatusCode::CREATED, stored.bytes.clone())
+            let (stored, warnings) =
+                shared.write(|s| with_warnings(s, |s| s.create(&scope, value)));
+            written(StatusCode::CREATED, stored?.bytes.clone(), warnings)
         }
         Verb::Update => {
             let value = parse_body(headers, &body, &def)?;
-            let (stored, created) = shared.write(|s| s.update(&scope, name, value, status_only))?;
-            ok(
+            let (result, warnings) =
+                shared.write(|s| with_warnings(s, |s| s.update(&scope, name, value, status_only)));
+            let (stored, created) = result?;
+            written(
                 if created {
                     StatusCode::CREATED
                 } else {
                     StatusCode::OK
                 },
                 stored.bytes.clone(),
+                warnings,
             )
         }
         Verb::Patch => {
@@ -306,15 +371,20 @@ async fn resource(
                 .unwrap_or_default();
             let kind = patch::kind_of(ct, &def)?;
             let manager = q.get("fieldManager").map(String::as_str);
-            let (stored, created) =
-                shared.write(|s| s.patch(&scope, name, kind, &body, status_only, manager))?;
-            ok(
+            let (result, warnings) = shared.write(|s| {
+                with_warnings(s, |s| {
+                    s.patch(&scope, name, kind, &body, status_only, manager)
+                })
+            });
+            let (stored, created) = result?;
+            written(
                 if created {
                     StatusCode::CREATED
                 } else {
                     StatusCode::OK
                 },
                 stored.bytes.clone(),
+                warnings,
             )
         }
         Verb::Delete => {
@@ -324,7 +394,7 @@ async fn resource(
         }
         Verb::DeleteCollection => {
             let opts = DeleteOptions::parse(&body)?;
-            let sel = read::Selectors::from_query(q)?;
+            let sel = read::Selectors::from_query(q, &def)?;
             shared.write(|s| {
                 let names: Vec<(String, String)> = s
                     .table(&def.key)

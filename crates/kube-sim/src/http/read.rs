@@ -10,7 +10,7 @@ use serde_json::json;
 use crate::http::table;
 
 use crate::resources::ResourceDef;
-use crate::selector::{FieldSelector, LabelSelector};
+use crate::selector::{FieldSelector, FieldSet, LabelSelector};
 use crate::shared::Shared;
 use crate::status::{ApiError, ApiResult};
 use crate::store::{ObjKey, State, Stored};
@@ -27,23 +27,21 @@ impl Selectors {
     ///
     /// # Errors
     /// 400 BadRequest for a malformed selector.
-    pub(crate) fn from_query(q: &HashMap<String, String>) -> ApiResult<Self> {
+    pub(crate) fn from_query(q: &HashMap<String, String>, def: &ResourceDef) -> ApiResult<Self> {
         let labels = LabelSelector::parse(q.get("labelSelector").map_or("", String::as_str))
             .map_err(ApiError::bad_request)?;
-        let fields = FieldSelector::parse(q.get("fieldSelector").map_or("", String::as_str))
-            .map_err(ApiError::bad_request)?;
+        let fields = FieldSelector::parse(
+            q.get("fieldSelector").map_or("", String::as_str),
+            FieldSet::of(def),
+        )
+        .map_err(ApiError::bad_request)?;
         Ok(Self { labels, fields })
     }
 
     /// Whether an object matches both selectors.
     pub(crate) fn matches(&self, obj: &Stored) -> bool {
-        if !self.fields.is_empty() {
-            let meta = &obj.value["metadata"];
-            let ns = meta["namespace"].as_str().unwrap_or_default();
-            let name = meta["name"].as_str().unwrap_or_default();
-            if !self.fields.matches(ns, name) {
-                return false;
-            }
+        if !self.fields.is_empty() && !self.fields.matches(&obj.value) {
+            return false;
         }
         self.labels.is_empty() || self.labels.matches(obj.labels())
     }
@@ -155,7 +153,7 @@ pub(crate) fn list(
     q: &HashMap<String, String>,
     as_table: bool,
 ) -> ApiResult<Bytes> {
-    let sel = Selectors::from_query(q)?;
+    let sel = Selectors::from_query(q, def)?;
     let limit = match q.get("limit").map(String::as_str) {
         None | Some("") | Some("0") => usize::MAX,
         Some(l) => l

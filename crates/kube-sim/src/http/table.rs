@@ -2,6 +2,7 @@
 
 use serde_json::{Value, json};
 
+use crate::events;
 use crate::resources::ResourceDef;
 use crate::store::Stored;
 
@@ -64,47 +65,138 @@ fn access_modes(v: &Value) -> Value {
     json!(modes.join(","))
 }
 
-/// Column names and the cells of one object (without Name and Age, which every type has).
-fn columns(def: &ResourceDef) -> &'static [&'static str] {
-    match (def.builtin, def.group.as_str(), def.plural.as_str()) {
-        (true, "", "persistentvolumeclaims") => &[
-            "Status",
-            "Volume",
-            "Capacity",
-            "Access Modes",
-            "StorageClass",
-        ],
-        (true, "", "persistentvolumes") => &[
-            "Capacity",
-            "Access Modes",
-            "Reclaim Policy",
-            "Status",
-            "Claim",
-            "StorageClass",
-        ],
-        (true, "storage.k8s.io", "storageclasses") => &[
-            "Provisioner",
-            "ReclaimPolicy",
-            "VolumeBindingMode",
-            "AllowVolumeExpansion",
-        ],
-        (true, "", "namespaces" | "pods") => &["Status"],
-        (true, "coordination.k8s.io", "leases") => &["Holder"],
-        (true, _, "events") => &["Type", "Reason", "Message"],
-        _ => &[],
+/// `<unset>`, as kubectl prints an empty VolumeAttributesClass.
+fn or_unset(v: &Value) -> Value {
+    match v.as_str() {
+        Some(s) if !s.is_empty() => json!(s),
+        _ => json!("<unset>"),
     }
 }
 
-fn cells(def: &ResourceDef, o: &Value) -> Vec<Value> {
+/// The columns of a type: name and priority (1 only shows with `-o wide`). Every type
+/// starts with Name and ends with Age, except events, which read like `kubectl get events`.
+fn columns(def: &ResourceDef) -> &'static [(&'static str, u8)] {
+    match (def.builtin, def.group.as_str(), def.plural.as_str()) {
+        (true, "", "persistentvolumeclaims") => &[
+            ("Name", 0),
+            ("Status", 0),
+            ("Volume", 0),
+            ("Capacity", 0),
+            ("Access Modes", 0),
+            ("StorageClass", 0),
+            ("VolumeAttributesClass", 0),
+            ("Age", 0),
+            ("VolumeMode", 1),
+        ],
+        (true, "", "persistentvolumes") => &[
+            ("Name", 0),
+            ("Capacity", 0),
+            ("Access Modes", 0),
+            ("Reclaim Policy", 0),
+            ("Status", 0),
+            ("Claim", 0),
+            ("StorageClass", 0),
+            ("VolumeAttributesClass", 0),
+            ("Reason", 0),
+            ("Age", 0),
+            ("VolumeMode", 1),
+        ],
+        (true, "storage.k8s.io", "storageclasses") => &[
+            ("Name", 0),
+            ("Provisioner", 0),
+            ("ReclaimPolicy", 0),
+            ("VolumeBindingMode", 0),
+            ("AllowVolumeExpansion", 0),
+            ("Age", 0),
+        ],
+        (true, "", "namespaces" | "pods") => &[("Name", 0), ("Status", 0), ("Age", 0)],
+        (true, "coordination.k8s.io", "leases") => &[("Name", 0), ("Holder", 0), ("Age", 0)],
+        (true, _, "events") => &[
+            ("Last Seen", 0),
+            ("Type", 0),
+            ("Reason", 0),
+            ("Object", 0),
+            ("Subobject", 1),
+            ("Source", 1),
+            ("Message", 0),
+            ("First Seen", 1),
+            ("Count", 1),
+            ("Name", 1),
+        ],
+        _ => &[("Name", 0), ("Age", 0)],
+    }
+}
+
+/// The cells of a core/v1 Event (an `events.k8s.io/v1` Event is converted first).
+fn event_cells(o: &Value, now: jiff::Timestamp) -> Vec<Value> {
+    let since = |field: &Value| {
+        field
+            .as_str()
+            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+            .map(|t| human_age(now.as_second() - t.as_second()))
+    };
+    let first = since(&o["firstTimestamp"])
+        .or_else(|| since(&o["eventTime"]))
+        .unwrap_or_else(|| "<unknown>".to_string());
+    let (last, count) = if o["series"].is_object() {
+        (
+            since(&o["series"]["lastObservedTime"]).unwrap_or_else(|| first.clone()),
+            o["series"]["count"].as_i64().unwrap_or(1),
+        )
+    } else {
+        (
+            since(&o["lastTimestamp"]).unwrap_or_else(|| first.clone()),
+            o["count"].as_i64().filter(|c| *c > 0).unwrap_or(1),
+        )
+    };
+    let involved = &o["involvedObject"];
+    let kind = involved["kind"]
+        .as_str()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let target = match involved["name"].as_str() {
+        Some(name) if !name.is_empty() => format!("{kind}/{name}"),
+        _ => kind,
+    };
+    let source = o["source"]["component"]
+        .as_str()
+        .filter(|c| !c.is_empty())
+        .or_else(|| o["reportingComponent"].as_str())
+        .unwrap_or_default();
+    let source = match o["source"]["host"].as_str() {
+        Some(host) if !host.is_empty() => format!("{source}, {host}"),
+        _ => source.to_string(),
+    };
+    vec![
+        json!(last),
+        text(&o["type"]),
+        text(&o["reason"]),
+        json!(target),
+        text(&involved["fieldPath"]),
+        json!(source),
+        json!(o["message"].as_str().unwrap_or_default().trim()),
+        json!(first),
+        json!(count),
+        text(&o["metadata"]["name"]),
+    ]
+}
+
+fn cells(def: &ResourceDef, o: &Value, now: jiff::Timestamp) -> Vec<Value> {
     let spec = &o["spec"];
     let status = &o["status"];
+    let name = text(&o["metadata"]["name"]);
+    let age = json!(age(o, now));
     match (def.builtin, def.group.as_str(), def.plural.as_str()) {
         (true, "", "persistentvolumeclaims") => vec![
+            name,
             text(&status["phase"]),
             text(&spec["volumeName"]),
             text(&status["capacity"]["storage"]),
             access_modes(&status["accessModes"]),
             text(&spec["storageClassName"]),
+            or_unset(&spec["volumeAttributesClassName"]),
+            age,
+            text(&spec["volumeMode"]),
         ],
         (true, "", "persistentvolumes") => {
             let claim = &spec["claimRef"];
@@ -118,15 +210,21 @@ fn cells(def: &ResourceDef, o: &Value) -> Vec<Value> {
                 json!("")
             };
             vec![
+                name,
                 text(&spec["capacity"]["storage"]),
                 access_modes(&spec["accessModes"]),
                 text(&spec["persistentVolumeReclaimPolicy"]),
                 text(&status["phase"]),
                 claim,
                 text(&spec["storageClassName"]),
+                or_unset(&spec["volumeAttributesClassName"]),
+                text(&status["reason"]),
+                age,
+                text(&spec["volumeMode"]),
             ]
         }
         (true, "storage.k8s.io", "storageclasses") => vec![
+            name,
             text(&o["provisioner"]),
             text(&o["reclaimPolicy"]),
             text(&o["volumeBindingMode"]),
@@ -136,32 +234,27 @@ fn cells(def: &ResourceDef, o: &Value) -> Vec<Value> {
                     .unwrap_or(false)
                     .to_string()
             ),
+            age,
         ],
-        (true, "", "namespaces" | "pods") => vec![text(&status["phase"])],
-        (true, "coordination.k8s.io", "leases") => vec![text(&spec["holderIdentity"])],
-        (true, _, "events") => {
-            let message = if o["note"].is_null() {
-                &o["message"]
-            } else {
-                &o["note"]
-            };
-            vec![text(&o["type"]), text(&o["reason"]), text(message)]
-        }
-        _ => Vec::new(),
+        (true, "", "namespaces" | "pods") => vec![name, text(&status["phase"]), age],
+        (true, "coordination.k8s.io", "leases") => vec![name, text(&spec["holderIdentity"]), age],
+        (true, "", "events") => event_cells(o, now),
+        (true, _, "events") => match events::counterpart(events::V1, o) {
+            Some((_, core)) => event_cells(&core, now),
+            None => event_cells(o, now),
+        },
+        _ => vec![name, age],
     }
 }
 
 fn row(def: &ResourceDef, obj: &Stored, include_object: bool, now: jiff::Timestamp) -> Value {
     let o = &obj.value;
-    let mut cells = vec![text(&o["metadata"]["name"])];
-    cells.extend(self::cells(def, o));
-    cells.push(json!(age(o, now)));
     let object = if include_object {
         o.clone()
     } else {
         json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]})
     };
-    json!({"cells": cells, "object": object})
+    json!({"cells": cells(def, o, now), "object": object})
 }
 
 /// A Table of `objects`; `list_meta` is the list's `metadata`.
@@ -172,17 +265,19 @@ pub(crate) fn table(
     include_object: bool,
 ) -> Value {
     let now = jiff::Timestamp::now();
-    let mut defs = vec![
-        json!({"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0}),
-    ];
-    for c in columns(def) {
-        defs.push(
-            json!({"name": c, "type": "string", "format": "", "description": c, "priority": 0}),
-        );
-    }
-    defs.push(
-        json!({"name": "Age", "type": "string", "format": "", "description": "Age", "priority": 0}),
-    );
+    let defs: Vec<Value> = columns(def)
+        .iter()
+        .map(|(name, priority)| {
+            let format = if *name == "Name" { "name" } else { "" };
+            let kind = if *name == "Count" {
+                "integer"
+            } else {
+                "string"
+            };
+            json!({"name": name, "type": kind, "format": format, "description": name,
+                   "priority": priority})
+        })
+        .collect();
     let rows: Vec<Value> = objects
         .iter()
         .map(|o| row(def, o, include_object, now))
@@ -221,11 +316,12 @@ mod tests {
             "status": {"phase": "Bound", "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"]}}),
         );
         let t = table(&def, &[&obj], json!({}), false);
-        assert_eq!(t["columnDefinitions"].as_array().unwrap().len(), 7);
+        assert_eq!(t["columnDefinitions"].as_array().unwrap().len(), 9);
+        assert_eq!(t["columnDefinitions"][6]["name"], "VolumeAttributesClass");
         let row = t["rows"][0]["cells"].as_array().unwrap();
         assert_eq!(
-            row[..6],
-            json!(["a", "Bound", "pv", "1Gi", "RWO", "fast"])
+            row[..7],
+            json!(["a", "Bound", "pv", "1Gi", "RWO", "fast", "<unset>"])
                 .as_array()
                 .unwrap()[..]
         );
@@ -234,5 +330,28 @@ mod tests {
             "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
         ));
         assert!(!wanted("application/json"));
+    }
+
+    #[test]
+    fn event_rows_read_like_kubectl_get_events() {
+        let reg = Registry::with_builtins();
+        let def = reg.lookup("events.k8s.io", "v1", "events").unwrap();
+        let obj = Stored::new(json!({
+            "metadata": {"name": "e"},
+            "regarding": {"kind": "PersistentVolumeClaim", "name": "claim-1"},
+            "reason": "ProvisioningFailed", "note": " no space ", "type": "Warning",
+            "reportingController": "csi",
+            "eventTime": "2020-01-01T00:00:00.000000Z",
+            "series": {"count": 3, "lastObservedTime": "2020-01-01T00:00:00.000000Z"},
+        }));
+        let t = table(&def, &[&obj], json!({}), false);
+        assert_eq!(t["columnDefinitions"][0]["name"], "Last Seen");
+        let row = &t["rows"][0]["cells"];
+        assert_eq!(row[1], "Warning");
+        assert_eq!(row[3], "persistentvolumeclaim/claim-1");
+        assert_eq!(row[5], "csi");
+        assert_eq!(row[6], "no space");
+        assert_eq!(row[8], 3);
+        assert_eq!(row[9], "e");
     }
 }

@@ -190,7 +190,7 @@ pub(crate) fn start(
     q: &HashMap<String, String>,
     as_table: bool,
 ) -> ApiResult<Response> {
-    let sel = Selectors::from_query(q)?;
+    let sel = Selectors::from_query(q, def)?;
     let flag = |k: &str| q.get(k).is_some_and(|v| v == "true" || v == "1");
     let timeout = match q.get("timeoutSeconds").map(String::as_str) {
         None | Some("") => None,
