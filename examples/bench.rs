@@ -54,7 +54,10 @@ pub(crate) enum Scenario {
 
 /// Command-line options.
 #[derive(Clone, Debug, Parser)]
-#[command(name = "bench", about = "Benchmarks of provision-controller and cnsmetadata")]
+#[command(
+    name = "bench",
+    about = "Benchmarks of provision-controller and cnsmetadata"
+)]
 pub(crate) struct Args {
     /// The scenario to run.
     #[arg(value_enum, required_unless_present_any = ["serve_sim", "populate"])]
@@ -89,7 +92,7 @@ pub(crate) struct Args {
     pub(crate) crash_safe: Option<bool>,
     /// Watch events kube-sim keeps for resuming watches (larger than its default, so a busy
     /// watcher is not cut off with 410 Gone in the middle of a burst).
-    #[arg(long, default_value_t = 2_000_000)]
+    #[arg(long, default_value_t = 500_000)]
     pub(crate) sim_history: usize,
     /// Internal: serve kube-sim, writing its kubeconfig here.
     #[arg(long, hide = true, value_name = "PATH")]

@@ -1,0 +1,310 @@
+//! The bench environment: the API server (kube-sim child or a cluster), clients, the run's
+//! namespace and class, the pre-bound pairs, and the cleanup.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
+};
+
+use anyhow::{Context as _, bail};
+use k8s_openapi::{
+    api::{
+        core::v1::{Namespace, PersistentVolume},
+        storage::v1::StorageClass,
+    },
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube_client::{
+    Api, Client, Config,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    client::ClientBuilder,
+    config::{KubeConfigOptions, Kubeconfig},
+};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::{
+    Args, Scenario,
+    counting::{ApiCounter, CountLayer},
+    objects::{self, Names},
+    report::{self, Probe},
+    sim::SimChild,
+};
+
+/// Everything a scenario needs.
+pub(crate) struct Env {
+    /// The command line.
+    pub(crate) args: Args,
+    /// Names of this run.
+    pub(crate) names: Names,
+    /// The driver's client (on the driver thread).
+    pub(crate) driver: Client,
+    /// The runtime the controller runs on.
+    pub(crate) controller: tokio::runtime::Handle,
+    /// Measurements.
+    pub(crate) probe: Probe,
+    config: Config,
+    kubeconfig: PathBuf,
+    /// Whether the bench installed the CnsVolumeMetadata CRD (and so removes it).
+    pub(crate) installed_crd: AtomicBool,
+}
+
+async fn load(path: &Path) -> anyhow::Result<Config> {
+    let kubeconfig = Kubeconfig::read_from(path)
+        .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+    Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .with_context(|| format!("cannot use kubeconfig {}", path.display()))
+}
+
+/// The driver thread's main: set up, run the scenario, clean up, print the report.
+pub(crate) async fn run(args: Args, controller: tokio::runtime::Handle) -> anyhow::Result<()> {
+    let scenario = args.scenario.context("no scenario given")?;
+    let load_before = load_average();
+    let sim = match &args.kubeconfig {
+        Some(_) => None,
+        None => Some(SimChild::start(args.sim_history).await?),
+    };
+    let kubeconfig = match (&args.kubeconfig, &sim) {
+        (Some(path), _) => path.clone(),
+        (None, Some(sim)) => sim.kubeconfig.clone(),
+        (None, None) => unreachable!("a sim runs when no kubeconfig is given"),
+    };
+    let config = load(&kubeconfig).await?;
+    let driver = Client::try_from(config.clone()).context("cannot build the driver client")?;
+    let env = Env {
+        names: Names::fresh(),
+        driver,
+        controller,
+        probe: Probe::new(ApiCounter::default(), sim.as_ref().and_then(SimChild::pid)),
+        config,
+        kubeconfig,
+        installed_crd: AtomicBool::new(false),
+        args,
+    };
+    eprintln!(
+        "bench {scenario:?}: n={} against {}; namespace {}, provisioner {}",
+        env.args.n,
+        if sim.is_some() {
+            "kube-sim (child process)"
+        } else {
+            "the cluster of --kubeconfig"
+        },
+        env.names.namespace,
+        env.names.provisioner
+    );
+    let outcome = match scenario {
+        Scenario::Provision => crate::provision::run(&env).await,
+        Scenario::Steady => crate::steady::run(&env).await,
+        Scenario::Metadata => crate::metadata::run(&env).await,
+    };
+    if sim.is_none() {
+        // A real cluster: remove everything, whatever happened.
+        if let Err(error) = env.cleanup().await {
+            eprintln!("cleanup failed: {error:#}");
+        }
+    }
+    if let Some(sim) = sim {
+        sim.stop().await;
+    }
+    let mut report = outcome?;
+    if let Value::Object(map) = &mut report {
+        let command: Vec<String> = std::env::args().skip(1).collect();
+        map.insert("command".into(), json!(command.join(" ")));
+        // Other work on the machine skews every figure; keep a trace of it.
+        map.insert(
+            "load_average_1m".into(),
+            json!({"before": load_before, "after": load_average()}),
+        );
+        map.insert(
+            "api_server".into(),
+            json!(if env.args.kubeconfig.is_some() {
+                "cluster"
+            } else {
+                "kube-sim"
+            }),
+        );
+    }
+    if env.args.json {
+        println!("{report}");
+    } else {
+        report::print_text(&report);
+    }
+    Ok(())
+}
+
+/// The 1-minute load average of the machine.
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// `--populate`: creates the pre-bound pairs, in a process of its own so its allocations
+/// stay out of the controller's memory figures.
+pub(crate) async fn populate_main(kubeconfig: &Path, args: &Args) -> anyhow::Result<()> {
+    let client = Client::try_from(load(kubeconfig).await?)?;
+    let names = Names::from_run(&args.run_id);
+    objects::populate_pairs(client, &names, &args.csi_driver, args.n, args.in_flight).await
+}
+
+impl Env {
+    /// A client for the controller: built on the controller's runtime, counting requests.
+    pub(crate) async fn controller_client(&self) -> anyhow::Result<Client> {
+        let config = self.config.clone();
+        let layer = CountLayer(self.probe.api.clone());
+        self.controller
+            .spawn(async move {
+                let builder = ClientBuilder::try_from(config)?;
+                anyhow::Ok(builder.with_layer(&layer).build())
+            })
+            .await
+            .context("building the controller client panicked")?
+    }
+
+    /// Creates the run's namespace and, with `class`, its StorageClass.
+    pub(crate) async fn setup(&self, class: bool) -> anyhow::Result<()> {
+        let namespaces: Api<Namespace> = Api::all(self.driver.clone());
+        namespaces
+            .create(&PostParams::default(), &objects::namespace(&self.names))
+            .await
+            .context("cannot create the bench namespace")?;
+        if class {
+            let classes: Api<StorageClass> = Api::all(self.driver.clone());
+            classes
+                .create(&PostParams::default(), &objects::class(&self.names))
+                .await
+                .context("cannot create the bench StorageClass")?;
+        }
+        Ok(())
+    }
+
+    /// Installs the CnsVolumeMetadata CRD unless it exists, and waits until it is served.
+    pub(crate) async fn install_crd(&self) -> anyhow::Result<()> {
+        let crds: Api<CustomResourceDefinition> = Api::all(self.driver.clone());
+        if crds.get_opt(cnsmetadata::CRD_NAME).await?.is_none() {
+            crds.create(&PostParams::default(), &cnsmetadata::crd())
+                .await
+                .context("cannot install the CnsVolumeMetadata CRD")?;
+            self.installed_crd.store(true, Ordering::Relaxed);
+        }
+        let api: Api<cnsmetadata::CnsVolumeMetadata> =
+            Api::namespaced(self.driver.clone(), &self.names.namespace);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while api.list(&ListParams::default().limit(1)).await.is_err() {
+            if Instant::now() > deadline {
+                bail!("the CnsVolumeMetadata CRD is not served after 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(())
+    }
+
+    /// Creates `n` claims pre-bound to CSI PVs of `driver` in another process and waits
+    /// until they are Bound.
+    pub(crate) async fn populate(&self, driver: &str, n: usize) -> anyhow::Result<()> {
+        let started = Instant::now();
+        eprintln!("populating {n} bound claim/PV pairs (driver {driver})");
+        let exe = std::env::current_exe().context("cannot find the bench binary")?;
+        let status = tokio::process::Command::new(exe)
+            .arg("--populate")
+            .arg(&self.kubeconfig)
+            .args(["--run-id", &self.names.run, "--csi-driver", driver])
+            .args(["--n", &n.to_string()])
+            .args(["--in-flight", &self.args.in_flight.to_string()])
+            .stdin(Stdio::null())
+            .status()
+            .await
+            .context("cannot start the populate process")?;
+        if !status.success() {
+            bail!("populating pairs failed ({status})");
+        }
+        eprintln!("populated in {:.1} s", started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// Waits until the controller's client has started `watches` watches (its caches are
+    /// filled: a kube watcher watches once its initial list is done).
+    pub(crate) async fn wait_synced(&self, watches: u64) -> anyhow::Result<()> {
+        wait_for("controller caches filled", self.args.timeout(), || {
+            let started = self.probe.api.watches();
+            if started >= watches {
+                Ok(())
+            } else {
+                Err(format!("{started} of {watches} watches started"))
+            }
+        })
+        .await
+    }
+
+    /// Deletes the run's objects from a real cluster.
+    async fn cleanup(&self) -> anyhow::Result<()> {
+        eprintln!(
+            "cleaning up namespace {} and the run's objects",
+            self.names.namespace
+        );
+        let client = self.driver.clone();
+        let selector = ListParams::default().labels(&self.names.selector());
+        if self.args.scenario == Some(Scenario::Metadata) {
+            // Finalizers of a stopped reconciler would keep the namespace forever.
+            let api: Api<cnsmetadata::CnsVolumeMetadata> =
+                Api::namespaced(client.clone(), &self.names.namespace);
+            if let Ok(list) = api.list(&ListParams::default()).await {
+                let patch = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+                for object in list.items {
+                    let name = object.metadata.name.unwrap_or_default();
+                    let _ = api.patch(&name, &PatchParams::default(), &patch).await;
+                }
+            }
+        }
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let _ = namespaces
+            .delete(&self.names.namespace, &DeleteParams::default())
+            .await;
+        let volumes: Api<PersistentVolume> = Api::all(client.clone());
+        volumes
+            .delete_collection(&DeleteParams::default(), &selector)
+            .await
+            .context("cannot delete the run's PVs")?;
+        let classes: Api<StorageClass> = Api::all(client.clone());
+        let _ = classes
+            .delete(&self.names.class, &DeleteParams::default())
+            .await;
+        if self.installed_crd.load(Ordering::Relaxed) {
+            let crds: Api<CustomResourceDefinition> = Api::all(client);
+            let _ = crds
+                .delete(cnsmetadata::CRD_NAME, &DeleteParams::default())
+                .await;
+        }
+        Ok(())
+    }
+}
+
+/// Polls `check` every 25 ms until it returns `Ok`; prints its `Err` (the progress) every 5 s.
+pub(crate) async fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> Result<T, String>,
+) -> anyhow::Result<T> {
+    let start = Instant::now();
+    let mut last_note = start;
+    loop {
+        let progress = match check() {
+            Ok(value) => return Ok(value),
+            Err(progress) => progress,
+        };
+        let now = Instant::now();
+        if now - start > timeout {
+            bail!("timed out after {timeout:?} waiting for {what}: {progress}");
+        }
+        if now - last_note > Duration::from_secs(5) {
+            let secs = (now - start).as_secs_f64();
+            eprintln!("  {what}: {progress} ({secs:.0} s)");
+            last_note = now;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}

@@ -1,0 +1,239 @@
+//! `provision`: N claims at once through a no-op provisioner, then all deleted.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube_client::{
+    Api,
+    api::{DeleteParams, PostParams},
+};
+use kube_runtime::watcher;
+use provision_controller::{Config, ProvisionController};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+use crate::{
+    env::{Env, wait_for},
+    objects::{self, Names, Noop},
+    report::{self, Phase, latency, mib, round},
+    track::{Step, Timeline, follow},
+};
+
+/// Runs the scenario and returns its report.
+pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
+    let names = &env.names;
+    let n = env.args.n;
+    let workers = env.args.workers.unwrap_or(Config::DEFAULT_THREADS);
+    env.setup(true).await?;
+
+    // The driver's view: claims Bound, PVs created and gone.
+    let timeline = Timeline::new(n);
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(env.driver.clone(), &names.namespace);
+    let bound = |c: &PersistentVolumeClaim, t: &Timeline| {
+        let phase = c.status.as_ref().and_then(|s| s.phase.as_deref());
+        let name = c.metadata.name.as_deref().unwrap_or_default();
+        if let (Some("Bound"), Some(i)) = (phase, objects::index_of(name, "bench-", t.len())) {
+            t.mark(i, Step::Ready);
+        }
+    };
+    let ns = names.namespace.clone();
+    let index = move |v: &PersistentVolume, t: &Timeline| {
+        let claim = v.spec.as_ref()?.claim_ref.as_ref()?;
+        if claim.namespace.as_deref() != Some(&ns) {
+            return None;
+        }
+        objects::index_of(claim.name.as_deref()?, "bench-", t.len())
+    };
+    let index2 = index.clone();
+    let watches = [
+        follow(
+            claims.clone(),
+            watcher::Config::default(),
+            timeline.clone(),
+            bound,
+            |_, _| {},
+        ),
+        follow(
+            Api::<PersistentVolume>::all(env.driver.clone()),
+            watcher::Config::default().labels(&names.selector()),
+            timeline.clone(),
+            move |v, t| {
+                if let Some(i) = index(v, t) {
+                    t.mark(i, Step::Created);
+                }
+            },
+            move |v, t| {
+                if let Some(i) = index2(v, t) {
+                    t.mark(i, Step::Gone);
+                }
+            },
+        ),
+    ];
+    wait_for("driver watches", env.args.timeout(), || {
+        let synced = timeline.synced();
+        (synced >= 2)
+            .then_some(())
+            .ok_or_else(|| format!("{synced} of 2 synced"))
+    })
+    .await?;
+
+    // The controller, on its own runtime.
+    let s0 = env.probe.snapshot();
+    env.probe.take_peaks();
+    let client = env.controller_client().await?;
+    let mut config = Config::default()
+        .threads(workers)
+        .leader_election(None)
+        .metrics_port(0);
+    if let Some(secs) = env.args.resync_secs {
+        config = config.resync_period(Duration::from_secs(secs));
+    }
+    if let Some(on) = env.args.crash_safe {
+        config = config.crash_safe_provisioning(on);
+    }
+    let controller = ProvisionController::new(
+        client,
+        names.provisioner.clone(),
+        Noop {
+            driver: names.provisioner.clone(),
+            labels: names.labels(),
+        },
+    )
+    .with_config(config);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let running = env.controller.spawn(controller.run(async {
+        let _ = stopped.await;
+    }));
+    env.wait_synced(3).await?;
+    let s1 = env.probe.snapshot();
+    eprintln!("controller synced; creating {n} claims");
+
+    // Provision: create every claim, wait until all are Bound.
+    let created = futures::stream::iter(0..n)
+        .map(|i| {
+            let (claims, timeline) = (claims.clone(), timeline.clone());
+            let claim = objects::claim(names, i, None);
+            async move {
+                timeline.mark(i, Step::Sent);
+                claims.create(&PostParams::default(), &claim).await
+            }
+        })
+        .buffer_unordered(env.args.in_flight)
+        .filter(|r| std::future::ready(r.is_ok()))
+        .count()
+        .await;
+    let sent_in = timeline.span(Step::Sent, Step::Sent).unwrap_or_default();
+    eprintln!("{created} claims created");
+    wait_for("claims Bound", env.args.timeout(), || {
+        let (pv, b) = (timeline.count(Step::Created), timeline.count(Step::Ready));
+        (b >= created)
+            .then_some(())
+            .ok_or_else(|| format!("{pv} PVs created, {b} of {created} claims Bound"))
+    })
+    .await?;
+    let s2 = env.probe.snapshot();
+    let (peak_provision, sim_peak_provision) = env.probe.take_peaks();
+    eprintln!("all Bound; deleting {created} claims");
+
+    // Delete every claim, wait until every PV is gone.
+    let deleted = futures::stream::iter(0..n)
+        .map(|i| {
+            let (claims, timeline) = (claims.clone(), timeline.clone());
+            async move {
+                timeline.mark(i, Step::DeleteSent);
+                claims
+                    .delete(&Names::claim(i), &DeleteParams::default())
+                    .await
+            }
+        })
+        .buffer_unordered(env.args.in_flight)
+        .filter(|r| std::future::ready(r.is_ok()))
+        .count()
+        .await;
+    wait_for("PVs deleted", env.args.timeout(), || {
+        let gone = timeline.count(Step::Gone);
+        (gone >= created)
+            .then_some(())
+            .ok_or_else(|| format!("{gone} of {created} PVs gone"))
+    })
+    .await?;
+    let s3 = env.probe.snapshot();
+    let (peak_delete, sim_peak_delete) = env.probe.take_peaks();
+
+    let _ = stop.send(());
+    let result = tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .context("the controller did not stop within 60 s")?
+        .context("the controller task panicked")?;
+    let failures = env.probe.api.failures();
+    for handle in watches {
+        handle.abort();
+    }
+    result.context("the controller failed")?;
+
+    let startup = Phase::between(&s0, &s1);
+    let provision = Phase::between(&s1, &s2);
+    let delete = Phase::between(&s2, &s3);
+    let provision_span = timeline.span(Step::Sent, Step::Ready).unwrap_or_default();
+    let delete_span = timeline
+        .span(Step::DeleteSent, Step::Gone)
+        .unwrap_or_default();
+    let per_second = |count: usize, span: Duration| round(count as f64 / span.as_secs_f64(), 1);
+    let volumes = created.max(1) as f64;
+    let mut both = provision.api.clone();
+    for (k, v) in &delete.api {
+        *both.entry(k.clone()).or_default() += v;
+    }
+    let rss_growth = s2.memory.rss_kib.saturating_sub(s0.memory.rss_kib);
+    Ok(json!({
+        "scenario": "provision",
+        "n": n,
+        "created": created,
+        "deleted": deleted,
+        "workers": workers.get(),
+        "crash_safe_provisioning": env.args.crash_safe.map_or(json!("default"), |on| json!(on)),
+        "in_flight": env.args.in_flight,
+        "provision": {
+            "seconds": round(provision_span.as_secs_f64(), 2),
+            "throughput_per_s": per_second(created, provision_span),
+            "driver_send_seconds": round(sent_in.as_secs_f64(), 2),
+            "latency_created_to_pv": latency(timeline.latencies(Step::Sent, Step::Created)),
+            "latency_created_to_bound": latency(timeline.latencies(Step::Sent, Step::Ready)),
+        },
+        "delete": {
+            "seconds": round(delete_span.as_secs_f64(), 2),
+            "throughput_per_s": per_second(created, delete_span),
+            "latency_deleted_to_pv_gone": latency(timeline.latencies(Step::DeleteSent, Step::Gone)),
+        },
+        "cpu": {
+            "controller_s_per_1000_volumes": round(
+                (provision.controller_cpu + delete.controller_cpu) / volumes * 1000.0, 3),
+            "startup": startup.cpu_json(),
+            "provision": provision.cpu_json(),
+            "delete": delete.cpu_json(),
+        },
+        "memory_mib": {
+            "before_controller": mib(s0.memory.rss_kib),
+            "after_sync": mib(s1.memory.rss_kib),
+            "all_bound": mib(s2.memory.rss_kib),
+            "after_delete": mib(s3.memory.rss_kib),
+            "peak_sampled_provision": mib(peak_provision),
+            "peak_sampled_delete": mib(peak_delete),
+            "peak_hwm": mib(s3.memory.hwm_kib),
+            "rss_growth_per_bound_pair_kib": round(rss_growth as f64 / volumes, 2),
+            "sim_peak": mib(sim_peak_provision.max(sim_peak_delete)),
+        },
+        "api_requests": {
+            "startup": report::by_verb(&startup.api),
+            "per_volume_provision": report::per_object(&provision.api, created),
+            "per_volume_delete": report::per_object(&delete.api, created),
+            "per_volume_total_by_verb": report::per_object(&both, created)["per_object_by_verb"],
+            "failed_responses": failures
+                .iter()
+                .map(|((what, code), n)| (format!("{what} {code}"), json!(n)))
+                .collect::<serde_json::Map<_, _>>(),
+        },
+    }))
+}
