@@ -132,7 +132,10 @@ pub(crate) async fn run(args: Args, controller: tokio::runtime::Handle) -> anyho
     } else {
         report::print_text(&report);
     }
-    Ok(())
+    match report.get("incomplete").and_then(Value::as_str) {
+        Some(why) => bail!("the run did not complete: {why}"),
+        None => Ok(()),
+    }
 }
 
 /// The 1-minute load average of the machine.

@@ -126,19 +126,25 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
         .await;
     let sent_in = timeline.span(Step::Sent, Step::Sent).unwrap_or_default();
     eprintln!("{created} claims created");
-    wait_for("claims Bound", env.args.timeout(), || {
+    // A phase that times out ends the run early, but its figures are still reported.
+    let mut incomplete = wait_for("claims Bound", env.args.timeout(), || {
         let (pv, b) = (timeline.count(Step::Created), timeline.count(Step::Ready));
         (b >= created)
             .then_some(())
             .ok_or_else(|| format!("{pv} PVs created, {b} of {created} claims Bound"))
     })
-    .await?;
+    .await
+    .err()
+    .map(|e| format!("{e:#}"));
     let s2 = env.probe.snapshot();
     let (peak_provision, sim_peak_provision) = env.probe.take_peaks();
-    eprintln!("all Bound; deleting {created} claims");
+    if incomplete.is_none() {
+        eprintln!("all Bound; deleting {created} claims");
+    }
 
     // Delete every claim, wait until every PV is gone.
-    let deleted = futures::stream::iter(0..n)
+    let deleting = if incomplete.is_some() { 0 } else { n };
+    let deleted = futures::stream::iter(0..deleting)
         .map(|i| {
             let (claims, timeline) = (claims.clone(), timeline.clone());
             async move {
@@ -152,13 +158,17 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
         .filter(|r| std::future::ready(r.is_ok()))
         .count()
         .await;
-    wait_for("PVs deleted", env.args.timeout(), || {
-        let gone = timeline.count(Step::Gone);
-        (gone >= created)
-            .then_some(())
-            .ok_or_else(|| format!("{gone} of {created} PVs gone"))
-    })
-    .await?;
+    if incomplete.is_none() {
+        incomplete = wait_for("PVs deleted", env.args.timeout(), || {
+            let gone = timeline.count(Step::Gone);
+            (gone >= created)
+                .then_some(())
+                .ok_or_else(|| format!("{gone} of {created} PVs gone"))
+        })
+        .await
+        .err()
+        .map(|e| format!("{e:#}"));
+    }
     let s3 = env.probe.snapshot();
     let (peak_delete, sim_peak_delete) = env.probe.take_peaks();
 
@@ -181,6 +191,7 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
         .span(Step::DeleteSent, Step::Gone)
         .unwrap_or_default();
     let per_second = |count: usize, span: Duration| round(count as f64 / span.as_secs_f64(), 1);
+    let (bound, gone) = (timeline.count(Step::Ready), timeline.count(Step::Gone));
     let volumes = created.max(1) as f64;
     let mut both = provision.api.clone();
     for (k, v) in &delete.api {
@@ -189,6 +200,7 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
     let rss_growth = s2.memory.rss_kib.saturating_sub(s0.memory.rss_kib);
     Ok(json!({
         "scenario": "provision",
+        "incomplete": incomplete,
         "n": n,
         "created": created,
         "deleted": deleted,
@@ -197,14 +209,14 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
         "in_flight": env.args.in_flight,
         "provision": {
             "seconds": round(provision_span.as_secs_f64(), 2),
-            "throughput_per_s": per_second(created, provision_span),
+            "throughput_per_s": per_second(bound, provision_span),
             "driver_send_seconds": round(sent_in.as_secs_f64(), 2),
             "latency_created_to_pv": latency(timeline.latencies(Step::Sent, Step::Created)),
             "latency_created_to_bound": latency(timeline.latencies(Step::Sent, Step::Ready)),
         },
         "delete": {
             "seconds": round(delete_span.as_secs_f64(), 2),
-            "throughput_per_s": per_second(created, delete_span),
+            "throughput_per_s": per_second(gone, delete_span),
             "latency_deleted_to_pv_gone": latency(timeline.latencies(Step::DeleteSent, Step::Gone)),
         },
         "cpu": {
