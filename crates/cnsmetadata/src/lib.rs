@@ -4,6 +4,7 @@ mod backend;
 mod backoff;
 mod config;
 mod crd;
+mod events;
 mod plan;
 mod reconciler;
 mod resource;

@@ -6,7 +6,6 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube_client::{Api, Client, Resource, ResourceExt, api::PostParams};
 use kube_runtime::{
     controller::Action,
-    events::{Event, EventType, Recorder, Reporter},
     reflector::{ObjectRef, Store},
 };
 use tracing::{debug, info, warn};
@@ -15,6 +14,7 @@ use crate::{
     backend::{VolumeMetadataBackend, error_chain},
     backoff::PerObjectBackoff,
     config::Config,
+    events::{EventType, EventWriter},
     plan::{plan_update, referred_entities},
     resource::{CnsVolumeMetadata, VolumeStatus},
     validate::{InvalidSpec, validate},
@@ -76,7 +76,7 @@ pub struct Context {
     config: Config,
     claims: Store<PersistentVolumeClaim>,
     volumes: Store<PersistentVolume>,
-    recorder: Recorder,
+    events: EventWriter,
     backoff: PerObjectBackoff,
 }
 
@@ -91,12 +91,12 @@ impl Context {
         claims: Store<PersistentVolumeClaim>,
         volumes: Store<PersistentVolume>,
     ) -> Self {
-        let reporter = Reporter {
-            controller: REPORTING_CONTROLLER.to_owned(),
-            instance: config.get_reporting_instance().map(str::to_owned),
-        };
         Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            events: EventWriter::new(
+                client.clone(),
+                REPORTING_CONTROLLER,
+                config.get_reporting_instance(),
+            ),
             client,
             backend,
             config,
@@ -119,20 +119,14 @@ impl Context {
         action: &str,
         note: String,
     ) {
-        let event = Event {
-            type_,
-            reason: match type_ {
-                EventType::Normal => REASON_UPDATE_SUCCEEDED,
-                EventType::Warning => REASON_UPDATE_FAILED,
-            }
-            .to_owned(),
-            note: Some(truncate(note, MAX_NOTE_BYTES)),
-            action: action.to_owned(),
-            secondary: None,
+        let reason = match type_ {
+            EventType::Normal => REASON_UPDATE_SUCCEEDED,
+            EventType::Warning => REASON_UPDATE_FAILED,
         };
-        if let Err(error) = self.recorder.publish(&event, &object.object_ref(&())).await {
-            warn!(error = %error_chain(&error), "failed to publish event");
-        }
+        let note = truncate(note, MAX_NOTE_BYTES);
+        self.events
+            .publish(object.object_ref(&()), type_, reason, action, note)
+            .await;
     }
 }
 

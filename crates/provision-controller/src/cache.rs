@@ -92,21 +92,36 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
 {
     let (store, writer) = reflector::store();
-    let changes = watcher(api, watcher::Config::default())
+    let events = watcher(api, watcher::Config::default())
         .default_backoff()
         .modify(|obj: &mut K| obj.managed_fields_mut().clear())
-        .reflect(writer)
-        .touched_objects()
-        .filter_map(|item| async move {
-            match item {
-                Ok(obj) => Some(Arc::new(obj)),
-                Err(err) => {
-                    tracing::warn!(kind = %K::kind(&()), error = %err, "watch failed; retrying");
-                    None
-                }
+        .reflect(writer);
+    SharedCache::new(store.clone(), in_store_changes(events, store))
+}
+
+/// The objects a reflected watch changes, each yielded once the store has applied it.
+///
+/// A (re)list buffers its objects in the reflector until `InitDone` and swaps them in
+/// then, so the objects of a list are yielded at `InitDone`, from the store (shared, not
+/// copied), and never before: a worker that looks a yielded object up always finds it
+/// (or finds it gone for good).
+pub(crate) fn in_store_changes<K, S>(events: S, store: Store<K>) -> impl Stream<Item = Arc<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+{
+    events.flat_map(move |item| {
+        let objects = match item {
+            Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) => vec![Arc::new(obj)],
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => Vec::new(),
+            Ok(watcher::Event::InitDone) => store.state(),
+            Err(err) => {
+                tracing::warn!(kind = %K::kind(&()), error = %err, "watch failed; retrying");
+                Vec::new()
             }
-        });
-    SharedCache::new(store, changes)
+        };
+        futures::stream::iter(objects)
+    })
 }
 
 /// The three caches with the lookups the flows need.
@@ -114,7 +129,9 @@ pub(crate) struct Caches {
     pub(crate) claims: Store<PersistentVolumeClaim>,
     pub(crate) volumes: Store<PersistentVolume>,
     pub(crate) classes: Store<StorageClass>,
-    /// Claim UID -> where it lives; entries may be stale, lookups check the UID.
+    /// Claim UID -> where it lives. Every claim is indexed before it is queued (the
+    /// feeder, [`Caches::index_claim`]), so a UID missing here is not in the cache; entries
+    /// of deleted claims are dropped when looked up (lookups check the UID) and at resync.
     uid_index: Mutex<HashMap<String, ObjectRef<PersistentVolumeClaim>>>,
     /// PVs this controller saved that the volume cache has not shown yet (Go adds them to
     /// its informer store, which a kube-runtime `Store` does not allow).
@@ -163,19 +180,19 @@ impl Caches {
         Some(uid)
     }
 
-    /// The cached claim with this UID (Go: the `uid` index of the claim informer).
+    /// The cached claim with this UID (Go: the `uid` index of the claim informer); `None`
+    /// when it is not in the cache (deleted, or never seen). O(1): never scans the cache.
     pub(crate) fn claim_by_uid(&self, uid: &str) -> Option<Arc<PersistentVolumeClaim>> {
-        let has_uid = |c: &PersistentVolumeClaim| c.metadata.uid.as_deref() == Some(uid);
-        let indexed = lock(&self.uid_index).get(uid).cloned();
-        if let Some(found) = indexed
-            .and_then(|r| self.claims.get(&r))
-            .filter(|c| has_uid(c))
-        {
-            return Some(found);
+        let mut index = lock(&self.uid_index);
+        let found = self
+            .claims
+            .get(index.get(uid)?)
+            .filter(|c| c.metadata.uid.as_deref() == Some(uid));
+        if found.is_none() {
+            // The claim is gone (or its name now holds another claim): forget it.
+            index.remove(uid);
         }
-        let found = self.claims.find(|c| has_uid(c))?;
-        self.index_claim(&found);
-        Some(found)
+        found
     }
 
     pub(crate) fn volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {
@@ -227,5 +244,94 @@ mod tests {
             caches.index_claim(&pvc("c").uid("u1").build()).as_deref(),
             Some("u1")
         );
+    }
+
+    fn apply(
+        writer: &mut reflector::store::Writer<PersistentVolumeClaim>,
+        claim: &PersistentVolumeClaim,
+    ) {
+        writer.apply_watcher_event(&watcher::Event::Apply(claim.clone()));
+    }
+
+    #[test]
+    fn a_uid_missing_from_the_index_is_not_in_the_cache() {
+        let (claims, mut writer) = reflector::store();
+        let (volumes, _) = reflector::store();
+        let (classes, _) = reflector::store();
+        let caches = Caches::new(claims, volumes, classes);
+        apply(&mut writer, &pvc("c").uid("u1").build());
+        // Cached but never fed: the lookup answers from the index alone, no scan.
+        assert!(caches.claim_by_uid("u1").is_none());
+        caches.index_claim(&pvc("c").uid("u1").build());
+        assert_eq!(
+            caches
+                .claim_by_uid("u1")
+                .and_then(|c| c.metadata.uid.clone())
+                .as_deref(),
+            Some("u1")
+        );
+    }
+
+    #[test]
+    fn a_deleted_or_replaced_claim_is_gone_and_its_entry_dropped() {
+        let (claims, mut writer) = reflector::store();
+        let (volumes, _) = reflector::store();
+        let (classes, _) = reflector::store();
+        let caches = Caches::new(claims, volumes, classes);
+        let old = pvc("c").uid("u1").build();
+        apply(&mut writer, &old);
+        caches.index_claim(&old);
+        let new = pvc("c").uid("u2").build();
+        apply(&mut writer, &new);
+        caches.index_claim(&new);
+        assert!(
+            caches.claim_by_uid("u1").is_none(),
+            "the name holds another claim"
+        );
+        assert!(!lock(&caches.uid_index).contains_key("u1"));
+        writer.apply_watcher_event(&watcher::Event::Delete(new));
+        assert!(caches.claim_by_uid("u2").is_none(), "deleted");
+        assert!(lock(&caches.uid_index).is_empty());
+    }
+
+    #[tokio::test]
+    async fn listed_objects_are_yielded_once_the_store_has_them() {
+        let (store, mut writer) = reflector::store::<PersistentVolumeClaim>();
+        let a = pvc("a").uid("ua").build();
+        let b = pvc("b").uid("ub").build();
+        let events = futures::stream::iter(vec![
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitApply(a.clone())),
+            Ok(watcher::Event::InitApply(b)),
+            Ok(watcher::Event::InitDone),
+            Ok(watcher::Event::Delete(a)),
+        ])
+        .map(move |event: Result<_, watcher::Error>| {
+            if let Ok(event) = &event {
+                writer.apply_watcher_event(event);
+            }
+            event
+        });
+        let check = store.clone();
+        let seen: Vec<(String, bool)> = in_store_changes(events, store)
+            .map(|c| {
+                let cached = check.get(&ObjectRef::from_obj(&*c)).is_some();
+                (c.metadata.name.clone().unwrap(), cached)
+            })
+            .collect()
+            .await;
+        let mut listed = seen[..2].to_vec();
+        listed.sort();
+        assert_eq!(
+            listed,
+            vec![("a".to_owned(), true), ("b".to_owned(), true)],
+            "a relist is yielded after the store swapped it in"
+        );
+        assert_eq!(
+            seen[2],
+            ("a".to_owned(), false),
+            "a deletion is yielded once removed"
+        );
+        assert_eq!(seen.len(), 3);
     }
 }

@@ -245,9 +245,16 @@ pub(crate) struct Context {
     /// Whether watch events are queued: only while leading (standbys keep their caches
     /// warm without queuing work).
     pub(crate) accepting: AtomicBool,
-    /// Claim UID -> resourceVersion of our own last finalizer write, whose watch event is
+    /// Claim UID -> our own last finalizer write, whose watch event is
     /// not queued again (it would only repeat the sync that wrote it).
-    pub(crate) own_writes: Mutex<HashMap<String, String>>,
+    pub(crate) own_writes: Mutex<HashMap<String, OwnWrite>>,
+}
+
+/// The claim as our last write of it left it, until the cache shows that write.
+pub(crate) struct OwnWrite {
+    resource_version: String,
+    /// Whether it carried the crash-safety finalizer.
+    intent: bool,
 }
 
 impl Context {
@@ -291,7 +298,7 @@ impl Context {
         self.accepting.load(Ordering::Acquire)
     }
 
-    fn own_writes(&self) -> MutexGuard<'_, HashMap<String, String>> {
+    fn own_writes(&self) -> MutexGuard<'_, HashMap<String, OwnWrite>> {
         self.own_writes
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -300,27 +307,39 @@ impl Context {
     /// Remembers that we wrote this version of the claim.
     pub(crate) fn note_own_write(&self, claim: &PersistentVolumeClaim) {
         if let (Some(uid), Some(rv)) = (&claim.metadata.uid, &claim.metadata.resource_version) {
-            self.own_writes().insert(uid.clone(), rv.clone());
+            let write = OwnWrite {
+                resource_version: rv.clone(),
+                intent: intent::has_intent(claim),
+            };
+            self.own_writes().insert(uid.clone(), write);
         }
     }
 
     /// Whether this watch event only shows our own last write (consumed when it does).
     fn is_own_write(&self, uid: &str, claim: &PersistentVolumeClaim) -> bool {
         let mut own = self.own_writes();
-        let mine = own
-            .get(uid)
-            .is_some_and(|rv| claim.metadata.resource_version.as_deref() == Some(rv.as_str()));
+        let mine = own.get(uid).is_some_and(|w| {
+            claim.metadata.resource_version.as_deref() == Some(&*w.resource_version)
+        });
         if mine {
             own.remove(uid);
         }
         mine
     }
 
+    /// Whether our last write of the claim, not yet seen in the cache, left it without our
+    /// crash-safety finalizer: only we add it, so the server does not have it either, and
+    /// a cached claim that still shows it is older than that write.
+    pub(crate) fn wrote_intent_removed(&self, uid: &str) -> bool {
+        self.own_writes().get(uid).is_some_and(|w| !w.intent)
+    }
+
     /// Queues every cached claim and volume (at resync, and when leadership starts).
     pub(crate) fn queue_everything(&self) -> (usize, usize) {
         self.caches.prune_index();
-        self.own_writes()
-            .retain(|uid, _| self.caches.claim_by_uid(uid).is_some());
+        // Every claim is synced now anyway; this also bounds how long a record of a
+        // write that no watch event confirms (a no-op patch) can be trusted.
+        self.own_writes().clear();
         let claims = self.caches.claims.state();
         let volumes = self.caches.volumes.state();
         for claim in &claims {

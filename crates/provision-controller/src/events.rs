@@ -1,9 +1,23 @@
-//! Event reasons (Go's strings) and a thin wrapper over kube-runtime's event [`Recorder`].
+//! Event reasons (Go's strings) and a small writer of `events.k8s.io/v1` Events.
+//!
+//! Each event is one `create`: no shared cache of past events (kube-runtime's `Recorder`
+//! scans its whole cache on every publish and keeps each event for 6 minutes, which made
+//! a burst of N claims cost O(N²)), so publishing is O(1) in the number of events.
 
-use k8s_openapi::api::core::v1::ObjectReference;
-use kube_client::{Client, Resource};
-use kube_runtime::events::{Event, EventType, Recorder, Reporter};
-use std::time::Duration;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use k8s_openapi::{
+    api::{core::v1::ObjectReference, events::v1::Event},
+    apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
+    jiff::Timestamp,
+};
+use kube_client::{Api, Client, Resource, api::PostParams};
 
 /// On a claim: provisioning started.
 pub const PROVISIONING: &str = "Provisioning";
@@ -18,35 +32,47 @@ pub const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
 
 /// Limit of one event write, so a slow events API never stalls an operation for long.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+/// Events notes are limited to 1 kB.
+const MAX_NOTE_BYTES: usize = 1000;
+
+/// Who writes the events.
+struct Reporter {
+    client: Client,
+    controller: String,
+    instance: String,
+    /// Makes names unique when two events of one object share a nanosecond.
+    sequence: AtomicU64,
+}
 
 /// Publishes events; failures are logged, never returned (events are for users).
 #[derive(Clone)]
 pub(crate) struct Events {
     /// `None` in unit tests that run without an API server.
-    recorder: Option<Recorder>,
+    reporter: Option<Arc<Reporter>>,
 }
 
 impl Events {
     pub(crate) fn new(client: Client, controller: &str, instance: String) -> Self {
-        let reporter = Reporter {
-            controller: controller.to_owned(),
-            instance: Some(instance),
-        };
         Self {
-            recorder: Some(Recorder::new(client, reporter)),
+            reporter: Some(Arc::new(Reporter {
+                client,
+                controller: controller.to_owned(),
+                instance,
+                sequence: AtomicU64::new(0),
+            })),
         }
     }
 
     #[cfg(test)]
     pub(crate) fn disabled() -> Self {
-        Self { recorder: None }
+        Self { reporter: None }
     }
 
     pub(crate) async fn normal<K>(&self, obj: &K, reason: &str, note: String)
     where
         K: Resource<DynamicType = ()>,
     {
-        self.publish(obj.object_ref(&()), EventType::Normal, reason, note)
+        self.publish(obj.object_ref(&()), "Normal", reason, note)
             .await;
     }
 
@@ -54,45 +80,72 @@ impl Events {
     where
         K: Resource<DynamicType = ()>,
     {
-        self.publish(obj.object_ref(&()), EventType::Warning, reason, note)
+        self.publish(obj.object_ref(&()), "Warning", reason, note)
             .await;
     }
 
-    async fn publish(
-        &self,
-        regarding: ObjectReference,
-        type_: EventType,
-        reason: &str,
-        note: String,
-    ) {
-        let Some(recorder) = &self.recorder else {
+    async fn publish(&self, regarding: ObjectReference, type_: &str, reason: &str, note: String) {
+        let Some(reporter) = &self.reporter else {
             return;
         };
-        let mut note = note;
-        if note.len() > 1000 {
-            let mut cut = 1000;
-            while !note.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            note.truncate(cut);
-        }
-        let event = Event {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(note),
-            action: action_for(reason).to_owned(),
-            secondary: None,
-        };
-        match tokio::time::timeout(PUBLISH_TIMEOUT, recorder.publish(&event, &regarding)).await {
-            Ok(Ok(())) => {}
+        let namespace = regarding.namespace.as_deref().unwrap_or("default");
+        let api: Api<Event> = Api::namespaced(reporter.client.clone(), namespace);
+        let event = reporter.event(regarding.clone(), type_, reason, note);
+        let params = PostParams::default();
+        let create = api.create(&params, &event);
+        match tokio::time::timeout(PUBLISH_TIMEOUT, create).await {
+            Ok(Ok(_)) => {}
             Ok(Err(err)) => {
                 tracing::warn!(reason, object = ?regarding.name, error = %err, "failed to publish event");
             }
             Err(_) => {
-                tracing::warn!(reason, object = ?regarding.name, "publishing event timed out")
+                tracing::warn!(reason, object = ?regarding.name, "publishing event timed out");
             }
         }
     }
+}
+
+impl Reporter {
+    /// The event as kube-runtime's `Recorder` fills a new one (no series).
+    fn event(&self, regarding: ObjectReference, type_: &str, reason: &str, note: String) -> Event {
+        let now = Timestamp::now();
+        let sequence = self.sequence.fetch_add(1, Ordering::Relaxed);
+        let object = regarding.name.as_deref().unwrap_or(&self.controller);
+        let name = format!(
+            "{object}.{:x}{:04x}",
+            now.as_nanosecond(),
+            sequence & 0xffff
+        );
+        Event {
+            action: Some(action_for(reason).to_owned()),
+            reason: Some(reason.to_owned()),
+            event_time: Some(MicroTime(now)),
+            note: Some(truncate(note, MAX_NOTE_BYTES)),
+            metadata: ObjectMeta {
+                namespace: regarding.namespace.clone(),
+                name: Some(name),
+                ..ObjectMeta::default()
+            },
+            regarding: Some(regarding),
+            reporting_controller: Some(self.controller.clone()),
+            reporting_instance: Some(self.instance.clone()),
+            series: None,
+            type_: Some(type_.to_owned()),
+            ..Event::default()
+        }
+    }
+}
+
+/// `note` cut to at most `max` bytes, on a character boundary.
+fn truncate(mut note: String, max: usize) -> String {
+    if note.len() > max {
+        let mut cut = max;
+        while !note.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        note.truncate(cut);
+    }
+    note
 }
 
 fn action_for(reason: &str) -> &'static str {
@@ -100,5 +153,57 @@ fn action_for(reason: &str) -> &'static str {
         "Delete"
     } else {
         "Provision"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notes_are_cut_on_a_character_boundary() {
+        assert_eq!(truncate("abc".to_owned(), 1000), "abc");
+        let long = "é".repeat(600);
+        let cut = truncate(long, 1000);
+        assert_eq!(cut.len(), 1000);
+        let odd = format!("a{}", "é".repeat(600));
+        assert_eq!(truncate(odd, 1000).len(), 999);
+    }
+
+    #[tokio::test]
+    async fn each_publish_creates_one_event_without_a_shared_series() {
+        let sim = kube_sim::KubeSim::builder().start().await.unwrap();
+        let events = Events::new(sim.client(), "example.com/ctl", "host-1".to_owned());
+        let claim = crate::testing::pvc("c").uid("u1").build();
+        let note = "x".repeat(1500);
+        events
+            .warning(&claim, PROVISIONING_FAILED, note.clone())
+            .await;
+        events.warning(&claim, PROVISIONING_FAILED, note).await;
+        let api: Api<Event> = Api::namespaced(sim.client(), "default");
+        let listed = api.list(&Default::default()).await.unwrap().items;
+        assert_eq!(
+            listed.len(),
+            2,
+            "a repeat is a new event, not a series of the first"
+        );
+        for event in &listed {
+            assert!(event.metadata.name.as_deref().unwrap().starts_with("c."));
+            assert!(event.series.is_none());
+            assert_eq!(event.reason.as_deref(), Some(PROVISIONING_FAILED));
+            assert_eq!(event.type_.as_deref(), Some("Warning"));
+            assert_eq!(event.action.as_deref(), Some("Provision"));
+            assert_eq!(event.note.as_deref().map(str::len), Some(1000));
+            assert_eq!(
+                event.reporting_controller.as_deref(),
+                Some("example.com/ctl")
+            );
+            assert_eq!(event.reporting_instance.as_deref(), Some("host-1"));
+            assert!(event.event_time.is_some());
+            let regarding = event.regarding.as_ref().unwrap();
+            assert_eq!(regarding.uid.as_deref(), Some("u1"));
+            assert_eq!(regarding.kind.as_deref(), Some("PersistentVolumeClaim"));
+        }
+        assert_ne!(listed[0].metadata.name, listed[1].metadata.name);
     }
 }

@@ -134,9 +134,11 @@ pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> 
     match intent::plan(&claim, ours, ctx.caches.volume_exists(&pv_name)) {
         intent::Plan::Continue => {}
         intent::Plan::Remove => {
-            let namespace = claim.metadata.namespace.as_deref().unwrap_or("default");
-            let name = claim.metadata.name.as_deref().unwrap_or_default();
-            return intent::set_intent(ctx, namespace, name, false).await;
+            if ctx.wrote_intent_removed(uid) {
+                // The cache has not caught up with our removal yet.
+                return Ok(());
+            }
+            return intent::set_claim_intent(ctx, &claim, false).await;
         }
         intent::Plan::CleanUp => return intent::clean_up(ctx, &claim).await,
     }
@@ -296,9 +298,7 @@ async fn provision_claim(
         if claim.metadata.deletion_timestamp.is_some() {
             return Ok(Outcome::Stopped("claim is being deleted"));
         }
-        let namespace = claim.metadata.namespace.as_deref().unwrap_or("default");
-        let name = claim.metadata.name.as_deref().unwrap_or_default();
-        intent::set_intent(ctx, namespace, name, true)
+        intent::set_claim_intent(ctx, claim, true)
             .await
             .map_err(|e| (State::NoChange, e))?;
     }

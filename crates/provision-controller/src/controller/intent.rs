@@ -77,8 +77,15 @@ pub(crate) fn plan(claim: &PersistentVolumeClaim, ours: bool, volume_exists: boo
     }
 }
 
-/// Adds (`present`) or removes our finalizer on the claim `namespace/name`, reading the
-/// claim fresh and writing with its resourceVersion, retrying conflicts a few times.
+/// Adds (`present`) or removes our finalizer on the claim `namespace/name` with one
+/// strategic-merge patch and no read.
+///
+/// `metadata.finalizers` has the patch strategy `merge` on the API server (a set of
+/// strings): `{"metadata":{"finalizers":[ours]}}` adds ours and keeps every other one,
+/// `$deleteFromPrimitiveList/finalizers` removes only ours. Neither needs a
+/// resourceVersion, so the binder's writes to the claim never make them conflict. The
+/// claim's `uid`, when given, is a precondition: a claim re-created under the same name
+/// is never touched (409), and counts as gone.
 ///
 /// Removing from a claim that is gone succeeds. Adding fails when the claim is gone or
 /// being deleted (the API server refuses new finalizers then).
@@ -86,73 +93,81 @@ pub(crate) async fn set_intent(
     ctx: &Context,
     namespace: &str,
     name: &str,
+    uid: Option<&str>,
     present: bool,
 ) -> Result<(), OpError> {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
     let limit = ctx.config.provision_timeout;
     let what = || format!("update finalizers of claim {namespace}/{name}");
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let current = api(limit, what, claims.get_opt(name)).await?;
-        let Some(claim) = current else {
-            return match present {
-                false => Ok(()),
-                true => Err(OpError::ClaimGone {
-                    claim: format!("{namespace}/{name}"),
-                }),
-            };
-        };
-        if has_intent(&claim) == present {
-            return Ok(());
-        }
-        if present && is_deleting(&claim) {
-            return Err(OpError::ClaimGone {
-                claim: format!("{namespace}/{name}"),
-            });
-        }
-        let mut finalizers = claim.metadata.finalizers.clone().unwrap_or_default();
-        if present {
-            finalizers.push(FINALIZER_PROVISIONING.to_owned());
-        } else {
-            finalizers.retain(|f| f != FINALIZER_PROVISIONING);
-        }
-        let patch = serde_json::json!({
-            "metadata": {
-                "finalizers": finalizers,
-                "resourceVersion": claim.metadata.resource_version,
+    let gone = || OpError::ClaimGone {
+        claim: format!("{namespace}/{name}"),
+    };
+    let patch = intent_patch(uid, present);
+    let written = api(
+        limit,
+        what,
+        claims.patch(name, &PatchParams::default(), &Patch::Strategic(&patch)),
+    )
+    .await;
+    match written {
+        Ok(claim) => {
+            ctx.note_own_write(&claim);
+            if present && is_deleting(&claim) {
+                // A server that accepts it anyway: the next sync of the deleted claim
+                // cleans up and removes the finalizer.
+                return Err(gone());
             }
-        });
-        let written = api(
-            limit,
-            what,
-            claims.patch(name, &PatchParams::default(), &Patch::Merge(&patch)),
-        )
-        .await;
-        match written {
-            Ok(claim) => {
-                ctx.note_own_write(&claim);
-                tracing::debug!(pvc = %format!("{namespace}/{name}"), present, "crash-safety finalizer updated");
-                return Ok(());
-            }
-            Err(OpError::Api { source, .. })
-                if !present && is_api(&source, |s| s.is_not_found()) =>
-            {
-                return Ok(());
-            }
-            Err(OpError::Api { source, .. })
-                if attempt < 5 && is_api(&source, |s| s.is_conflict()) => {}
-            Err(err) => return Err(err),
+            tracing::debug!(pvc = %format!("{namespace}/{name}"), present, "crash-safety finalizer updated");
+            Ok(())
         }
+        // Gone (404), or another claim under the name (409 on the uid precondition).
+        Err(OpError::Api { source, .. })
+            if is_api(&source, |s| s.is_not_found() || s.is_conflict()) =>
+        {
+            if present {
+                Err(gone())
+            } else {
+                Ok(())
+            }
+        }
+        // The API server refuses new finalizers on a claim being deleted.
+        Err(OpError::Api { source, .. }) if present && is_api(&source, |s| s.code == 422) => {
+            Err(gone())
+        }
+        Err(err) => Err(err),
     }
+}
+
+/// The strategic-merge patch that adds or removes our finalizer (pure).
+fn intent_patch(uid: Option<&str>, present: bool) -> serde_json::Value {
+    let mut meta = serde_json::Map::new();
+    if let Some(uid) = uid.filter(|u| !u.is_empty()) {
+        meta.insert("uid".into(), uid.into());
+    }
+    let key = if present {
+        "finalizers"
+    } else {
+        "$deleteFromPrimitiveList/finalizers"
+    };
+    meta.insert(key.into(), serde_json::json!([FINALIZER_PROVISIONING]));
+    serde_json::json!({ "metadata": meta })
+}
+
+/// [`set_intent`] on the claim `claim` (its namespace, name and uid).
+pub(crate) async fn set_claim_intent(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    present: bool,
+) -> Result<(), OpError> {
+    let namespace = claim.metadata.namespace.as_deref().unwrap_or("default");
+    let name = claim.metadata.name.as_deref().unwrap_or_default();
+    set_intent(ctx, namespace, name, claim.metadata.uid.as_deref(), present).await
 }
 
 /// Removes our finalizer from `claim`; a failure is logged (the next sync of the claim
 /// retries: it then has a PV or a final answer, and the finalizer is removed).
 pub(crate) async fn drop_intent(ctx: &Context, claim: &PersistentVolumeClaim) {
-    let namespace = claim.metadata.namespace.as_deref().unwrap_or("default");
-    let name = claim.metadata.name.as_deref().unwrap_or_default();
-    if let Err(err) = set_intent(ctx, namespace, name, false).await {
+    if let Err(err) = set_claim_intent(ctx, claim, false).await {
         tracing::warn!(pvc = %claim_key(claim), error = %chain(&err), "failed to remove the crash-safety finalizer; retried at the next sync");
     }
 }
@@ -229,9 +244,7 @@ pub(crate) async fn clean_up(
     ctx.set_in_progress(&uid, None);
     // A PV still waiting in the background saver would describe a deleted asset.
     ctx.saver.forget_pending(ctx, &pv_name);
-    let namespace = claim.metadata.namespace.as_deref().unwrap_or("default");
-    let name = claim.metadata.name.as_deref().unwrap_or_default();
-    set_intent(ctx, namespace, name, false).await
+    set_claim_intent(ctx, claim, false).await
 }
 
 #[cfg(test)]
@@ -299,5 +312,25 @@ mod tests {
         for (name, claim, ours, exists, want) in cases {
             assert_eq!(plan(&claim, ours, exists), want, "case: {name}");
         }
+    }
+
+    #[test]
+    fn intent_patches_touch_only_our_finalizer_and_carry_the_uid() {
+        assert_eq!(
+            intent_patch(Some("u1"), true),
+            serde_json::json!({"metadata": {"uid": "u1", "finalizers": [FINALIZER_PROVISIONING]}})
+        );
+        assert_eq!(
+            intent_patch(None, false),
+            serde_json::json!({"metadata": {
+                "$deleteFromPrimitiveList/finalizers": [FINALIZER_PROVISIONING]
+            }})
+        );
+        assert!(
+            intent_patch(Some(""), true)["metadata"]
+                .get("uid")
+                .is_none(),
+            "an empty uid is no precondition"
+        );
     }
 }

@@ -253,7 +253,8 @@ pub(crate) async fn run_background_worker(ctx: Arc<Context>) {
                     // The PV now records the asset: the claim's crash-safety finalizer goes.
                     if let Some((Some(ns), Some(claim))) =
                         claim_ref.map(|r| (r.namespace.as_deref(), r.name.as_deref()))
-                        && let Err(err) = super::intent::set_intent(&ctx, ns, claim, false).await
+                        && let Err(err) =
+                            super::intent::set_intent(&ctx, ns, claim, claim_uid, false).await
                     {
                         tracing::warn!(pv = %name, error = %chain(&err), "failed to remove the crash-safety finalizer; retried at the next sync");
                     }

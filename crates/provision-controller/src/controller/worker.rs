@@ -173,14 +173,19 @@ mod tests {
     }
 
     impl Harness {
+        /// Caches the claim as the feeder does: in the store, then in the UID index.
+        fn put_claim(&mut self, claim: PersistentVolumeClaim) {
+            self.claims
+                .apply_watcher_event(&watcher::Event::Apply(claim.clone()));
+            self.ctx.caches.index_claim(&claim);
+        }
         fn add_claim(&mut self) {
             let claim = pvc("c")
                 .uid("u1")
                 .storage_class("fast")
                 .provisioner(ME)
                 .build();
-            self.claims
-                .apply_watcher_event(&watcher::Event::Apply(claim));
+            self.put_claim(claim);
             self.ctx.claim_queue.add("u1".into());
         }
         /// Seconds since `start` of each sync attempt.
@@ -390,8 +395,7 @@ mod tests {
             let fake = FakeProvisioner::new().script_provision([step]);
             let mut h = harness(Config::default(), fake.clone(), true);
             if exists {
-                h.claims
-                    .apply_watcher_event(&watcher::Event::Apply(the_claim()));
+                h.put_claim(the_claim());
             }
             if before {
                 h.ctx.set_in_progress("u1", Some(Arc::new(the_claim())));
