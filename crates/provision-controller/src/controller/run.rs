@@ -318,10 +318,12 @@ pub(super) async fn run(
         }
     };
     let mut abandoned = 0;
+    let mut lost_while_draining = None;
     let drained = tokio::select! {
         drained = tokio::time::timeout_at(deadline, idle) => drained.is_ok(),
         lost = lost_meanwhile => {
             tracing::warn!(reason = %lost.reason, "lost the lease while draining; stopping at once");
+            lost_while_draining = Some(lost);
             false
         }
     };
@@ -352,7 +354,11 @@ pub(super) async fn run(
         abandoned,
         "workers stopped"
     );
-    if let Some(mut elector) = elector
+    // A lease lost while draining belongs to someone else now: nothing to release, and the
+    // operations that were cut short make this an error, as any other loss.
+    if let Some(lost) = lost_while_draining {
+        result = result.and(Err(Error::LeadershipLost(lost)));
+    } else if let Some(mut elector) = elector
         && let Err(error) = elector.release().await
     {
         tracing::warn!(error = %crate::controller::op::chain(&error), "failed to release the lease; it expires after its duration");

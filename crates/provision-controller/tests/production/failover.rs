@@ -213,3 +213,48 @@ async fn a_lost_lease_stops_the_workers_and_run_returns_an_error() {
         Some("intruder")
     );
 }
+
+#[tokio::test]
+async fn a_lease_lost_while_draining_ends_the_drain_at_once_and_is_not_released() {
+    let sim = sim().await;
+    let fake = FakeProvisioner::new()
+        .script_provision([provision_controller::testing::ProvisionStep::Block]);
+    let replica = Replica::start(&sim, fake.clone(), config(Some(election("a"))), false);
+    wait_holder(&sim, "a").await;
+    create_claim(&sim, "data").await;
+    tokio::time::timeout(std::time::Duration::from_secs(20), fake.wait_blocked(1))
+        .await
+        .expect("the driver is called");
+
+    // A graceful stop waits for the blocked operation (up to the 30 s grace)...
+    let stopping = tokio::spawn(replica.stop());
+    tokio::time::sleep(RETRY * 2).await;
+    assert!(
+        !stopping.is_finished(),
+        "run drains the operation in flight"
+    );
+    // ...until another party takes the lease over: then the drain ends at once.
+    let patch =
+        serde_json::json!({"spec": {"holderIdentity": "intruder", "leaseDurationSeconds": 60}});
+    Api::<Lease>::namespaced(sim.client(), "default")
+        .patch(LEASE_NAME, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let result = stopping.await.unwrap();
+    assert!(
+        matches!(result, Err(Error::LeadershipLost(_))),
+        "run must report the loss, got {result:?}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "the drain ended long before its 30 s grace: {:?}",
+        started.elapsed()
+    );
+    // The lease is someone else's now: it must not be released (overwritten) by us.
+    assert_eq!(
+        lease_holder(&sim.client()).await.as_deref(),
+        Some("intruder")
+    );
+    fake.unblock();
+}
