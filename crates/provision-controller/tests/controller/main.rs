@@ -142,6 +142,26 @@ impl Env {
         created.metadata.uid.unwrap()
     }
 
+    /// A WaitForFirstConsumer class `late`, a node `node-1`, and a claim `data` of that
+    /// class on which the scheduler selected `node-1`.
+    pub(crate) async fn create_scheduled_claim(&self) {
+        self.create_class(
+            class("late")
+                .provisioner(ME)
+                .wait_for_first_consumer()
+                .build(),
+        )
+        .await;
+        self.create_node("node-1").await;
+        self.create_claim(
+            pvc("data")
+                .storage_class("late")
+                .selected_node("node-1")
+                .build(),
+        )
+        .await;
+    }
+
     pub(crate) async fn delete_claim(&self, name: &str) {
         self.claims()
             .delete(name, &DeleteParams::default())

@@ -119,21 +119,7 @@ async fn wait_for_reschedule(env: &Env, name: &str) -> PersistentVolumeClaim {
 async fn a_reschedule_answer_removes_the_selected_node() {
     let fake = FakeProvisioner::new().script_provision([ProvisionStep::Reschedule]);
     let env = Env::start(quick(), fake).await;
-    env.create_class(
-        class("late")
-            .provisioner(ME)
-            .wait_for_first_consumer()
-            .build(),
-    )
-    .await;
-    env.create_node("node-1").await;
-    env.create_claim(
-        pvc("data")
-            .storage_class("late")
-            .selected_node("node-1")
-            .build(),
-    )
-    .await;
+    env.create_scheduled_claim().await;
 
     wait_for_reschedule(&env, "data").await;
     env.wait_event("data", PROVISIONING_FAILED).await;
@@ -191,21 +177,7 @@ async fn a_conflicting_claim_update_during_reschedule_is_retried() {
             .times(1)
             .status(409, "Conflict"),
     );
-    env.create_class(
-        class("late")
-            .provisioner(ME)
-            .wait_for_first_consumer()
-            .build(),
-    )
-    .await;
-    env.create_node("node-1").await;
-    env.create_claim(
-        pvc("data")
-            .storage_class("late")
-            .selected_node("node-1")
-            .build(),
-    )
-    .await;
+    env.create_scheduled_claim().await;
     wait_for_reschedule(&env, "data").await;
     assert_eq!(
         env.fake.provision_calls().len(),
@@ -405,21 +377,7 @@ async fn final_and_background_errors_keep_the_selected_node() {
     let fake = FakeProvisioner::new()
         .script_provision([ProvisionStep::Final, ProvisionStep::InBackground]);
     let env = Env::start(quick(), fake).await;
-    env.create_class(
-        class("late")
-            .provisioner(ME)
-            .wait_for_first_consumer()
-            .build(),
-    )
-    .await;
-    env.create_node("node-1").await;
-    env.create_claim(
-        pvc("data")
-            .storage_class("late")
-            .selected_node("node-1")
-            .build(),
-    )
-    .await;
+    env.create_scheduled_claim().await;
     env.bound_volume("data").await;
     assert_eq!(env.fake.provision_calls().len(), 3);
     let claim = env.claims().get("data").await.unwrap();

@@ -7,12 +7,11 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube_sim::{FaultRule, Verb};
 use provision_controller::{
-    DeleteError, ProvisionError, ProvisionOptions, Provisioner,
-    events::PROVISIONING_FAILED,
-    testing::{FakeProvisioner, class, pvc},
+    DeleteError, ProvisionError, ProvisionOptions, Provisioner, events::PROVISIONING_FAILED,
+    testing::FakeProvisioner,
 };
 
-use crate::{Env, ME, claim, fast_class, quick};
+use crate::{Env, claim, fast_class, quick};
 
 /// A driver that returns its PV without a name.
 struct Nameless(FakeProvisioner);
@@ -61,21 +60,7 @@ async fn a_selected_node_lookup_that_times_out_is_reported_and_retried() {
             .no_status()
             .latency(Duration::from_secs(2)),
     );
-    env.create_class(
-        class("late")
-            .provisioner(ME)
-            .wait_for_first_consumer()
-            .build(),
-    )
-    .await;
-    env.create_node("node-1").await;
-    env.create_claim(
-        pvc("data")
-            .storage_class("late")
-            .selected_node("node-1")
-            .build(),
-    )
-    .await;
+    env.create_scheduled_claim().await;
     let event = env.wait_event("data", PROVISIONING_FAILED).await;
     let note = event.note.unwrap_or_default();
     assert!(

@@ -20,7 +20,7 @@ use kube_sim::KubeSim;
 use provision_controller::{
     ProvisionController, SharedCache,
     annotations::{ANN_SELECTED_NODE, FINALIZER_PV},
-    testing::{FakeProvisioner, ProvisionStep, class, pv, pvc},
+    testing::{FakeProvisioner, ProvisionStep, pv, pvc},
 };
 
 use crate::{Env, ME, claim, delete::create_volume, eventually, fast_class, quick, quiet, settle};
@@ -51,21 +51,7 @@ async fn a_claim_that_is_already_bound_gets_no_volume() {
 async fn a_no_change_answer_keeps_the_selected_node_and_is_retried() {
     let fake = FakeProvisioner::new().script_provision([ProvisionStep::NoChange]);
     let env = Env::start(quick(), fake).await;
-    env.create_class(
-        class("late")
-            .provisioner(ME)
-            .wait_for_first_consumer()
-            .build(),
-    )
-    .await;
-    env.create_node("node-1").await;
-    env.create_claim(
-        pvc("data")
-            .storage_class("late")
-            .selected_node("node-1")
-            .build(),
-    )
-    .await;
+    env.create_scheduled_claim().await;
     env.bound_volume("data").await;
     let calls = env.fake.provision_calls();
     assert_eq!(calls.len(), 2);
