@@ -62,6 +62,9 @@ pub(crate) struct State {
     /// The last resourceVersion handed out.
     pub(crate) rv: u64,
     pub(crate) history: VecDeque<Arc<Event>>,
+    /// How many events have ever left the front of `history`: `popped + i` is the
+    /// position of `history[i]` for good, so a watch can resume at a position in O(1).
+    pub(crate) popped: u64,
     pub(crate) window: usize,
     /// Watches (and list continuations) from a resourceVersion below this get 410 Expired.
     pub(crate) min_rv: u64,
@@ -80,6 +83,7 @@ impl State {
             objects: HashMap::new(),
             rv: 1,
             history: VecDeque::new(),
+            popped: 0,
             window: window.max(1),
             min_rv: 1,
             evicted_rv: 0,
@@ -181,6 +185,7 @@ impl State {
         self.history.push_back(Arc::new(event));
         while self.history.len() > self.window {
             if let Some(old) = self.history.pop_front() {
+                self.popped += 1;
                 self.evicted_rv = old.rv;
                 self.min_rv = self.min_rv.max(old.rv);
             }
@@ -192,6 +197,7 @@ impl State {
         if let Some(last) = self.history.back() {
             self.evicted_rv = last.rv;
         }
+        self.popped += self.history.len() as u64;
         self.history.clear();
         let rv = self.next_rv();
         self.min_rv = rv;
@@ -201,6 +207,18 @@ impl State {
     pub(crate) fn events_after(&self, after: u64) -> impl Iterator<Item = &Arc<Event>> {
         let start = self.history.partition_point(|e| e.rv <= after);
         self.history.range(start..)
+    }
+
+    /// The position the next recorded event will have (see `popped`).
+    pub(crate) fn end_pos(&self) -> u64 {
+        self.popped + self.history.len() as u64
+    }
+
+    /// History events from position `pos` on (see `popped`), or `None` when events
+    /// before `pos` have been dropped or `pos` lies ahead.
+    pub(crate) fn events_from(&self, pos: u64) -> Option<impl Iterator<Item = &Arc<Event>>> {
+        let start = usize::try_from(pos.checked_sub(self.popped)?).ok()?;
+        (start <= self.history.len()).then(|| self.history.range(start..))
     }
 
     /// Number of stored objects over all resources (an Event counts once).
@@ -231,6 +249,14 @@ mod tests {
         assert_eq!(state.min_rv, 3);
         assert_eq!(state.events_after(3).count(), 2);
         assert_eq!(state.events_after(4).count(), 1);
+        // Positions survive eviction: 2 events left the front, 2 remain.
+        assert_eq!(state.popped, 2);
+        assert_eq!(state.end_pos(), 4);
+        assert!(state.events_from(1).is_none(), "evicted");
+        assert_eq!(state.events_from(2).unwrap().count(), 2);
+        assert_eq!(state.events_from(3).unwrap().next().unwrap().rv, 5);
+        assert_eq!(state.events_from(4).unwrap().count(), 0);
+        assert!(state.events_from(5).is_none(), "ahead");
     }
 
     #[test]
@@ -253,5 +279,7 @@ mod tests {
         assert!(state.history.is_empty());
         assert_eq!(state.min_rv, state.rv);
         assert_eq!(state.evicted_rv, 2);
+        assert_eq!(state.end_pos(), 1, "positions keep counting");
+        assert!(state.events_from(0).is_none());
     }
 }

@@ -20,6 +20,9 @@ use kube_runtime::{
 };
 use serde::de::DeserializeOwned;
 
+mod compact;
+use compact::CompactVolume;
+
 /// A cache the caller already runs (Go: `ClaimsInformer`, `VolumesInformer`,
 /// `ClassesInformer`): a reflector [`Store`] and a stream of the objects it changes.
 ///
@@ -99,6 +102,86 @@ where
     SharedCache::new(store.clone(), in_store_changes(events, store))
 }
 
+/// The volume cache the controller reads: the caller's (full objects) or its own (compact).
+pub(crate) enum VolumeStore {
+    /// A cache the caller shares with the controller ([`crate::ProvisionController::volumes_cache`]).
+    Shared(Store<PersistentVolume>),
+    /// The controller's own cache, volumes held compact (see `compact`).
+    Compact(Store<CompactVolume>),
+}
+
+impl From<Store<PersistentVolume>> for VolumeStore {
+    fn from(store: Store<PersistentVolume>) -> Self {
+        Self::Shared(store)
+    }
+}
+
+impl From<Store<CompactVolume>> for VolumeStore {
+    fn from(store: Store<CompactVolume>) -> Self {
+        Self::Compact(store)
+    }
+}
+
+impl VolumeStore {
+    /// The cached volume with this name.
+    pub(crate) fn get(&self, name: &str) -> Option<Arc<PersistentVolume>> {
+        match self {
+            Self::Shared(store) => store.get(&ObjectRef::new(name)),
+            Self::Compact(store) => compact::rebuild(&store.get(&ObjectRef::new(name))?),
+        }
+    }
+
+    /// Whether a volume with this name is cached (without rebuilding it).
+    pub(crate) fn contains(&self, name: &str) -> bool {
+        match self {
+            Self::Shared(store) => store.get(&ObjectRef::new(name)).is_some(),
+            Self::Compact(store) => store.get(&ObjectRef::new(name)).is_some(),
+        }
+    }
+
+    /// The names of the cached volumes.
+    pub(crate) fn names(&self) -> Vec<String> {
+        match self {
+            Self::Shared(store) => store.state().iter().map(|v| v.name_any()).collect(),
+            Self::Compact(store) => store.state().iter().map(|v| v.name_any()).collect(),
+        }
+    }
+
+    /// Waits until the cache has listed once.
+    pub(crate) async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
+        match self {
+            Self::Shared(store) => store.wait_until_ready().await,
+            Self::Compact(store) => store.wait_until_ready().await,
+        }
+    }
+}
+
+/// The volume cache and the names of the volumes it changes.
+pub(crate) struct VolumeCache {
+    pub(crate) store: VolumeStore,
+    pub(crate) changes: BoxStream<'static, String>,
+}
+
+impl VolumeCache {
+    /// The controller's own cache: a watcher of every PV, held compact.
+    pub(crate) fn watch(client: &Client) -> Self {
+        let cache = watch::<CompactVolume>(Api::all(client.clone()));
+        Self {
+            store: VolumeStore::Compact(cache.store),
+            changes: cache.changes.map(|v| v.name_any()).boxed(),
+        }
+    }
+}
+
+impl From<SharedCache<PersistentVolume>> for VolumeCache {
+    fn from(cache: SharedCache<PersistentVolume>) -> Self {
+        Self {
+            store: VolumeStore::Shared(cache.store),
+            changes: cache.changes.map(|v| v.name_any()).boxed(),
+        }
+    }
+}
+
 /// The objects a reflected watch changes, each yielded once the store has applied it.
 ///
 /// A (re)list buffers its objects in the reflector until `InitDone` and swaps them in
@@ -127,7 +210,7 @@ where
 /// The three caches with the lookups the flows need.
 pub(crate) struct Caches {
     pub(crate) claims: Store<PersistentVolumeClaim>,
-    pub(crate) volumes: Store<PersistentVolume>,
+    pub(crate) volumes: VolumeStore,
     pub(crate) classes: Store<StorageClass>,
     /// Claim UID -> where it lives. Every claim is indexed before it is queued (the
     /// feeder, [`Caches::index_claim`]), so a UID missing here is not in the cache; entries
@@ -145,31 +228,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Caches {
     pub(crate) fn new(
         claims: Store<PersistentVolumeClaim>,
-        volumes: Store<PersistentVolume>,
+        volumes: impl Into<VolumeStore>,
         classes: Store<StorageClass>,
     ) -> Self {
         Self {
             claims,
-            volumes,
+            volumes: volumes.into(),
             classes,
             uid_index: Mutex::default(),
             saved_volumes: Mutex::default(),
         }
-    }
-
-    /// Creates caches watching the whole cluster through `client`.
-    pub(crate) fn watch_all(
-        client: &Client,
-    ) -> (
-        SharedCache<PersistentVolumeClaim>,
-        SharedCache<PersistentVolume>,
-        SharedCache<StorageClass>,
-    ) {
-        (
-            watch(Api::all(client.clone())),
-            watch(Api::all(client.clone())),
-            watch(Api::all(client.clone())),
-        )
     }
 
     /// Records where the claim with this UID lives; `None` for a claim without a UID
@@ -196,12 +264,12 @@ impl Caches {
     }
 
     pub(crate) fn volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {
-        self.volumes.get(&ObjectRef::new(name))
+        self.volumes.get(name)
     }
 
     /// Whether a PV with this name exists in the cache or was just saved by us.
     pub(crate) fn volume_exists(&self, name: &str) -> bool {
-        self.volume(name).is_some() || lock(&self.saved_volumes).contains(name)
+        self.volumes.contains(name) || lock(&self.saved_volumes).contains(name)
     }
 
     pub(crate) fn mark_saved(&self, name: &str) {
@@ -231,7 +299,7 @@ mod tests {
     #[test]
     fn a_claim_without_a_uid_is_not_indexed() {
         let (claims, _) = reflector::store();
-        let (volumes, _) = reflector::store();
+        let (volumes, _) = reflector::store::<PersistentVolume>();
         let (classes, _) = reflector::store();
         let caches = Caches::new(claims, volumes, classes);
         assert_eq!(caches.index_claim(&pvc("c").build()), None);
@@ -256,7 +324,7 @@ mod tests {
     #[test]
     fn a_uid_missing_from_the_index_is_not_in_the_cache() {
         let (claims, mut writer) = reflector::store();
-        let (volumes, _) = reflector::store();
+        let (volumes, _) = reflector::store::<PersistentVolume>();
         let (classes, _) = reflector::store();
         let caches = Caches::new(claims, volumes, classes);
         apply(&mut writer, &pvc("c").uid("u1").build());
@@ -275,7 +343,7 @@ mod tests {
     #[test]
     fn a_deleted_or_replaced_claim_is_gone_and_its_entry_dropped() {
         let (claims, mut writer) = reflector::store();
-        let (volumes, _) = reflector::store();
+        let (volumes, _) = reflector::store::<PersistentVolume>();
         let (classes, _) = reflector::store();
         let caches = Caches::new(claims, volumes, classes);
         let old = pvc("c").uid("u1").build();

@@ -341,15 +341,14 @@ impl Context {
         // write that no watch event confirms (a no-op patch) can be trusted.
         self.own_writes().clear();
         let claims = self.caches.claims.state();
-        let volumes = self.caches.volumes.state();
+        let volumes = self.caches.volumes.names();
         for claim in &claims {
             if let Some(uid) = self.caches.index_claim(claim) {
                 self.claim_queue.add(uid);
             }
         }
         for volume in &volumes {
-            self.volume_queue
-                .add(kube_client::ResourceExt::name_any(&**volume));
+            self.volume_queue.add(volume.clone());
         }
         (claims.len(), volumes.len())
     }

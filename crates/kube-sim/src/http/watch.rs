@@ -29,6 +29,9 @@ struct Watch {
     /// `"kind":..,"apiVersion":..` of bookmark objects.
     type_meta: String,
     last_rv: u64,
+    /// The history position after the last pull (`State::popped`); `None` until the
+    /// first pull, which then searches by `last_rv`.
+    next_pos: Option<u64>,
     pending: BytesMut,
     done: bool,
     changed: watch::Receiver<u64>,
@@ -130,11 +133,19 @@ impl Watch {
                 self.push_error(&err);
                 return;
             }
-            let events = state
-                .events_after(self.last_rv)
-                .filter(|e| e.res == self.res && self.wants(&e.namespace))
-                .cloned()
-                .collect();
+            let after = self.last_rv;
+            let wanted = |e: &&Arc<Event>| {
+                e.rv > after
+                    && (Arc::ptr_eq(&e.res, &self.res) || e.res == self.res)
+                    && self.wants(&e.namespace)
+            };
+            // Resume where the last pull stopped; search by version only the first time
+            // (or when the history moved past that position).
+            let events = match self.next_pos.and_then(|pos| state.events_from(pos)) {
+                Some(from) => from.filter(wanted).cloned().collect(),
+                None => state.events_after(after).filter(wanted).cloned().collect(),
+            };
+            self.next_pos = Some(state.end_pos());
             self.last_rv = self.last_rv.max(state.rv);
             events
         };
@@ -222,6 +233,7 @@ pub(crate) fn start(
         sel,
         type_meta,
         last_rv: 0,
+        next_pos: None,
         pending: BytesMut::new(),
         done: false,
         deadline: timeout.map(|t| Instant::now() + Duration::from_secs(t)),

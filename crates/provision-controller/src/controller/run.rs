@@ -14,7 +14,7 @@
 use std::{future::Future, sync::Arc, sync::atomic::Ordering};
 
 use futures::StreamExt;
-use kube_client::ResourceExt;
+use kube_client::{Api, ResourceExt};
 use prometheus_client::registry::Registry;
 use tokio::{task::JoinSet, time::Instant};
 use tokio_util::sync::CancellationToken;
@@ -22,7 +22,7 @@ use tracing::Instrument;
 
 use super::{Context, ProvisionController, save, worker};
 use crate::{
-    cache::Caches,
+    cache::{Caches, VolumeCache},
     config::Config,
     error::{Error, Result},
     events::Events,
@@ -138,16 +138,9 @@ pub(super) async fn run(
         on_shutdown.cancel();
     });
 
-    let (default_claims, default_volumes, default_classes) =
-        if claims.is_none() || volumes.is_none() || classes.is_none() {
-            let (c, v, s) = Caches::watch_all(&client);
-            (Some(c), Some(v), Some(s))
-        } else {
-            (None, None, None)
-        };
-    let claims = claims.or(default_claims).expect("claims cache is set");
-    let volumes = volumes.or(default_volumes).expect("volumes cache is set");
-    let classes = classes.or(default_classes).expect("classes cache is set");
+    let claims = claims.unwrap_or_else(|| crate::cache::watch(Api::all(client.clone())));
+    let volumes = volumes.map_or_else(|| VolumeCache::watch(&client), VolumeCache::from);
+    let classes = classes.unwrap_or_else(|| crate::cache::watch(Api::all(client.clone())));
 
     let limiter = config.failure_backoff.limiter();
     let queue = |queue_name| {
@@ -163,11 +156,7 @@ pub(super) async fn run(
         provisioner,
         qualifier,
         guard,
-        caches: Caches::new(
-            claims.store.clone(),
-            volumes.store.clone(),
-            classes.store.clone(),
-        ),
+        caches: Caches::new(claims.store.clone(), volumes.store, classes.store.clone()),
         in_progress: std::sync::Mutex::default(),
         saver: save::Saver::new(&config.pv_save, Some(&metrics)),
         claim_queue: queue("claims"),
@@ -215,7 +204,7 @@ pub(super) async fn run(
     health.set_caches_synced(true);
     tracing::info!(
         claims = ctx.caches.claims.state().len(),
-        volumes = ctx.caches.volumes.state().len(),
+        volumes = ctx.caches.volumes.names().len(),
         classes = ctx.caches.classes.state().len(),
         "caches synced"
     );
@@ -382,7 +371,7 @@ fn spawn_feeders(
         'static,
         Arc<k8s_openapi::api::core::v1::PersistentVolumeClaim>,
     >,
-    volumes: futures::stream::BoxStream<'static, Arc<k8s_openapi::api::core::v1::PersistentVolume>>,
+    volumes: futures::stream::BoxStream<'static, String>,
     classes: futures::stream::BoxStream<'static, Arc<k8s_openapi::api::storage::v1::StorageClass>>,
 ) {
     let feed = Arc::clone(ctx);
@@ -397,8 +386,7 @@ fn spawn_feeders(
         async {}
     }));
     let feed = Arc::clone(ctx);
-    tasks.spawn(volumes.for_each(move |volume| {
-        let name = volume.name_any();
+    tasks.spawn(volumes.for_each(move |name| {
         feed.caches.volume_seen(&name);
         if feed.accepting() {
             feed.volume_queue.add(name);
