@@ -1,5 +1,6 @@
 //! State shared by the HTTP handlers and the [`KubeSim`](crate::KubeSim) handle.
 
+use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -7,14 +8,16 @@ use tokio::sync::watch;
 
 use crate::fault::FaultRule;
 use crate::requests::{RequestLog, RequestRecord};
+use crate::resources::ResKey;
 use crate::store::State;
 
 /// Everything the server shares; one lock for the store.
 #[derive(Debug)]
 pub(crate) struct Shared {
     state: Mutex<State>,
-    /// The newest resourceVersion, so watches wake up on writes.
-    pub(crate) changed: watch::Sender<u64>,
+    /// The newest resourceVersion of each resource that has watches, so a watch wakes
+    /// up on writes to its resource only (not on every write to the store).
+    changed: Mutex<HashMap<ResKey, watch::Sender<u64>>>,
     /// Bumped by `cut_watches`.
     pub(crate) cut: watch::Sender<u64>,
     /// Set on shutdown.
@@ -43,7 +46,7 @@ impl Shared {
     ) -> Self {
         Self {
             state: Mutex::new(State::new(window)),
-            changed: watch::Sender::new(0),
+            changed: Mutex::default(),
             cut: watch::Sender::new(0),
             shutdown: watch::Sender::new(false),
             faults: Mutex::new(Vec::new()),
@@ -58,16 +61,48 @@ impl Shared {
         relock(&self.state)
     }
 
-    /// Runs `f` under the store lock and wakes the watches when it wrote.
+    /// A receiver that changes when `res` has new history events (or the history was
+    /// compacted).
+    pub(crate) fn subscribe(&self, res: &ResKey) -> watch::Receiver<u64> {
+        relock(&self.changed)
+            .entry(res.clone())
+            .or_insert_with(|| watch::Sender::new(0))
+            .subscribe()
+    }
+
+    /// Runs `f` under the store lock and wakes the watches of the resources it wrote.
     pub(crate) fn write<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
-        let (out, before, after) = {
+        let (out, after, written) = {
             let mut state = self.state();
             let before = state.rv;
+            let from = state.end_pos();
             let out = f(&mut state);
-            (out, before, state.rv)
+            if state.rv == before {
+                return out;
+            }
+            // Usually one or two resources (an Event is recorded under both APIs).
+            let mut written: Vec<ResKey> = Vec::new();
+            if let Some(events) = state.events_from(from) {
+                for event in events {
+                    if !written.contains(&event.res) {
+                        written.push(event.res.clone());
+                    }
+                }
+            }
+            (out, state.rv, written)
         };
-        if after != before {
-            self.changed.send_replace(after);
+        let senders = relock(&self.changed);
+        if written.is_empty() {
+            // The version moved without events (a compaction): every watch checks.
+            for sender in senders.values() {
+                sender.send_replace(after);
+            }
+        } else {
+            for res in &written {
+                if let Some(sender) = senders.get(res) {
+                    sender.send_replace(after);
+                }
+            }
         }
         out
     }

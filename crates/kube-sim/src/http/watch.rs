@@ -224,7 +224,7 @@ pub(crate) fn start(
         serde_json::Value::from(def.api_version(version))
     );
     let mut w = Watch {
-        changed: shared.changed.subscribe(),
+        changed: shared.subscribe(&def.key),
         cut: shared.cut.subscribe(),
         shutdown: shared.shutdown.subscribe(),
         shared: shared.clone(),

@@ -325,3 +325,119 @@ async fn a_retain_class_keeps_the_volume_and_its_asset_after_release() {
     assert_eq!(env.fake.assets().len(), 1);
     env.stop().await;
 }
+
+/// A driver whose volumes carry much of what a real CSI volume has, and that keeps the
+/// volume it is asked to delete.
+struct Rich {
+    fake: FakeProvisioner,
+    deleted: std::sync::Mutex<Vec<PersistentVolume>>,
+}
+
+#[async_trait::async_trait]
+impl provision_controller::Provisioner for Rich {
+    async fn provision(
+        &self,
+        options: &provision_controller::ProvisionOptions,
+    ) -> Result<PersistentVolume, provision_controller::ProvisionError> {
+        let mut volume = self.fake.provision(options).await?;
+        volume
+            .metadata
+            .labels
+            .get_or_insert_default()
+            .insert("zone".into(), "a".into());
+        let spec = volume.spec.get_or_insert_default();
+        spec.mount_options = Some(vec!["noatime".into()]);
+        spec.csi = Some(
+            serde_json::from_value(serde_json::json!({
+                "driver": ME,
+                "volumeHandle": "handle-42",
+                "fsType": "ext4",
+                "volumeAttributes": {"pool": "gold", "escaped": "a\"b\\c"},
+                "nodePublishSecretRef": {"name": "s", "namespace": "default"}
+            }))
+            .unwrap(),
+        );
+        spec.node_affinity = Some(
+            serde_json::from_value(serde_json::json!({
+                "required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "zone", "operator": "In", "values": ["a"]}
+                ]}]}
+            }))
+            .unwrap(),
+        );
+        spec.host_path = None;
+        Ok(volume)
+    }
+
+    async fn delete(
+        &self,
+        volume: &PersistentVolume,
+    ) -> Result<(), provision_controller::DeleteError> {
+        self.deleted.lock().unwrap().push(volume.clone());
+        self.fake.delete(volume).await
+    }
+}
+
+// The controller's volume cache holds volumes compact; what the driver gets to delete
+// must still be the whole volume as the API server has it.
+#[tokio::test]
+async fn the_driver_deletes_the_whole_volume_as_the_api_server_has_it() {
+    let fake = FakeProvisioner::new();
+    let driver = std::sync::Arc::new(Rich {
+        fake: fake.clone(),
+        deleted: std::sync::Mutex::default(),
+    });
+    struct Shared(std::sync::Arc<Rich>);
+    #[async_trait::async_trait]
+    impl provision_controller::Provisioner for Shared {
+        async fn provision(
+            &self,
+            options: &provision_controller::ProvisionOptions,
+        ) -> Result<PersistentVolume, provision_controller::ProvisionError> {
+            self.0.provision(options).await
+        }
+        async fn delete(
+            &self,
+            volume: &PersistentVolume,
+        ) -> Result<(), provision_controller::DeleteError> {
+            self.0.delete(volume).await
+        }
+    }
+    let env = Env::start_driver(quick(), fake, Shared(driver.clone()), |c| c).await;
+    env.create_class(fast_class()).await;
+    env.create_claim(claim("data")).await;
+    let bound = env.bound_volume("data").await;
+    let name = bound.metadata.name.clone().unwrap();
+    env.delete_claim("data").await;
+    env.volume_gone(&name).await;
+
+    let deleted = driver.deleted.lock().unwrap().clone();
+    assert_eq!(deleted.len(), 1);
+    let got = &deleted[0];
+    assert_eq!(got.metadata.uid, bound.metadata.uid);
+    assert_eq!(got.metadata.labels, bound.metadata.labels);
+    assert_eq!(got.metadata.annotations, bound.metadata.annotations);
+    assert!(
+        got.metadata
+            .managed_fields
+            .clone()
+            .unwrap_or_default()
+            .is_empty(),
+        "managed fields are not cached"
+    );
+    let (got_spec, bound_spec) = (got.spec.clone().unwrap(), bound.spec.clone().unwrap());
+    assert_eq!(got_spec.csi, bound_spec.csi);
+    assert_eq!(
+        got_spec.csi.unwrap().volume_attributes.unwrap()["escaped"],
+        "a\"b\\c"
+    );
+    assert_eq!(got_spec.mount_options, bound_spec.mount_options);
+    assert_eq!(got_spec.node_affinity, bound_spec.node_affinity);
+    assert_eq!(got_spec.capacity, bound_spec.capacity);
+    assert_eq!(got_spec.claim_ref, bound_spec.claim_ref);
+    assert_eq!(
+        got.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Released")
+    );
+    env.stop().await;
+}
