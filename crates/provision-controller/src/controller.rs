@@ -147,6 +147,10 @@ impl ProvisionController {
     }
 
     /// Reads volumes from the caller's cache instead of watching them (Go `VolumesInformer`).
+    ///
+    /// The cache is used as it is. The controller's own volume cache holds each volume
+    /// compact (about 5 KiB less per CSI volume than a `PersistentVolume`), so share a
+    /// cache only when the process needs one anyway.
     #[doc(alias = "VolumesInformer")]
     #[must_use]
     pub fn volumes_cache(mut self, cache: SharedCache<PersistentVolume>) -> Self {
