@@ -158,6 +158,9 @@ impl Builder {
             kube_client::Client::try_from(kube_client::Config::new(uri)).map_err(Error::Client)?;
 
         let router = http::router(shared.clone());
+        // The binder stands in for kube-controller-manager: its requests take the same
+        // handlers (validation, faults, the request log) without a loopback TCP round trip.
+        let in_process = kube_client::Client::new(router.clone(), "default");
         let mut stop = shared.shutdown.subscribe();
         let server = tokio::spawn(async move {
             let graceful = async move {
@@ -172,7 +175,7 @@ impl Builder {
         });
         let binder = self
             .pv_binder
-            .then(|| tokio::spawn(binder::run(client.clone())));
+            .then(|| tokio::spawn(binder::run(in_process)));
         tracing::debug!(%url, kubeconfig = %path.display(), "kube-sim started");
         Ok(KubeSim {
             shared,

@@ -3,14 +3,22 @@
 //! Each event is one `create`: no shared cache of past events (kube-runtime's `Recorder`
 //! scans its whole cache on every publish and keeps each event for 6 minutes, which made
 //! a burst of N claims cost O(N²)), so publishing is O(1) in the number of events.
+//!
+//! As in Go, events are written in the background: publishing queues the event and the
+//! worker goes on; a writer task creates them, [`WRITERS`] at a time. Unlike Go, which
+//! drops events when its queue of 1,000 is full, a full queue makes the publisher wait,
+//! so no event is lost to a burst. The controller flushes the queue when it stops.
 
 use std::{
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
 };
+
+use futures::StreamExt;
+use tokio::sync::{Notify, mpsc};
 
 use k8s_openapi::{
     api::{core::v1::ObjectReference, events::v1::Event},
@@ -34,14 +42,34 @@ pub const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
 /// Events notes are limited to 1 kB.
 const MAX_NOTE_BYTES: usize = 1000;
+/// Events queued for the writer before a publisher waits (Go's `maxQueuedEvents`).
+const QUEUE: usize = 1000;
+/// Event creates in flight at once.
+pub(crate) const WRITERS: usize = 4;
 
 /// Who writes the events.
 struct Reporter {
-    client: Client,
     controller: String,
     instance: String,
     /// Makes names unique when two events of one object share a nanosecond.
     sequence: AtomicU64,
+    queue: mpsc::Sender<Event>,
+    pending: Arc<Pending>,
+}
+
+/// Events queued or being written.
+#[derive(Default)]
+struct Pending {
+    count: AtomicUsize,
+    idle: Notify,
+}
+
+impl Pending {
+    fn done(&self) {
+        if self.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.idle.notify_waiters();
+        }
+    }
 }
 
 /// Publishes events; failures are logged, never returned (events are for users).
@@ -52,10 +80,16 @@ pub(crate) struct Events {
 }
 
 impl Events {
+    /// A publisher and its writer task (spawned here; it ends when the last clone of the
+    /// publisher is dropped and the queue is written out).
     pub(crate) fn new(client: Client, controller: &str, instance: String) -> Self {
+        let (queue, events) = mpsc::channel(QUEUE);
+        let pending = Arc::new(Pending::default());
+        tokio::spawn(write_all(client, events, Arc::clone(&pending)));
         Self {
             reporter: Some(Arc::new(Reporter {
-                client,
+                queue,
+                pending,
                 controller: controller.to_owned(),
                 instance,
                 sequence: AtomicU64::new(0),
@@ -88,19 +122,72 @@ impl Events {
         let Some(reporter) = &self.reporter else {
             return;
         };
-        let namespace = regarding.namespace.as_deref().unwrap_or("default");
-        let api: Api<Event> = Api::namespaced(reporter.client.clone(), namespace);
-        let event = reporter.event(regarding.clone(), type_, reason, note);
-        let params = PostParams::default();
-        let create = api.create(&params, &event);
-        match tokio::time::timeout(PUBLISH_TIMEOUT, create).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(err)) => {
-                tracing::warn!(reason, object = ?regarding.name, error = %err, "failed to publish event");
+        let event = reporter.event(regarding, type_, reason, note);
+        reporter.pending.count.fetch_add(1, Ordering::AcqRel);
+        if let Err(mpsc::error::SendError(event)) = reporter.queue.send(event).await {
+            reporter.pending.done();
+            tracing::warn!(reason, object = ?event.regarding.and_then(|r| r.name), "event writer stopped; event not written");
+        }
+    }
+
+    /// Waits until every queued event is written (or has failed), at most `limit`.
+    pub(crate) async fn flush(&self, limit: Duration) {
+        let Some(reporter) = &self.reporter else {
+            return;
+        };
+        let pending = &reporter.pending;
+        let drained = async {
+            loop {
+                let idle = pending.idle.notified();
+                tokio::pin!(idle);
+                idle.as_mut().enable();
+                if pending.count.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                idle.await;
             }
-            Err(_) => {
-                tracing::warn!(reason, object = ?regarding.name, "publishing event timed out");
+        };
+        if tokio::time::timeout(limit, drained).await.is_err() {
+            tracing::warn!(
+                unwritten = pending.count.load(Ordering::Acquire),
+                "events still unwritten when the controller stopped"
+            );
+        }
+    }
+}
+
+/// Creates the queued events, [`WRITERS`] at a time, until the queue closes.
+async fn write_all(client: Client, events: mpsc::Receiver<Event>, pending: Arc<Pending>) {
+    let queued = futures::stream::unfold(events, |mut events| async move {
+        events.recv().await.map(|event| (event, events))
+    });
+    queued
+        .for_each_concurrent(WRITERS, |event| {
+            let client = client.clone();
+            let pending = Arc::clone(&pending);
+            async move {
+                write(client, event).await;
+                pending.done();
             }
+        })
+        .await;
+}
+
+/// Creates one event; a failure is logged.
+async fn write(client: Client, event: Event) {
+    let namespace = event.metadata.namespace.as_deref().unwrap_or("default");
+    let api: Api<Event> = Api::namespaced(client, namespace);
+    let params = PostParams::default();
+    let create = api.create(&params, &event);
+    let reason = event.reason.as_deref().unwrap_or_default();
+    let object = event.regarding.as_ref().and_then(|r| r.name.as_deref());
+    match tokio::time::timeout(PUBLISH_TIMEOUT, create).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(err)) => {
+            tracing::warn!(reason, object, error = %err, "failed to publish event");
+        }
+        Err(_) => {
+            tracing::warn!(reason, object, "publishing event timed out");
         }
     }
 }
@@ -180,6 +267,7 @@ mod tests {
             .warning(&claim, PROVISIONING_FAILED, note.clone())
             .await;
         events.warning(&claim, PROVISIONING_FAILED, note).await;
+        events.flush(Duration::from_secs(10)).await;
         let api: Api<Event> = Api::namespaced(sim.client(), "default");
         let listed = api.list(&Default::default()).await.unwrap().items;
         assert_eq!(
@@ -205,5 +293,46 @@ mod tests {
             assert_eq!(regarding.kind.as_deref(), Some("PersistentVolumeClaim"));
         }
         assert_ne!(listed[0].metadata.name, listed[1].metadata.name);
+    }
+
+    #[tokio::test]
+    async fn a_burst_larger_than_the_queue_is_written_whole_and_flushed() {
+        let sim = kube_sim::KubeSim::builder().start().await.unwrap();
+        let events = Events::new(sim.client(), "example.com/ctl", "host-1".to_owned());
+        let claim = crate::testing::pvc("c").uid("u1").build();
+        let n = QUEUE + 200;
+        for i in 0..n {
+            events.normal(&claim, PROVISIONING, format!("n{i}")).await;
+        }
+        events.flush(Duration::from_secs(60)).await;
+        let api: Api<Event> = Api::namespaced(sim.client(), "default");
+        let listed = api.list(&Default::default()).await.unwrap().items;
+        assert_eq!(listed.len(), n, "a full queue waits, it does not drop");
+    }
+
+    #[tokio::test]
+    async fn a_failed_write_is_logged_and_does_not_block_the_flush() {
+        let sim = kube_sim::KubeSim::builder().start().await.unwrap();
+        sim.add_fault(kube_sim::FaultRule::new(kube_sim::Verb::Create, "events").always());
+        let events = Events::new(sim.client(), "example.com/ctl", "host-1".to_owned());
+        let claim = crate::testing::pvc("c").uid("u1").build();
+        events
+            .warning(&claim, PROVISIONING_FAILED, "x".into())
+            .await;
+        let flushed = tokio::time::timeout(
+            Duration::from_secs(10),
+            events.flush(Duration::from_secs(60)),
+        );
+        assert!(flushed.await.is_ok(), "a failed write counts as done");
+        assert_eq!(
+            events
+                .reporter
+                .as_ref()
+                .unwrap()
+                .pending
+                .count
+                .load(Ordering::Acquire),
+            0
+        );
     }
 }

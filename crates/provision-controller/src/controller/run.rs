@@ -34,6 +34,9 @@ use crate::{
 
 /// Tasks that live as long as `run`: the shutdown watcher, the cache feeders, the
 /// resync, and the metrics server. [`Background::finish`] stops them all.
+/// How long a stopping controller waits for its queued events to be written.
+const EVENT_FLUSH_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 struct Background {
     tasks: JoinSet<()>,
     server: Option<(HttpServerHandle, CancellationToken)>,
@@ -41,10 +44,13 @@ struct Background {
 }
 
 impl Background {
-    async fn finish(mut self, name: &str, result: Result<()>) -> Result<()> {
+    async fn finish(mut self, ctx: &Context, result: Result<()>) -> Result<()> {
+        let name = &ctx.name;
         self.health.set_role(Role::Stopping);
         self.tasks.abort_all();
         while self.tasks.join_next().await.is_some() {}
+        // The workers are done: write out the events they queued.
+        ctx.events.flush(EVENT_FLUSH_LIMIT).await;
         if let Some((server, stop)) = self.server.take() {
             stop.cancel();
             if let Err(error) = server.join().await {
@@ -199,7 +205,7 @@ pub(super) async fn run(
                 tracing::warn!("a cache writer was dropped before the caches synced");
             }
         }
-        () = stop.cancelled() => return bg.finish(&ctx.name, Ok(())).await,
+        () = stop.cancelled() => return bg.finish(&ctx, Ok(())).await,
     }
     health.set_caches_synced(true);
     tracing::info!(
@@ -216,9 +222,9 @@ pub(super) async fn run(
             Ok(()) => {}
             Err(LeaderError::Cancelled { .. }) => {
                 tracing::info!("shutdown requested while standing by");
-                return bg.finish(&ctx.name, Ok(())).await;
+                return bg.finish(&ctx, Ok(())).await;
             }
-            Err(err) => return bg.finish(&ctx.name, Err(Error::LeaderElection(err))).await,
+            Err(err) => return bg.finish(&ctx, Err(Error::LeaderElection(err))).await,
         }
     }
 
@@ -285,7 +291,7 @@ pub(super) async fn run(
         );
         drop(elector);
         let result = result.and(Err(Error::LeadershipLost(lost)));
-        return bg.finish(&ctx.name, result).await;
+        return bg.finish(&ctx, result).await;
     }
 
     tracing::info!(
@@ -353,7 +359,7 @@ pub(super) async fn run(
         tracing::warn!(error = %crate::controller::op::chain(&error), "failed to release the lease; it expires after its duration");
     }
     set_leader(&ctx, false);
-    bg.finish(&ctx.name, result).await
+    bg.finish(&ctx, result).await
 }
 
 fn set_leader(ctx: &Context, leading: bool) {
