@@ -311,3 +311,25 @@ pub(crate) async fn wait_for<T>(
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
+
+/// Waits until the controller has sent no request for `quiet` (its background writes,
+/// such as queued events, are done), at most `limit`, so each phase is charged with the
+/// requests it caused. Throughput and latency come from the timeline, not from this.
+pub(crate) async fn settle(
+    counter: &crate::counting::ApiCounter,
+    quiet: Duration,
+    limit: Duration,
+) {
+    let total = || counter.snapshot().values().sum::<u64>();
+    let start = Instant::now();
+    let (mut last, mut since) = (total(), Instant::now());
+    while start.elapsed() < limit {
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        let now = total();
+        if now != last {
+            (last, since) = (now, Instant::now());
+        } else if since.elapsed() >= quiet {
+            return;
+        }
+    }
+}

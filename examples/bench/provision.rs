@@ -15,11 +15,16 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use crate::{
-    env::{Env, wait_for},
+    env::{self, Env, wait_for},
     objects::{self, Names, Noop},
     report::{self, Phase, latency, mib, round},
     track::{Step, Timeline, follow},
 };
+
+/// No controller request for this long ends a phase's accounting (queued events written).
+const SETTLE_QUIET: Duration = Duration::from_millis(300);
+/// The longest wait for that.
+const SETTLE_LIMIT: Duration = Duration::from_secs(30);
 
 /// Runs the scenario and returns its report.
 pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
@@ -136,6 +141,7 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
     .await
     .err()
     .map(|e| format!("{e:#}"));
+    env::settle(&env.probe.api, SETTLE_QUIET, SETTLE_LIMIT).await;
     let s2 = env.probe.snapshot();
     let (peak_provision, sim_peak_provision) = env.probe.take_peaks();
     if incomplete.is_none() {
@@ -169,6 +175,7 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
         .err()
         .map(|e| format!("{e:#}"));
     }
+    env::settle(&env.probe.api, SETTLE_QUIET, SETTLE_LIMIT).await;
     let s3 = env.probe.snapshot();
     let (peak_delete, sim_peak_delete) = env.probe.take_peaks();
 
