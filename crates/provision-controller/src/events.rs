@@ -5,7 +5,7 @@
 //! a burst of N claims cost O(N²)), so publishing is O(1) in the number of events.
 //!
 //! As in Go, events are written in the background: publishing queues the event and the
-//! worker goes on; a writer task creates them, [`WRITERS`] at a time. Unlike Go, which
+//! worker goes on; a writer task creates them, four at a time. Unlike Go, which
 //! drops events when its queue of 1,000 is full, a full queue makes the publisher wait,
 //! so no event is lost to a burst. The controller flushes the queue when it stops.
 
