@@ -387,23 +387,7 @@ async fn the_driver_deletes_the_whole_volume_as_the_api_server_has_it() {
         fake: fake.clone(),
         deleted: std::sync::Mutex::default(),
     });
-    struct Shared(std::sync::Arc<Rich>);
-    #[async_trait::async_trait]
-    impl provision_controller::Provisioner for Shared {
-        async fn provision(
-            &self,
-            options: &provision_controller::ProvisionOptions,
-        ) -> Result<PersistentVolume, provision_controller::ProvisionError> {
-            self.0.provision(options).await
-        }
-        async fn delete(
-            &self,
-            volume: &PersistentVolume,
-        ) -> Result<(), provision_controller::DeleteError> {
-            self.0.delete(volume).await
-        }
-    }
-    let env = Env::start_driver(quick(), fake, Shared(driver.clone()), |c| c).await;
+    let env = Env::start_driver(quick(), fake, std::sync::Arc::clone(&driver), |c| c).await;
     env.create_class(fast_class()).await;
     env.create_claim(claim("data")).await;
     let bound = env.bound_volume("data").await;
