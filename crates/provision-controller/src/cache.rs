@@ -116,12 +116,6 @@ impl From<Store<PersistentVolume>> for VolumeStore {
     }
 }
 
-impl From<Store<CompactVolume>> for VolumeStore {
-    fn from(store: Store<CompactVolume>) -> Self {
-        Self::Compact(store)
-    }
-}
-
 impl VolumeStore {
     /// The cached volume with this name.
     pub(crate) fn get(&self, name: &str) -> Option<Arc<PersistentVolume>> {
