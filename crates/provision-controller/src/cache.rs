@@ -141,6 +141,14 @@ impl VolumeStore {
         }
     }
 
+    /// Number of cached volumes.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Self::Shared(store) => store.state().len(),
+            Self::Compact(store) => store.state().len(),
+        }
+    }
+
     /// Waits until the cache has listed once.
     pub(crate) async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
         match self {

@@ -351,10 +351,11 @@ impl Context {
                 self.claim_queue.add(uid);
             }
         }
-        for volume in &volumes {
-            self.volume_queue.add(volume.clone());
+        let queued_volumes = volumes.len();
+        for volume in volumes {
+            self.volume_queue.add(volume);
         }
-        (claims.len(), volumes.len())
+        (claims.len(), queued_volumes)
     }
 
     /// Queues the unbound claims of `class` (it was created or changed).

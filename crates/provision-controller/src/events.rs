@@ -45,7 +45,7 @@ const MAX_NOTE_BYTES: usize = 1000;
 /// Events queued for the writer before a publisher waits (Go's `maxQueuedEvents`).
 const QUEUE: usize = 1000;
 /// Event creates in flight at once.
-pub(crate) const WRITERS: usize = 4;
+const WRITERS: usize = 4;
 
 /// Who writes the events.
 struct Reporter {

@@ -32,11 +32,11 @@ use crate::{
     queue::WorkQueue,
 };
 
-/// Tasks that live as long as `run`: the shutdown watcher, the cache feeders, the
-/// resync, and the metrics server. [`Background::finish`] stops them all.
 /// How long a stopping controller waits for its queued events to be written.
 const EVENT_FLUSH_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Tasks that live as long as `run`: the shutdown watcher, the cache feeders, the
+/// resync, and the metrics server. [`Background::finish`] stops them all.
 struct Background {
     tasks: JoinSet<()>,
     server: Option<(HttpServerHandle, CancellationToken)>,
@@ -210,7 +210,7 @@ pub(super) async fn run(
     health.set_caches_synced(true);
     tracing::info!(
         claims = ctx.caches.claims.state().len(),
-        volumes = ctx.caches.volumes.names().len(),
+        volumes = ctx.caches.volumes.len(),
         classes = ctx.caches.classes.state().len(),
         "caches synced"
     );
