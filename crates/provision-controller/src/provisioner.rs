@@ -125,6 +125,31 @@ pub trait Provisioner: Send + Sync + 'static {
     /// [`DeleteError::Failed`] is retried with backoff.
     async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError>;
 
+    /// Releases what `duplicate` holds after another PV was saved under its name first.
+    ///
+    /// Two replicas that provision the same claim at once (an overlap of leaders, a
+    /// failover, a replica cut off from the API server) each get a PV from
+    /// [`provision`](Self::provision); only one can be saved, since both carry the same
+    /// name. The other replica's save answers "already exists": the controller then reads
+    /// the saved PV and, when its spec differs from `duplicate`'s, calls this with both.
+    ///
+    /// Delete any asset that `duplicate` names and `saved` does not. **Never touch the
+    /// asset `saved` names**: a claim may be bound to it. The default does nothing, which
+    /// is right for drivers whose asset is identified by the PV name (both PVs then name
+    /// the same asset).
+    ///
+    /// # Errors
+    /// A failure is logged and reported as a `ProvisioningCleanupFailed` event; the claim
+    /// is not retried for it (its PV is saved).
+    async fn delete_duplicate(
+        &self,
+        duplicate: &PersistentVolume,
+        saved: &PersistentVolume,
+    ) -> Result<(), DeleteError> {
+        let _ = (duplicate, saved);
+        Ok(())
+    }
+
     /// Whether `volumeMode: Block` claims are supported. Default `false`.
     #[doc(alias = "BlockProvisioner")]
     #[doc(alias = "SupportsBlock")]
@@ -143,6 +168,13 @@ impl<P: Provisioner + ?Sized> Provisioner for Arc<P> {
     }
     async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError> {
         (**self).delete(volume).await
+    }
+    async fn delete_duplicate(
+        &self,
+        duplicate: &PersistentVolume,
+        saved: &PersistentVolume,
+    ) -> Result<(), DeleteError> {
+        (**self).delete_duplicate(duplicate, saved).await
     }
     fn supports_block(&self) -> bool {
         (**self).supports_block()
