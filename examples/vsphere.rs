@@ -7,11 +7,6 @@
 //! the same code against kube-sim and the CNS simulator, shows what happens, and exits.
 //! See `docs/vcenter.md`.
 
-#[path = "vsphere/app.rs"]
-mod app;
-#[path = "vsphere/demo.rs"]
-mod demo;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -22,8 +17,7 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 use vsphere_cns::CnsMetadataBackend;
 
-use app::{DEMO_BANNER, Found, Mode, RealOptions};
-use demo::DemoOptions;
+use vsphere_controllers::{self as app, DEMO_BANNER, DemoOptions, Found, Mode, RealOptions};
 
 /// vSphere CNS provisioner and CnsVolumeMetadata reconciler (a demo without configuration).
 #[derive(Debug, Parser)]
@@ -38,8 +32,9 @@ struct Args {
     /// Provisioner name that StorageClasses name.
     #[arg(long, default_value = vsphere_cns::CSI_DRIVER)]
     provisioner_name: String,
-    /// Elect a leader through a Lease before provisioning.
-    #[arg(long)]
+    /// Elect a leader through a Lease (the provisioner and the CnsVolumeMetadata reconciler
+    /// run on the leader only); `--leader-election=false` runs them on every replica.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     leader_election: bool,
     /// Serve provision-controller metrics on this address, e.g. 0.0.0.0:8080.
     #[arg(long, value_name = "ADDR")]
@@ -137,7 +132,7 @@ async fn run_demo(args: &Args) -> anyhow::Result<()> {
         timeout: Duration::from_secs(args.timeout),
     };
     let mut out = std::io::stdout();
-    let report = demo::run_demo(&options, &mut out).await?;
+    let report = app::run_demo(&options, &mut out).await?;
     if let Some(row) = report.rows.iter().find(|r| !r.synced) {
         return Err(anyhow!(
             "the metadata of claim {} was not synced",

@@ -29,7 +29,7 @@
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::Router;
@@ -108,17 +108,6 @@ pub enum Role {
     Stopping = 3,
 }
 
-impl Role {
-    fn from_u8(v: u8) -> Self {
-        match v {
-            1 => Self::Leading,
-            2 => Self::Standby,
-            3 => Self::Stopping,
-            _ => Self::Starting,
-        }
-    }
-}
-
 impl From<&LeaderState> for Role {
     /// Leading → `Leading`, standby → `Standby`, lost or released → `Stopping`.
     fn from(state: &LeaderState) -> Self {
@@ -151,10 +140,19 @@ pub struct Health {
     inner: Arc<HealthInner>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct HealthInner {
     caches_synced: AtomicBool,
-    role: AtomicU8,
+    role: tokio::sync::watch::Sender<Role>,
+}
+
+impl Default for HealthInner {
+    fn default() -> Self {
+        Self {
+            caches_synced: AtomicBool::new(false),
+            role: tokio::sync::watch::Sender::new(Role::Starting),
+        }
+    }
 }
 
 impl Health {
@@ -177,13 +175,29 @@ impl Health {
 
     /// Records the replica's role.
     pub fn set_role(&self, role: Role) {
-        self.inner.role.store(role as u8, Ordering::Release);
+        self.inner.role.send_replace(role);
     }
 
     /// The replica's role.
     #[must_use]
     pub fn role(&self) -> Role {
-        Role::from_u8(self.inner.role.load(Ordering::Acquire))
+        *self.inner.role.borrow()
+    }
+
+    /// Follows the replica's role: work that only the leader may do (another controller
+    /// under the same election) runs while it is [`Role::Leading`].
+    ///
+    /// ```
+    /// use provision_controller::http::{Health, Role};
+    ///
+    /// let health = Health::new();
+    /// let role = health.watch_role();
+    /// health.set_role(Role::Leading);
+    /// assert_eq!(*role.borrow(), Role::Leading);
+    /// ```
+    #[must_use]
+    pub fn watch_role(&self) -> tokio::sync::watch::Receiver<Role> {
+        self.inner.role.subscribe()
     }
 
     /// What `/readyz` reports.

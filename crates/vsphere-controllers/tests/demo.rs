@@ -1,18 +1,13 @@
 //! The embedded run of `cargo run --example vsphere`: the same code, against kube-sim and
 //! the CNS simulator, must provision, sync and delete every claim.
 
-// The real-cluster half of `app` is used only by the example's `main`.
-#[allow(dead_code)]
-#[path = "../vsphere/app.rs"]
-mod app;
-#[path = "../vsphere/demo.rs"]
-mod demo;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use app::{DEMO_BANNER, Found, Mode, select_mode};
-use demo::{DemoOptions, run_demo};
+use vsphere_controllers::{
+    DEFAULT_VSPHERE_CONFIG, DEMO_BANNER, DemoOptions, Found, Mode, run_demo, select_mode,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_provisions_syncs_and_deletes_every_claim() {
@@ -76,7 +71,7 @@ fn the_mode_follows_what_is_configured() {
         select_mode(&in_pod),
         Ok(Mode::Real {
             kubeconfig: None,
-            vsphere_config: PathBuf::from(app::DEFAULT_VSPHERE_CONFIG),
+            vsphere_config: PathBuf::from(DEFAULT_VSPHERE_CONFIG),
         })
     );
     let forced = Found {

@@ -2,16 +2,12 @@
 //! `csi-vsphere.conf` (TLS with a pinned thumbprint), here pointing at kube-sim and the CNS
 //! simulator in HTTPS mode.
 
-// Mode selection and the demo constants are exercised by the demo test.
-#[allow(dead_code)]
-#[path = "../vsphere/app.rs"]
-mod app;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use app::{RealOptions, connect_real, start_controllers};
+use vsphere_controllers::{RealOptions, connect_real, start_controllers};
 use k8s_openapi::api::core::v1::{
     PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements,
 };

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{Context as _, anyhow};
 use kube_client::Client;
 use kube_client::config::{KubeConfigOptions, Kubeconfig};
+use provision_controller::http::{Health, Role};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use vsphere_cns::{
@@ -15,31 +16,31 @@ use vsphere_cns::{
 };
 
 /// Where `csi-vsphere.conf` is looked for when `--vsphere-config` is not given.
-pub(crate) const DEFAULT_VSPHERE_CONFIG: &str = "/etc/cloud/csi-vsphere.conf";
+pub const DEFAULT_VSPHERE_CONFIG: &str = "/etc/cloud/csi-vsphere.conf";
 /// The one line the demo starts with.
-pub(crate) const DEMO_BANNER: &str =
+pub const DEMO_BANNER: &str =
     "no kubeconfig and no vSphere config: running the demo against kube-sim and the CNS simulator";
 
 /// What the process found in its flags and environment.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Found {
+pub struct Found {
     /// `--kubeconfig`.
-    pub(crate) kubeconfig_flag: Option<PathBuf>,
+    pub kubeconfig_flag: Option<PathBuf>,
     /// `KUBECONFIG` is set and not empty.
-    pub(crate) kubeconfig_env: bool,
+    pub kubeconfig_env: bool,
     /// `KUBERNETES_SERVICE_HOST` is set: running in a pod.
-    pub(crate) in_pod: bool,
+    pub in_pod: bool,
     /// `--vsphere-config`.
-    pub(crate) vsphere_flag: Option<PathBuf>,
+    pub vsphere_flag: Option<PathBuf>,
     /// [`DEFAULT_VSPHERE_CONFIG`] exists.
-    pub(crate) default_vsphere_exists: bool,
+    pub default_vsphere_exists: bool,
     /// `--demo`: use the simulators whatever else is found.
-    pub(crate) force_demo: bool,
+    pub force_demo: bool,
 }
 
 /// How to run.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Mode {
+pub enum Mode {
     /// Against a real cluster and vCenter. `kubeconfig: None` means "infer" (`KUBECONFIG`,
     /// or the in-cluster service account).
     Real {
@@ -53,7 +54,7 @@ pub(crate) enum Mode {
 }
 
 /// Chooses the mode; a half configuration is an error saying what is missing.
-pub(crate) fn select_mode(found: &Found) -> Result<Mode, String> {
+pub fn select_mode(found: &Found) -> Result<Mode, String> {
     if found.force_demo {
         return Ok(Mode::Demo);
     }
@@ -88,29 +89,30 @@ pub(crate) fn select_mode(found: &Found) -> Result<Mode, String> {
 
 /// The settings both controllers need.
 #[derive(Clone, Debug)]
-pub(crate) struct Settings {
+pub struct Settings {
     /// The provisioner name claims' classes must name.
-    pub(crate) provisioner_name: String,
-    /// Leader election for the provision controller.
-    pub(crate) leader_election: bool,
+    pub provisioner_name: String,
+    /// Leader election: the provision controller elects on its Lease and the reconciler
+    /// runs only on the leader. On in the binary; off runs both everywhere.
+    pub leader_election: bool,
     /// Where the provision controller serves metrics, if anywhere.
-    pub(crate) metrics_address: Option<SocketAddr>,
+    pub metrics_address: Option<SocketAddr>,
     /// The cluster flavor (`CLUSTER_FLAVOR`); only `WORKLOAD` runs the metadata reconciler.
-    pub(crate) flavor: cnsmetadata::ClusterFlavor,
+    pub flavor: cnsmetadata::ClusterFlavor,
     /// The cluster ID (`[Global] cluster-id`).
-    pub(crate) cluster_id: String,
+    pub cluster_id: String,
     /// The supervisor ID (`[Global] supervisor-id`), if any.
-    pub(crate) supervisor_id: Option<String>,
+    pub supervisor_id: Option<String>,
     /// The vSphere user the controllers log in as.
-    pub(crate) vsphere_user: String,
+    pub vsphere_user: String,
     /// Provision-controller options read from the environment (namespace of the lease).
-    pub(crate) provision_config: provision_controller::Config,
+    pub provision_config: provision_controller::Config,
     /// Metadata-reconciler options read from the environment (workers, flavor).
-    pub(crate) metadata_config: cnsmetadata::Config,
+    pub metadata_config: cnsmetadata::Config,
 }
 
 /// The CNS flavor for a cnsmetadata flavor.
-pub(crate) fn cns_flavor(flavor: cnsmetadata::ClusterFlavor) -> ClusterFlavor {
+pub fn cns_flavor(flavor: cnsmetadata::ClusterFlavor) -> ClusterFlavor {
     match flavor {
         cnsmetadata::ClusterFlavor::Workload => ClusterFlavor::Workload,
         cnsmetadata::ClusterFlavor::GuestCluster => ClusterFlavor::GuestCluster,
@@ -119,13 +121,20 @@ pub(crate) fn cns_flavor(flavor: cnsmetadata::ClusterFlavor) -> ClusterFlavor {
 }
 
 /// Both controllers, running until [`Running::stop`].
-pub(crate) struct Running {
+pub struct Running {
     stop: watch::Sender<bool>,
     tasks: JoinSet<(&'static str, anyhow::Result<()>)>,
 }
 
 /// Starts the provision controller and the `CnsVolumeMetadata` reconciler.
-pub(crate) fn start_controllers(
+///
+/// With [`Settings::leader_election`] on, the provision controller elects a leader on its
+/// Lease, and the reconciler reconciles only while this replica leads (its caches fill at
+/// once, so a standby takes over warm). Without it, the reconciler runs once the provision
+/// controller has started. Losing the lease makes the provision controller fail, and
+/// [`Running::run_until`] stops the reconciler too and returns the error: the process
+/// should exit and be restarted.
+pub fn start_controllers(
     kube: Client,
     provisioner: CnsProvisioner,
     backend: CnsMetadataBackend,
@@ -147,12 +156,15 @@ pub(crate) fn start_controllers(
             .metrics_address(address.ip())
             .metrics_port(address.port());
     }
+    let health = Health::new();
+    let role = health.watch_role();
     let controller = provision_controller::ProvisionController::new(
         kube.clone(),
         settings.provisioner_name.clone(),
         provisioner,
     )
-    .with_config(config);
+    .with_config(config)
+    .health(health);
     let metadata_config = settings
         .metadata_config
         .clone()
@@ -171,18 +183,45 @@ pub(crate) fn start_controllers(
     });
     let metadata_shutdown = shutdown();
     tasks.spawn(async move {
-        let result = cnsmetadata::run(kube, Arc::new(backend), metadata_config, metadata_shutdown)
-            .await
-            .context("CnsVolumeMetadata reconciler failed");
-        ("CnsVolumeMetadata reconciler", result)
+        let (leading, follower) = watch::channel(false);
+        let reconciler = cnsmetadata::run_while_leading(
+            kube,
+            Arc::new(backend),
+            metadata_config,
+            follower,
+            metadata_shutdown,
+        );
+        let result = tokio::select! {
+            result = reconciler => result,
+            never = follow_leadership(role, leading) => match never {},
+        };
+        (
+            "CnsVolumeMetadata reconciler",
+            result.context("CnsVolumeMetadata reconciler failed"),
+        )
     });
     Running { stop, tasks }
+}
+
+/// Publishes on `leading` whether the provision controller leads, until it is gone (then
+/// "not leading", for good); never returns.
+async fn follow_leadership(
+    mut role: watch::Receiver<Role>,
+    leading: watch::Sender<bool>,
+) -> std::convert::Infallible {
+    loop {
+        leading.send_replace(*role.borrow_and_update() == Role::Leading);
+        if role.changed().await.is_err() {
+            leading.send_replace(false);
+            return std::future::pending().await;
+        }
+    }
 }
 
 impl Running {
     /// Waits until `until` completes (then stops) or a controller fails. A controller that
     /// returns `Ok` early (the reconciler outside a supervisor cluster) is not a failure.
-    pub(crate) async fn run_until(mut self, until: impl Future<Output = ()>) -> anyhow::Result<()> {
+    pub async fn run_until(mut self, until: impl Future<Output = ()>) -> anyhow::Result<()> {
         tokio::pin!(until);
         loop {
             tokio::select! {
@@ -204,7 +243,7 @@ impl Running {
     }
 
     /// Tells both controllers to stop and waits up to `deadline` for them.
-    pub(crate) async fn stop(mut self, deadline: Duration) -> anyhow::Result<()> {
+    pub async fn stop(mut self, deadline: Duration) -> anyhow::Result<()> {
         let _ = self.stop.send(true);
         let drain = async {
             let mut first_error = None;
@@ -230,36 +269,36 @@ impl Running {
 
 /// Options of a real run.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct RealOptions {
+pub struct RealOptions {
     /// The provisioner name claims' classes must name.
-    pub(crate) provisioner_name: String,
+    pub provisioner_name: String,
     /// Leader election for the provision controller.
-    pub(crate) leader_election: bool,
+    pub leader_election: bool,
     /// Where the provision controller serves metrics, if anywhere.
-    pub(crate) metrics_address: Option<SocketAddr>,
+    pub metrics_address: Option<SocketAddr>,
     /// `datastoreurl` values and the datastore MoRefs they stand for.
-    pub(crate) datastores: Vec<(String, String)>,
+    pub datastores: Vec<(String, String)>,
     /// Datastore MoRefs for classes that name none.
-    pub(crate) default_datastores: Vec<String>,
+    pub default_datastores: Vec<String>,
 }
 
 /// Everything a real run needs, connected.
-pub(crate) struct Real {
+pub struct Real {
     /// The Kubernetes client.
-    pub(crate) kube: Client,
+    pub kube: Client,
     /// The logged-in CNS client.
-    pub(crate) cns: CnsClient,
+    pub cns: CnsClient,
     /// The provisioner.
-    pub(crate) provisioner: CnsProvisioner,
+    pub provisioner: CnsProvisioner,
     /// The controllers' settings.
-    pub(crate) settings: Settings,
+    pub settings: Settings,
     /// The vCenter host.
-    pub(crate) host: String,
+    pub host: String,
 }
 
 /// Builds the Kubernetes client, logs in to vCenter and configures both controllers.
 /// `lookup` reads environment variables (and, for names starting with `/`, files).
-pub(crate) async fn connect_real(
+pub async fn connect_real(
     kubeconfig: Option<&Path>,
     vsphere_config: &Path,
     options: &RealOptions,
@@ -335,6 +374,6 @@ pub(crate) async fn connect_real(
 }
 
 /// Whether `path` exists (for the default vSphere config).
-pub(crate) fn exists(path: &Path) -> bool {
+pub fn exists(path: &Path) -> bool {
     path.try_exists().unwrap_or(false)
 }

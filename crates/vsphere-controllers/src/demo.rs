@@ -25,7 +25,7 @@ use vsphere_cns::{ClusterFlavor, CnsClient, CnsMetadataBackend, CnsProvisioner, 
 use crate::app::{Settings, start_controllers};
 
 /// The StorageClass the demo creates.
-pub(crate) const CLASS: &str = "vsphere-demo";
+pub const CLASS: &str = "vsphere-demo";
 const NAMESPACE: &str = "default";
 const DATASTORE_ID: &str = "datastore-101";
 const DATASTORE_NAME: &str = "DemoDS";
@@ -37,43 +37,43 @@ const POLL: Duration = Duration::from_millis(100);
 
 /// What the demo does.
 #[derive(Clone, Debug)]
-pub(crate) struct DemoOptions {
+pub struct DemoOptions {
     /// How many claims to create.
-    pub(crate) claims: usize,
+    pub claims: usize,
     /// The provisioner name (the class's `provisioner`).
-    pub(crate) provisioner_name: String,
+    pub provisioner_name: String,
     /// Leader election for the provision controller.
-    pub(crate) leader_election: bool,
+    pub leader_election: bool,
     /// Where the provision controller serves metrics, if anywhere.
-    pub(crate) metrics_address: Option<SocketAddr>,
+    pub metrics_address: Option<SocketAddr>,
     /// Keep running after provisioning until Ctrl-C, for `kubectl`.
-    pub(crate) serve: bool,
+    pub serve: bool,
     /// Limit of each wait.
-    pub(crate) timeout: Duration,
+    pub timeout: Duration,
 }
 
 /// One line of the table.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Row {
+pub struct Row {
     /// The claim name.
-    pub(crate) claim: String,
+    pub claim: String,
     /// The PV bound to it.
-    pub(crate) pv: String,
+    pub pv: String,
     /// The CNS volume ID (the PV's volume handle).
-    pub(crate) volume_id: String,
+    pub volume_id: String,
     /// The PV's capacity.
-    pub(crate) size: String,
+    pub size: String,
     /// Whether the simulator holds the claim's entity metadata for the volume.
-    pub(crate) synced: bool,
+    pub synced: bool,
 }
 
 /// What the demo provisioned and what was left at the end.
 #[derive(Clone, Debug)]
-pub(crate) struct DemoReport {
+pub struct DemoReport {
     /// One row per claim.
-    pub(crate) rows: Vec<Row>,
+    pub rows: Vec<Row>,
     /// CNS volumes the simulator still held when the demo ended (0 unless `--serve`).
-    pub(crate) volumes_left: usize,
+    pub volumes_left: usize,
 }
 
 struct Demo<'a> {
@@ -122,7 +122,7 @@ impl Demo<'_> {
 /// # Errors
 /// When a simulator cannot start, an API call fails, or a step does not finish within
 /// `options.timeout`.
-pub(crate) async fn run_demo(
+pub async fn run_demo(
     options: &DemoOptions,
     out: &mut (dyn Write + Send),
 ) -> anyhow::Result<DemoReport> {
@@ -465,7 +465,7 @@ fn plural(n: usize, thing: &str) -> String {
 }
 
 /// The table of claims, PVs, volume IDs and sync state.
-pub(crate) fn table(rows: &[Row]) -> String {
+pub fn table(rows: &[Row]) -> String {
     let width = |f: fn(&Row) -> &str, title: &str| {
         rows.iter()
             .map(|r| f(r).len())
