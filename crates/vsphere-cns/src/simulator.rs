@@ -45,7 +45,7 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use crate::connection::VcConfig;
 use crate::tls::{Thumbprint, TlsMode};
-use crate::types::{CnsVolumeId, MoRef, VolumeMetadata};
+use crate::types::{ClusterFlavor, CnsVolumeId, ContainerCluster, MoRef, VolumeMetadata};
 
 /// The user name the simulator accepts by default.
 pub const DEFAULT_USER: &str = "cnsuser";
@@ -59,7 +59,8 @@ pub const DEFAULT_DATASTORE_NAME: &str = "LocalDS_0";
 /// A volume held by the simulator.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SimVolume {
-    /// The volume ID (a UUID).
+    /// The volume ID: a random UUID (seeded with [`Builder::seed`]), so IDs do not follow
+    /// creation order.
     pub id: CnsVolumeId,
     /// The name given at create.
     pub name: String,
@@ -163,9 +164,46 @@ pub(crate) struct TaskRecord {
     pub(crate) outcome: Result<String, String>,
 }
 
+/// Where volume IDs come from: random UUIDs, or a seeded sequence of UUIDs.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) enum VolumeIds {
+    /// `Uuid::new_v4`.
+    #[default]
+    Random,
+    /// A SplitMix64 sequence from [`Builder::seed`]: the same seed and the same order of
+    /// creates give the same IDs.
+    Seeded(u64),
+}
+
+impl VolumeIds {
+    /// The next volume ID: a version-4 UUID, in no relation to creation order.
+    pub(crate) fn next(&mut self) -> CnsVolumeId {
+        let uuid = match self {
+            VolumeIds::Random => uuid::Uuid::new_v4(),
+            VolumeIds::Seeded(state) => {
+                let mut bytes = [0_u8; 16];
+                bytes[..8].copy_from_slice(&splitmix64(state).to_le_bytes());
+                bytes[8..].copy_from_slice(&splitmix64(state).to_le_bytes());
+                uuid::Builder::from_random_bytes(bytes).into_uuid()
+            }
+        };
+        CnsVolumeId::new(uuid.to_string())
+    }
+}
+
+/// One step of SplitMix64.
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 #[derive(Default)]
 pub(crate) struct Data {
     pub(crate) sessions: HashSet<String>,
+    pub(crate) volume_ids: VolumeIds,
     pub(crate) volumes: BTreeMap<String, SimVolume>,
     pub(crate) tasks: HashMap<String, TaskRecord>,
     pub(crate) next_task: u64,
@@ -210,6 +248,7 @@ pub struct Builder {
     password: String,
     datastores: BTreeMap<String, (String, String)>,
     https: bool,
+    seed: Option<u64>,
 }
 
 impl Default for Builder {
@@ -225,6 +264,7 @@ impl Default for Builder {
                 ),
             )]),
             https: false,
+            seed: None,
         }
     }
 }
@@ -260,6 +300,15 @@ impl Builder {
         self
     }
 
+    /// Draws volume IDs from a sequence seeded with `seed` instead of at random: the same
+    /// seed and the same order of creates give the same IDs. Either way IDs are UUIDs in
+    /// no relation to creation order (the lowest ID is not the first volume made).
+    #[must_use]
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
     /// Binds `127.0.0.1:0` and starts serving.
     ///
     /// # Errors
@@ -269,7 +318,10 @@ impl Builder {
             user: self.user,
             password: self.password,
             datastores: self.datastores,
-            data: Mutex::new(Data::default()),
+            data: Mutex::new(Data {
+                volume_ids: self.seed.map_or(VolumeIds::Random, VolumeIds::Seeded),
+                ..Data::default()
+            }),
             work: Mutex::new(JoinSet::new()),
         });
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
@@ -414,6 +466,36 @@ impl CnsSimulator {
         self.shared.data().sessions.clear();
     }
 
+    /// Adds a block volume named `name` owned by container cluster `cluster_id`, as if an
+    /// earlier create had made it (for example a create that timed out on the client and
+    /// landed later, or one made by another replica): 1024 MiB on the first datastore,
+    /// no entities. It is found by a query on its name and cluster ID. Returns its ID.
+    pub fn insert_volume(&self, name: &str, cluster_id: &str) -> CnsVolumeId {
+        let cluster = ContainerCluster::kubernetes(
+            cluster_id,
+            self.shared.user.clone(),
+            ClusterFlavor::Vanilla,
+        );
+        let datastore = self
+            .shared
+            .datastores
+            .keys()
+            .next()
+            .map_or_else(|| MoRef::datastore(DEFAULT_DATASTORE), MoRef::datastore);
+        let mut data = self.shared.data();
+        let id = data.volume_ids.next();
+        let volume = SimVolume {
+            id: id.clone(),
+            name: name.to_owned(),
+            capacity_in_mb: 1024,
+            datastore,
+            profile_id: None,
+            metadata: VolumeMetadata::for_cluster(cluster, Vec::new()),
+        };
+        data.volumes.insert(id.to_string(), volume);
+        id
+    }
+
     /// The volumes it holds, ordered by ID.
     pub fn volumes(&self) -> Vec<SimVolume> {
         self.shared.data().volumes.values().cloned().collect()
@@ -452,3 +534,5 @@ impl Drop for CnsSimulator {
 mod background_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod volume_id_tests;

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use super::wire;
 use super::{Shared, SimVolume};
 use crate::soap::decode;
-use crate::types::{CnsVolumeId, EntityMetadata, MoRef};
+use crate::types::{EntityMetadata, MoRef};
 use crate::xml::Element;
 
 pub(super) fn invalid_argument(property: &str) -> Result<String, String> {
@@ -58,7 +58,8 @@ pub(super) fn create(shared: &Shared, call: &Element) -> Result<String, String> 
         .and_then(|b| b.child_text("capacityInMb"))
         .and_then(|c| c.trim().parse().ok())
         .unwrap_or(0);
-    let id = CnsVolumeId::new(uuid::Uuid::new_v4().to_string());
+    let mut data = shared.data();
+    let id = data.volume_ids.next();
     let volume = SimVolume {
         id: id.clone(),
         name: name.clone(),
@@ -73,7 +74,8 @@ pub(super) fn create(shared: &Shared, call: &Element) -> Result<String, String> 
             .map(decode::metadata)
             .unwrap_or_default(),
     };
-    shared.data().volumes.insert(id.to_string(), volume);
+    data.volumes.insert(id.to_string(), volume);
+    drop(data);
     let mut extra = String::new();
     crate::xml::escape(&name, &mut extra);
     let extra = format!(
