@@ -243,8 +243,10 @@ impl KubeSim {
         &self.kubeconfig
     }
 
-    /// Adds a fault rule; rules are tried in the order they were added.
-    pub fn add_fault(&self, rule: FaultRule) {
+    /// Adds a fault rule; rules are tried in the order they were added. The clock of a
+    /// [`FaultRule::lasting`] rule starts now.
+    pub fn add_fault(&self, mut rule: FaultRule) {
+        rule.start(tokio::time::Instant::now());
         self.shared.faults().push(rule);
     }
 

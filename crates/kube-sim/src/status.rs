@@ -86,6 +86,8 @@ pub(crate) struct Details {
     pub(crate) group: Option<String>,
     pub(crate) kind: Option<String>,
     pub(crate) causes: Vec<Cause>,
+    /// `details.retryAfterSeconds`, also sent as the `Retry-After` header.
+    pub(crate) retry_after_seconds: Option<u64>,
 }
 
 /// An API error, rendered as a `Status` object.
@@ -266,6 +268,9 @@ impl ApiError {
                 .collect();
             details.insert("causes".into(), Value::Array(causes));
         }
+        if let Some(seconds) = d.retry_after_seconds {
+            details.insert("retryAfterSeconds".into(), json!(seconds));
+        }
         if !details.is_empty() {
             status["details"] = Value::Object(details);
         }
@@ -282,6 +287,10 @@ impl IntoResponse for ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if let Some(seconds) = self.details.retry_after_seconds {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
         resp
     }
 }

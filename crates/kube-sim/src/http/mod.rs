@@ -268,13 +268,15 @@ async fn resource(
         name: rp.name.as_deref().or(create_name.as_deref()),
         namespace: rp.namespace.as_deref(),
     };
-    let action = fault::take(&mut shared.faults(), &key);
+    let action = fault::take(&mut shared.faults(), &key, tokio::time::Instant::now());
     if let Some(action) = action {
         if !action.latency.is_zero() {
             tokio::time::sleep(action.latency).await;
         }
-        if let Some((code, reason, message)) = action.status {
-            return Err(ApiError::new(code, reason, message));
+        if let Some(status) = action.status {
+            let mut err = ApiError::new(status.code, status.reason, status.message);
+            err.details.retry_after_seconds = status.retry_after_seconds;
+            return Err(err);
         }
     }
     let dry_run = match q.get("dryRun").map(String::as_str) {
