@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::PersistentVolume;
+use provision_controller::annotations::ANN_PROVISIONED_BY;
 use provision_controller::{DeleteError, ProvisionError, ProvisionOptions, Provisioner};
 use tracing::{debug, info, instrument, warn};
 
@@ -112,12 +113,18 @@ pub enum ProvisionerError {
 ///   modes and volume mode.
 ///
 /// # Guarantees
-/// - **No second volume for one claim.** Before creating, the volume is looked up by name,
-///   so a create repeated after a restart (or after a timeout whose create went through)
-///   reuses the volume made earlier. A `CnsAlreadyRegisteredFault` counts as success.
-///   Should two volumes of the same name exist anyway (a timed-out create that landed
-///   after the retry's lookup), the extra ones are deleted when found: right after a
-///   create, at the next lookup, and when the PV is deleted.
+/// - **One volume per claim, the same for every replica.** Before creating, the volume is
+///   looked up by name in this provisioner's container cluster, so a create repeated
+///   after a restart (or after a timeout whose create went through) reuses the volume made
+///   earlier; a `CnsAlreadyRegisteredFault` counts as success. Should several volumes of
+///   that name exist (replicas whose creates raced, a timed-out create that landed after
+///   the retry's lookup), the **lowest volume ID** wins, on the lookup before a create and
+///   on the lookup right after it alike, so replicas that race converge on one volume.
+///   Volumes of other clusters sharing the vCenter are never reused nor deleted.
+/// - **`provision` never deletes a volume**, as a PV saved by another replica may name any
+///   of them. The other volumes of that name are released by
+///   [`Provisioner::delete_duplicate`] (when a replica's PV lost the race to be saved) and
+///   by `delete` of the PV.
 /// - **Errors say what runs in the background.** A timeout or a broken connection after the
 ///   create was sent is [`ProvisionError::InBackground`] (the controller keeps retrying,
 ///   and the lookup then finds the volume); a failure before anything was sent is
@@ -125,11 +132,18 @@ pub enum ProvisionerError {
 ///   [`ProvisionError::Final`].
 /// - **`Final` means no volume of that name exists**, as crash-safe provisioning relies
 ///   on: a claim or class refused while a volume of that name exists (made before the
-///   class changed) is `NoChange`; a create that failed in vCenter is followed by deleting
-///   any volume of that name it left behind, and is `InBackground` when that cannot be
-///   done; a `CnsAlreadyRegisteredFault` whose volume cannot be found is `InBackground`.
-/// - `delete` deletes the volume and its disk; a volume that is already gone counts as
-///   deleted; PVs of other drivers are [`DeleteError::Ignored`].
+///   class changed) is `NoChange`; a create that failed in vCenter is `Final` only when no
+///   volume of that name exists afterwards, else (or when the lookup fails)
+///   `InBackground`, and the retry adopts the volume; a `CnsAlreadyRegisteredFault` whose
+///   volume cannot be found is `InBackground`.
+/// - **`delete` deletes the PV's own volume** (handle) and its disk; a volume that is
+///   already gone counts as deleted. For a PV we provisioned (it has the
+///   `pv.kubernetes.io/provisioned-by` annotation) the other volumes of this cluster named
+///   like the PV are deleted too; a static PV only loses its handle's volume. A PV with an
+///   empty handle is an error and deletes nothing; PVs of other drivers are
+///   [`DeleteError::Ignored`].
+/// - **`delete_duplicate` deletes only the duplicate PV's volume**, and only when it is a
+///   `csi.vsphere.vmware.com` handle other than the saved PV's; it never deletes by name.
 ///
 /// ```no_run
 /// # async fn doc() -> Result<(), Box<dyn std::error::Error>> {
@@ -225,9 +239,7 @@ impl CnsProvisioner {
     /// Volumes of other clusters sharing the vCenter are never reused nor removed.
     async fn find_by_name(&self, name: &str) -> Result<Vec<CnsVolume>, ProvisionerError> {
         let mut filter = QueryFilter::by_names([name]);
-        if !self.cluster.cluster_id.is_empty() {
-            filter.container_cluster_ids = vec![self.cluster.cluster_id.clone()];
-        }
+        filter.container_cluster_ids = vec![self.cluster.cluster_id.clone()];
         let mut volumes =
             self.client
                 .query_volume(&filter)
@@ -242,42 +254,68 @@ impl CnsProvisioner {
         Ok(volumes)
     }
 
-    /// Deletes every volume named `name` except `keep`; returns how many were deleted.
-    async fn remove_duplicates(
+    /// The volume of `name` every replica settles on: the lowest ID among the volumes of
+    /// that name. Nothing is deleted: a PV saved by another replica may name any of them.
+    async fn existing(&self, name: &str) -> Result<Option<CnsVolumeId>, ProvisionerError> {
+        let volumes = self.find_by_name(name).await?;
+        if volumes.len() > 1 {
+            info!(volume = name, count = volumes.len(), winner = %volumes[0].volume_id,
+                "several cns volumes have this name; the lowest id is used, the others are released with the PV");
+        }
+        Ok(volumes.into_iter().next().map(|v| v.volume_id))
+    }
+
+    /// The volume to return after creating `created`: the lowest ID among `created` and
+    /// the volumes of that name found now, so that replicas whose creates raced return
+    /// the same volume. When the lookup fails, `created` (the controller then resolves a
+    /// clash of PVs with [`Provisioner::delete_duplicate`]).
+    async fn winner_after_create(&self, name: &str, created: CnsVolumeId) -> CnsVolumeId {
+        match self.find_by_name(name).await {
+            Ok(volumes) => match volumes.into_iter().next() {
+                Some(lowest) if lowest.volume_id < created => {
+                    info!(volume = name, volume_id = %lowest.volume_id, created = %created,
+                        "another cns volume of this name has a lower id; using it, the created one is released with the PV");
+                    lowest.volume_id
+                }
+                _ => created,
+            },
+            Err(e) => {
+                warn!(volume = name, error = %error_chain(&e), "could not look for other cns volumes of this name");
+                created
+            }
+        }
+    }
+
+    /// Deletes every volume named `name` except `keep`.
+    async fn delete_leftovers(
         &self,
         name: &str,
         keep: &CnsVolumeId,
-    ) -> Result<usize, ProvisionerError> {
-        let mut removed = 0;
+    ) -> Result<(), ProvisionerError> {
         for volume in self.find_by_name(name).await? {
             if &volume.volume_id == keep {
                 continue;
             }
-            warn!(volume = name, volume_id = %volume.volume_id, kept = %keep, "deleting a duplicate cns volume");
-            match self.client.delete_volume(&volume.volume_id, true).await {
-                Ok(()) => removed += 1,
-                Err(e) if e.is_not_found() => {}
-                Err(source) => {
-                    return Err(ProvisionerError::Cns {
-                        action: "deleting",
-                        volume: volume.volume_id.to_string(),
-                        source,
-                    });
-                }
-            }
+            warn!(volume = name, volume_id = %volume.volume_id, kept = %keep, "deleting a leftover cns volume of a deleted PV");
+            self.delete_id(&volume.volume_id).await?;
         }
-        Ok(removed)
+        Ok(())
     }
 
-    /// Finds the volume named `name`, removing duplicates (best effort).
-    async fn existing(&self, name: &str) -> Result<Option<CnsVolumeId>, ProvisionerError> {
-        let Some(first) = self.find_by_name(name).await?.into_iter().next() else {
-            return Ok(None);
-        };
-        if let Err(e) = self.remove_duplicates(name, &first.volume_id).await {
-            warn!(volume = name, error = %error_chain(&e), "could not remove duplicate cns volumes");
+    /// Deletes volume `id` and its disk; a volume already gone counts as deleted.
+    async fn delete_id(&self, id: &CnsVolumeId) -> Result<(), ProvisionerError> {
+        match self.client.delete_volume(id, true).await {
+            Ok(()) => info!(volume_id = %id, "cns volume deleted"),
+            Err(e) if e.is_not_found() => info!(volume_id = %id, "cns volume already gone"),
+            Err(source) => {
+                return Err(ProvisionerError::Cns {
+                    action: "deleting",
+                    volume: id.to_string(),
+                    source,
+                });
+            }
         }
-        Ok(Some(first.volume_id))
+        Ok(())
     }
 
     /// A claim or class refused now is [`ProvisionError::Final`] only when no volume of
@@ -299,34 +337,28 @@ impl CnsProvisioner {
     }
 
     /// Maps a failed create. A fault means the create ran and failed; a vCenter may still
-    /// have left a volume behind (a task that failed after creating the disk), so one of
-    /// that name is deleted before the failure is reported as [`ProvisionError::Final`];
-    /// if it cannot be, the failure is [`ProvisionError::InBackground`] and the retry's
-    /// lookup finds the volume.
+    /// have left a volume behind (a task that failed after creating the disk). Nothing is
+    /// deleted (another replica's PV may name a volume of that name): the failure is
+    /// [`ProvisionError::Final`] only when no volume of that name exists, else (or when
+    /// that cannot be told) [`ProvisionError::InBackground`], and the retry's lookup
+    /// adopts the volume.
     async fn failed_create(&self, name: &str, error: Error) -> ProvisionError {
         let outcome = create_error(name, error);
         let ProvisionError::Final(source) = outcome else {
             return outcome;
         };
-        let leftovers = match self.find_by_name(name).await {
-            Ok(volumes) => volumes,
+        match self.find_by_name(name).await {
+            Ok(volumes) if volumes.is_empty() => ProvisionError::Final(source),
+            Ok(volumes) => {
+                warn!(volume = name, volume_id = %volumes[0].volume_id,
+                    "a cns volume of this name exists after the failed create; the retry uses it");
+                ProvisionError::InBackground(source)
+            }
             Err(lookup) => {
                 warn!(volume = name, error = %error_chain(&lookup), "cannot look for a volume left by the failed create");
-                return ProvisionError::InBackground(source);
-            }
-        };
-        for volume in leftovers {
-            warn!(volume = name, volume_id = %volume.volume_id, "deleting the volume a failed create left behind");
-            match self.client.delete_volume(&volume.volume_id, true).await {
-                Ok(()) => {}
-                Err(e) if e.is_not_found() => {}
-                Err(e) => {
-                    warn!(volume = name, error = %error_chain(&e), "cannot delete the volume a failed create left behind");
-                    return ProvisionError::InBackground(source);
-                }
+                ProvisionError::InBackground(source)
             }
         }
-        ProvisionError::Final(source)
     }
 }
 
@@ -337,6 +369,12 @@ fn cns(name: &str, source: Error) -> ProvisionerError {
         volume: name.to_owned(),
         source,
     }
+}
+
+/// The volume handle of `volume` when it is a CSI PV of [`CSI_DRIVER`].
+fn our_handle(volume: &PersistentVolume) -> Option<CnsVolumeId> {
+    let csi = volume.spec.as_ref().and_then(|s| s.csi.as_ref())?;
+    (csi.driver == CSI_DRIVER).then(|| CnsVolumeId::new(csi.volume_handle.clone()))
 }
 
 #[async_trait]
@@ -384,21 +422,17 @@ impl Provisioner for CnsProvisioner {
             Err(e) => return Err(self.failed_create(name, e).await),
         };
         info!(volume_id = %id, capacity_in_mb = spec.capacity_in_mb, "cns volume created");
-        if let Err(e) = self.remove_duplicates(name, &id).await {
-            warn!(error = %error_chain(&e), "could not check for duplicate cns volumes");
-        }
+        let id = self.winner_after_create(name, id).await;
         Ok(request.volume(name, &id))
     }
 
     #[instrument(skip_all, fields(pv = volume.metadata.name.as_deref().unwrap_or_default()))]
     async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError> {
-        let csi = volume.spec.as_ref().and_then(|s| s.csi.as_ref());
-        let Some(csi) = csi.filter(|c| c.driver == CSI_DRIVER) else {
+        let Some(id) = our_handle(volume) else {
             return Err(DeleteError::Ignored {
                 reason: format!("not a {CSI_DRIVER} volume"),
             });
         };
-        let id = CnsVolumeId::new(csi.volume_handle.clone());
         if id.as_str().is_empty() {
             return Err(DeleteError::Failed(
                 format!(
@@ -408,24 +442,47 @@ impl Provisioner for CnsProvisioner {
                 .into(),
             ));
         }
-        match self.client.delete_volume(&id, true).await {
-            Ok(()) => info!(volume_id = %id, "cns volume deleted"),
-            Err(e) if e.is_not_found() => info!(volume_id = %id, "cns volume already gone"),
-            Err(source) => {
-                return Err(DeleteError::Failed(Box::new(ProvisionerError::Cns {
-                    action: "deleting",
-                    volume: id.to_string(),
-                    source,
-                })));
-            }
-        }
-        // Volumes of the same name are leftovers of a timed-out create: remove them too.
-        if let Some(name) = volume.metadata.name.as_deref().filter(|n| !n.is_empty()) {
-            self.remove_duplicates(name, &id)
-                .await
-                .map_err(|e| DeleteError::Failed(Box::new(e)))?;
+        let failed = |e| DeleteError::Failed(Box::new(e));
+        self.delete_id(&id).await.map_err(failed)?;
+        // Volumes of the same name are leftovers of timed-out or racing creates, released
+        // with the PV we provisioned; a static PV's name says nothing about CNS names.
+        let provisioned = volume
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(ANN_PROVISIONED_BY));
+        if let Some(name) = volume.metadata.name.as_deref().filter(|n| !n.is_empty())
+            && provisioned
+        {
+            self.delete_leftovers(name, &id).await.map_err(failed)?;
         }
         Ok(())
+    }
+
+    #[instrument(skip_all, fields(pv = duplicate.metadata.name.as_deref().unwrap_or_default()))]
+    async fn delete_duplicate(
+        &self,
+        duplicate: &PersistentVolume,
+        saved: &PersistentVolume,
+    ) -> Result<(), DeleteError> {
+        let Some(id) = our_handle(duplicate).filter(|id| !id.as_str().is_empty()) else {
+            debug!("the duplicate PV names no cns volume; nothing to release");
+            return Ok(());
+        };
+        let saved_handle = saved
+            .spec
+            .as_ref()
+            .and_then(|s| s.csi.as_ref())
+            .map(|c| c.volume_handle.as_str());
+        if saved_handle == Some(id.as_str()) {
+            debug!(volume_id = %id, "the saved PV names the same cns volume; nothing to release");
+            return Ok(());
+        }
+        warn!(volume_id = %id, saved = saved_handle.unwrap_or_default(),
+            "another PV of this name was saved first; deleting the cns volume only the duplicate names");
+        self.delete_id(&id)
+            .await
+            .map_err(|e| DeleteError::Failed(Box::new(e)))
     }
 
     fn supports_block(&self) -> bool {

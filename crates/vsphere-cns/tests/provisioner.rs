@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use provision_controller::annotations::ANN_PROVISIONED_BY;
 use provision_controller::{DeleteError, ProvisionError, ProvisionOptions, Provisioner};
 use vsphere_cns::simulator::{CnsSimulator, SimFault};
 use vsphere_cns::{ClusterFlavor, CnsClient, CnsProvisioner, MoRef, ProvisionerError};
@@ -93,6 +94,16 @@ fn handle(pv: &PersistentVolume) -> String {
         .clone()
 }
 
+/// `volume` as the controller saves it: with `pv.kubernetes.io/provisioned-by`.
+fn provisioned(mut volume: PersistentVolume) -> PersistentVolume {
+    volume
+        .metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(ANN_PROVISIONED_BY.into(), "csi.vsphere.vmware.com".into());
+    volume
+}
+
 fn default_options() -> ProvisionOptions {
     options(class(&[("datastoreurl", DS_URL)]), claim("1500Mi"))
 }
@@ -155,12 +166,7 @@ async fn a_repeated_provision_after_a_restart_reuses_the_volume() {
         .unwrap();
     assert_eq!(handle(&first), handle(&second));
     assert_eq!(sim.volumes().len(), 1);
-    let creates = sim
-        .requests()
-        .iter()
-        .filter(|r| r.method == "CnsCreateVolume")
-        .count();
-    assert_eq!(creates, 1);
+    assert_eq!(count(&sim, "CnsCreateVolume"), 1);
     sim.shutdown().await;
 }
 
@@ -289,8 +295,8 @@ async fn a_slow_create_is_in_background_and_the_late_volume_does_not_leak() {
     let volumes = sim.volumes();
     assert_eq!(volumes.len(), 2, "the late create landed: {volumes:?}");
     assert!(volumes.iter().any(|v| v.id.as_str() == handle(&pv)));
-    // Deleting the PV removes its volume and the late duplicate of the same name.
-    provisioner.delete(&pv).await.unwrap();
+    // Deleting the provisioned PV removes its volume and the late duplicate of the same name.
+    provisioner.delete(&provisioned(pv)).await.unwrap();
     assert!(sim.volumes().is_empty(), "{:?}", sim.volumes());
     sim.shutdown().await;
 }
@@ -310,76 +316,26 @@ async fn a_create_that_landed_before_the_timeout_is_found_by_the_retry() {
     let volumes = sim.volumes();
     assert_eq!(volumes.len(), 1, "{volumes:?}");
     assert_eq!(handle(&pv), volumes[0].id.as_str());
-    let creates = sim
-        .requests()
-        .iter()
-        .filter(|r| r.method == "CnsCreateVolume")
-        .count();
-    assert_eq!(creates, 1);
+    assert_eq!(count(&sim, "CnsCreateVolume"), 1);
     sim.shutdown().await;
 }
 
 #[tokio::test]
-async fn duplicates_left_by_a_late_create_are_removed() {
+async fn duplicates_left_by_a_late_create_are_removed_with_the_pv() {
     let sim = sim().await;
     let provisioner = provisioner(&sim).await;
-    // Two volumes of the same name, as when a timed-out create lands after the retry's lookup.
     let pv = provisioner.provision(&default_options()).await.unwrap();
-    let other = CnsProvisioner::new(
-        CnsClient::connect(&sim.vc_config()).await.unwrap(),
-        "cluster-1",
-        ClusterFlavor::Vanilla,
-    );
-    let client = CnsClient::connect(&sim.vc_config()).await.unwrap();
-    let spec = vsphere_cns::VolumeCreateSpec {
-        name: "pvc-uid-1".into(),
-        datastores: vec![MoRef::datastore(DS_ID)],
-        capacity_in_mb: 1500,
-        metadata: vsphere_cns::VolumeMetadata::for_cluster(
-            other.container_cluster().clone(),
-            Vec::new(),
-        ),
-        ..vsphere_cns::VolumeCreateSpec::default()
-    };
-    client.create_volume(&spec).await.unwrap();
+    // A second volume of the same name, as when a timed-out create lands after the
+    // retry's lookup.
+    sim.insert_volume("pvc-uid-1", "cluster-1");
     assert_eq!(sim.volumes().len(), 2);
-    provisioner.delete(&pv).await.unwrap();
+    provisioner.delete(&provisioned(pv)).await.unwrap();
     assert!(sim.volumes().is_empty(), "{:?}", sim.volumes());
     sim.shutdown().await;
 }
 
 fn count(sim: &CnsSimulator, method: &str) -> usize {
     sim.requests().iter().filter(|r| r.method == method).count()
-}
-
-#[tokio::test]
-async fn a_create_task_that_failed_after_making_the_volume_is_cleaned_up_before_final() {
-    let sim = sim().await;
-    let provisioner = provisioner(&sim).await;
-    sim.fail_next("CnsCreateVolume", SimFault::task_after_change("CnsFault"));
-    let err = provisioner.provision(&default_options()).await.unwrap_err();
-    assert!(matches!(err, ProvisionError::Final(_)), "{err:?}");
-    assert!(sim.volumes().is_empty(), "Final means no volume exists");
-    assert_eq!(count(&sim, "CnsDeleteVolume"), 1);
-    sim.shutdown().await;
-}
-
-#[tokio::test]
-async fn a_failed_create_whose_leftover_cannot_be_deleted_is_in_background() {
-    let sim = sim().await;
-    let provisioner = provisioner(&sim).await;
-    sim.fail_next("CnsCreateVolume", SimFault::task_after_change("CnsFault"));
-    sim.fail_next("CnsDeleteVolume", SimFault::call("CnsFault"));
-    let err = provisioner.provision(&default_options()).await.unwrap_err();
-    assert!(matches!(err, ProvisionError::InBackground(_)), "{err:?}");
-    assert_eq!(sim.volumes().len(), 1);
-    // The retry finds the volume by name instead of making a second one.
-    let pv = provisioner.provision(&default_options()).await.unwrap();
-    let volumes = sim.volumes();
-    assert_eq!(volumes.len(), 1);
-    assert_eq!(handle(&pv), volumes[0].id.as_str());
-    assert_eq!(count(&sim, "CnsCreateVolume"), 1);
-    sim.shutdown().await;
 }
 
 #[tokio::test]
@@ -425,7 +381,7 @@ async fn a_volume_of_the_same_name_in_another_cluster_is_neither_reused_nor_remo
     let ours = provisioner.provision(&default_options()).await.unwrap();
     assert_ne!(handle(&ours), handle(&theirs), "a volume of its own");
     assert_eq!(sim.volumes().len(), 2);
-    provisioner.delete(&ours).await.unwrap();
+    provisioner.delete(&provisioned(ours)).await.unwrap();
     let left = sim.volumes();
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!(left[0].id.as_str(), handle(&theirs));

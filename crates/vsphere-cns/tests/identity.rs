@@ -1,0 +1,322 @@
+//! Volume identity in `CnsProvisioner`: replicas racing on one claim converge on the lowest
+//! volume ID, provisioning never deletes a volume, and deletion releases only what a PV owns.
+#![cfg(feature = "simulator")]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{
+    CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeSpec, VolumeResourceRequirements,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use provision_controller::annotations::ANN_PROVISIONED_BY;
+use provision_controller::{DeleteError, ProvisionError, ProvisionOptions, Provisioner};
+use vsphere_cns::simulator::{CnsSimulator, SimFault};
+use vsphere_cns::{ClusterFlavor, CnsClient, CnsProvisioner, MoRef, VcConfig};
+
+const DS_URL: &str = "ds:///vmfs/volumes/test-ds/";
+const DS_ID: &str = "datastore-7";
+const CLUSTER: &str = "cluster-1";
+const PV: &str = "pvc-uid-1";
+
+async fn sim() -> CnsSimulator {
+    CnsSimulator::builder()
+        .datastore(DS_ID, "TestDS", DS_URL)
+        .start()
+        .await
+        .unwrap()
+}
+
+async fn provisioner_with(config: &VcConfig) -> CnsProvisioner {
+    let client = CnsClient::connect(config).await.unwrap();
+    CnsProvisioner::new(client, CLUSTER, ClusterFlavor::Vanilla)
+        .datastore_url(DS_URL, MoRef::datastore(DS_ID))
+}
+
+async fn provisioner(sim: &CnsSimulator) -> CnsProvisioner {
+    provisioner_with(&sim.vc_config()).await
+}
+
+fn options() -> ProvisionOptions {
+    let class = StorageClass {
+        metadata: ObjectMeta {
+            name: Some("vsphere".into()),
+            ..ObjectMeta::default()
+        },
+        provisioner: "csi.vsphere.vmware.com".into(),
+        parameters: Some(BTreeMap::from([("datastoreurl".into(), DS_URL.into())])),
+        ..StorageClass::default()
+    };
+    let claim = PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some("data".into()),
+            namespace: Some("default".into()),
+            uid: Some("uid-1".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([("storage".into(), Quantity("1Gi".into()))])),
+                ..VolumeResourceRequirements::default()
+            }),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        ..PersistentVolumeClaim::default()
+    };
+    ProvisionOptions::new(Arc::new(class), PV, Arc::new(claim), None)
+}
+
+fn handle(pv: &PersistentVolume) -> String {
+    pv.spec
+        .as_ref()
+        .unwrap()
+        .csi
+        .as_ref()
+        .unwrap()
+        .volume_handle
+        .clone()
+}
+
+/// A CSI PV named `name` with `handle` of `driver`.
+fn csi_pv(name: &str, driver: &str, handle: &str) -> PersistentVolume {
+    PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            csi: Some(CSIPersistentVolumeSource {
+                driver: driver.into(),
+                volume_handle: handle.into(),
+                ..CSIPersistentVolumeSource::default()
+            }),
+            ..PersistentVolumeSpec::default()
+        }),
+        ..PersistentVolume::default()
+    }
+}
+
+/// `volume` as the controller saves it: with `pv.kubernetes.io/provisioned-by`.
+fn provisioned(mut volume: PersistentVolume) -> PersistentVolume {
+    volume
+        .metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(ANN_PROVISIONED_BY.into(), "csi.vsphere.vmware.com".into());
+    volume
+}
+
+fn ids(sim: &CnsSimulator) -> Vec<String> {
+    sim.volumes().iter().map(|v| v.id.to_string()).collect()
+}
+
+fn count(sim: &CnsSimulator, method: &str) -> usize {
+    sim.requests().iter().filter(|r| r.method == method).count()
+}
+
+#[tokio::test(start_paused = true)]
+async fn racing_replicas_converge_on_the_lowest_id_and_delete_nothing() {
+    let sim = sim().await;
+    let a = provisioner(&sim).await;
+    let b = provisioner(&sim).await;
+    // Both lookups find nothing and both creates are sent; each create lands after 1 s and
+    // its task is answered 2 s later, so both volumes exist before either replica looks
+    // again.
+    sim.delay("CnsCreateVolume", Duration::from_secs(1));
+    sim.delay("RetrievePropertiesEx", Duration::from_secs(2));
+    let options = options();
+    let (from_a, from_b) = tokio::join!(a.provision(&options), b.provision(&options));
+    let (from_a, from_b) = (from_a.unwrap(), from_b.unwrap());
+    assert_eq!(count(&sim, "CnsCreateVolume"), 2, "both creates ran");
+    let volumes = ids(&sim);
+    assert_eq!(volumes.len(), 2, "no volume was deleted: {volumes:?}");
+    assert_eq!(count(&sim, "CnsDeleteVolume"), 0);
+    let lowest = volumes.iter().min().unwrap();
+    assert_eq!(&handle(&from_a), lowest);
+    assert_eq!(&handle(&from_b), lowest);
+    // A later lookup (a restart, a third replica) settles on the same volume.
+    sim.delay("CnsCreateVolume", Duration::ZERO);
+    sim.delay("RetrievePropertiesEx", Duration::ZERO);
+    let again = provisioner(&sim).await.provision(&options).await.unwrap();
+    assert_eq!(&handle(&again), lowest);
+    assert_eq!(count(&sim, "CnsCreateVolume"), 2);
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_lookup_that_finds_two_volumes_returns_the_lowest_and_deletes_neither() {
+    let sim = sim().await;
+    let first = sim.insert_volume(PV, CLUSTER);
+    let second = sim.insert_volume(PV, CLUSTER);
+    sim.insert_volume(PV, "cluster-2");
+    sim.insert_volume("pvc-other", CLUSTER);
+    let pv = provisioner(&sim).await.provision(&options()).await.unwrap();
+    assert_eq!(handle(&pv), first.clone().min(second).as_str());
+    assert_eq!(sim.volumes().len(), 4, "{:?}", ids(&sim));
+    assert_eq!(count(&sim, "CnsDeleteVolume"), 0);
+    assert_eq!(count(&sim, "CnsCreateVolume"), 0);
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_create_that_failed_after_making_its_volume_is_in_background_and_deletes_nothing() {
+    let sim = sim().await;
+    let provisioner = provisioner(&sim).await;
+    sim.fail_next("CnsCreateVolume", SimFault::task_after_change("CnsFault"));
+    let err = provisioner.provision(&options()).await.unwrap_err();
+    assert!(matches!(err, ProvisionError::InBackground(_)), "{err:?}");
+    assert_eq!(sim.volumes().len(), 1);
+    assert_eq!(count(&sim, "CnsDeleteVolume"), 0);
+    // The retry adopts the volume.
+    let pv = provisioner.provision(&options()).await.unwrap();
+    assert_eq!(ids(&sim), vec![handle(&pv)]);
+    assert_eq!(count(&sim, "CnsCreateVolume"), 1);
+
+    // A create that failed without leaving anything is final.
+    provisioner.delete(&provisioned(pv)).await.unwrap();
+    sim.fail_next("CnsCreateVolume", SimFault::task("CnsFault"));
+    let err = provisioner.provision(&options()).await.unwrap_err();
+    assert!(matches!(err, ProvisionError::Final(_)), "{err:?}");
+    assert!(sim.volumes().is_empty());
+    sim.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_create_keeps_a_volume_another_replica_made_meanwhile() {
+    let sim = sim().await;
+    let provisioner = provisioner(&sim).await;
+    sim.delay("CnsCreateVolume", Duration::from_secs(5));
+    sim.fail_next("CnsCreateVolume", SimFault::task("CnsFault"));
+    let options = options();
+    let provision = provisioner.provision(&options);
+    tokio::pin!(provision);
+    // While the create is on its way, another replica's create of the same name lands.
+    let theirs = tokio::select! {
+        result = &mut provision => panic!("the create is delayed: {result:?}"),
+        () = tokio::time::sleep(Duration::from_secs(1)) => sim.insert_volume(PV, CLUSTER),
+    };
+    let err = provision.await.unwrap_err();
+    assert!(matches!(err, ProvisionError::InBackground(_)), "{err:?}");
+    assert_eq!(ids(&sim), vec![theirs.to_string()], "their volume is kept");
+    assert_eq!(count(&sim, "CnsDeleteVolume"), 0);
+
+    // When the lookup after the failed create fails, the answer stays in background.
+    let client = CnsClient::connect(&sim.vc_config()).await.unwrap();
+    client.delete_volume(&theirs, true).await.unwrap();
+    sim.fail_next("CnsCreateVolume", SimFault::task("CnsFault"));
+    let provision = provisioner.provision(&options);
+    tokio::pin!(provision);
+    tokio::select! {
+        result = &mut provision => panic!("the create is delayed: {result:?}"),
+        () = tokio::time::sleep(Duration::from_secs(1)) => {
+            sim.fail_next("CnsQueryVolume", SimFault::call("CnsFault"));
+        }
+    };
+    let err = provision.await.unwrap_err();
+    assert!(matches!(err, ProvisionError::InBackground(_)), "{err:?}");
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn delete_releases_same_named_leftovers_only_for_provisioned_pvs() {
+    let sim = sim().await;
+    let provisioner = provisioner(&sim).await;
+    // A provisioned PV: its volume and the leftovers of its name in this cluster go.
+    let pv = provisioner.provision(&options()).await.unwrap();
+    let leftover = sim.insert_volume(PV, CLUSTER);
+    let neighbours = sim.insert_volume(PV, "cluster-2");
+    let unrelated = sim.insert_volume("pvc-other", CLUSTER);
+    provisioner.delete(&provisioned(pv.clone())).await.unwrap();
+    let mut left = ids(&sim);
+    left.sort();
+    let mut expected = vec![neighbours.to_string(), unrelated.to_string()];
+    expected.sort();
+    assert_eq!(
+        left,
+        expected,
+        "the handle {} and leftover {leftover} go",
+        handle(&pv)
+    );
+
+    // A static PV (no provisioned-by) only loses its handle's volume, even when CNS
+    // volumes carry the PV's name.
+    let target = sim.insert_volume("disk-1", CLUSTER);
+    let named_like_the_pv = sim.insert_volume("pv-static", CLUSTER);
+    let static_pv = csi_pv("pv-static", "csi.vsphere.vmware.com", target.as_str());
+    provisioner.delete(&static_pv).await.unwrap();
+    let left = ids(&sim);
+    assert!(!left.contains(&target.to_string()), "{left:?}");
+    assert!(left.contains(&named_like_the_pv.to_string()), "{left:?}");
+    assert_eq!(left.len(), 3, "{left:?}");
+
+    // An empty handle deletes nothing, provisioned or not.
+    let empty = provisioned(csi_pv("pv-static", "csi.vsphere.vmware.com", ""));
+    let err = provisioner.delete(&empty).await.unwrap_err();
+    assert!(
+        matches!(&err, DeleteError::Failed(e) if e.to_string().contains("empty volume handle")),
+        "{err:?}"
+    );
+    assert_eq!(ids(&sim).len(), 3);
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn delete_duplicate_deletes_the_duplicates_volume_never_the_saved_one() {
+    let sim = sim().await;
+    let provisioner = provisioner(&sim).await;
+    let saved_id = sim.insert_volume(PV, CLUSTER);
+    let duplicate_id = sim.insert_volume(PV, CLUSTER);
+    let third = sim.insert_volume(PV, CLUSTER);
+    let saved = provisioned(csi_pv(PV, "csi.vsphere.vmware.com", saved_id.as_str()));
+    let duplicate = csi_pv(PV, "csi.vsphere.vmware.com", duplicate_id.as_str());
+
+    // Nothing to release: the same handle, an empty one, another driver's.
+    for nothing in [
+        saved.clone(),
+        csi_pv(PV, "csi.vsphere.vmware.com", ""),
+        csi_pv(PV, "nfs.csi.k8s.io", duplicate_id.as_str()),
+    ] {
+        provisioner
+            .delete_duplicate(&nothing, &saved)
+            .await
+            .unwrap();
+        assert_eq!(ids(&sim).len(), 3, "{nothing:?}");
+    }
+    assert_eq!(count(&sim, "CnsDeleteVolume"), 0);
+
+    provisioner
+        .delete_duplicate(&duplicate, &saved)
+        .await
+        .unwrap();
+    let left = ids(&sim);
+    assert!(!left.contains(&duplicate_id.to_string()), "{left:?}");
+    assert!(
+        left.contains(&saved_id.to_string()),
+        "the saved PV's volume stays"
+    );
+    assert!(
+        left.contains(&third.to_string()),
+        "nothing is deleted by name"
+    );
+    assert_eq!(left.len(), 2);
+    // Already gone counts as released.
+    provisioner
+        .delete_duplicate(&duplicate, &saved)
+        .await
+        .unwrap();
+    // A failed delete is reported.
+    sim.fail_next("CnsDeleteVolume", SimFault::call("CnsFault"));
+    let other = csi_pv(PV, "csi.vsphere.vmware.com", third.as_str());
+    let err = provisioner
+        .delete_duplicate(&other, &saved)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, DeleteError::Failed(_)), "{err:?}");
+    assert_eq!(ids(&sim).len(), 2);
+    sim.shutdown().await;
+}
