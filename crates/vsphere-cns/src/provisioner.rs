@@ -87,6 +87,13 @@ pub enum ProvisionerError {
         /// The class name.
         class: String,
     },
+    /// [`CnsProvisioner::new`] was given an empty cluster ID: every volume would be
+    /// created without an owner, and lookups by name would span all clusters.
+    #[error(
+        "the cluster id is empty: set [Global] cluster-id (or [Global] supervisor-id for \
+         a workload cluster) in csi-vsphere.conf"
+    )]
+    EmptyClusterId,
     /// A CNS call failed.
     #[error("{action} cns volume {volume:?} failed")]
     Cns {
@@ -150,7 +157,7 @@ pub enum ProvisionerError {
 /// use vsphere_cns::{ClusterFlavor, CnsClient, CnsProvisioner, MoRef, VcConfig};
 ///
 /// let client = CnsClient::connect(&VcConfig::new("vc.example.com", "user", "password")).await?;
-/// let provisioner = CnsProvisioner::new(client, "cluster-1", ClusterFlavor::Vanilla)
+/// let provisioner = CnsProvisioner::new(client, "cluster-1", ClusterFlavor::Vanilla)?
 ///     .datastore_url("ds:///vmfs/volumes/vsan:52e1/", MoRef::datastore("datastore-59"));
 /// # let _ = provisioner;
 /// # Ok(())
@@ -165,16 +172,30 @@ pub struct CnsProvisioner {
 }
 
 impl CnsProvisioner {
-    /// A provisioner creating volumes owned by Kubernetes cluster `cluster_id` of `flavor`,
-    /// with the client's user as the cluster's vSphere user.
-    pub fn new(client: CnsClient, cluster_id: impl Into<String>, flavor: ClusterFlavor) -> Self {
+    /// A provisioner creating volumes owned by Kubernetes cluster `cluster_id` of `flavor`
+    /// (`[Global] cluster-id`, or the supervisor ID), with the client's user as the
+    /// cluster's vSphere user.
+    ///
+    /// # Errors
+    /// [`ProvisionerError::EmptyClusterId`] when `cluster_id` is empty or blank: the
+    /// cluster ID scopes every lookup by name, so volumes of other clusters are never
+    /// reused nor deleted.
+    pub fn new(
+        client: CnsClient,
+        cluster_id: impl Into<String>,
+        flavor: ClusterFlavor,
+    ) -> Result<Self, ProvisionerError> {
+        let cluster_id = cluster_id.into();
+        if cluster_id.trim().is_empty() {
+            return Err(ProvisionerError::EmptyClusterId);
+        }
         let cluster = ContainerCluster::kubernetes(cluster_id, client.user(), flavor);
-        Self {
+        Ok(Self {
             client,
             cluster,
             datastore_urls: BTreeMap::new(),
             default_datastores: Vec::new(),
-        }
+        })
     }
 
     /// Sets the cluster distribution sent with each volume (`[Global]

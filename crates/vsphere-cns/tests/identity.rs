@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use provision_controller::annotations::ANN_PROVISIONED_BY;
 use provision_controller::{DeleteError, ProvisionError, ProvisionOptions, Provisioner};
 use vsphere_cns::simulator::{CnsSimulator, SimFault};
-use vsphere_cns::{ClusterFlavor, CnsClient, CnsProvisioner, MoRef, VcConfig};
+use vsphere_cns::{ClusterFlavor, CnsClient, CnsProvisioner, MoRef, ProvisionerError, VcConfig};
 
 const DS_URL: &str = "ds:///vmfs/volumes/test-ds/";
 const DS_ID: &str = "datastore-7";
@@ -34,6 +34,7 @@ async fn sim() -> CnsSimulator {
 async fn provisioner_with(config: &VcConfig) -> CnsProvisioner {
     let client = CnsClient::connect(config).await.unwrap();
     CnsProvisioner::new(client, CLUSTER, ClusterFlavor::Vanilla)
+        .unwrap()
         .datastore_url(DS_URL, MoRef::datastore(DS_ID))
 }
 
@@ -318,5 +319,23 @@ async fn delete_duplicate_deletes_the_duplicates_volume_never_the_saved_one() {
         .unwrap_err();
     assert!(matches!(err, DeleteError::Failed(_)), "{err:?}");
     assert_eq!(ids(&sim).len(), 2);
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_empty_cluster_id_is_refused_by_the_constructor() {
+    let sim = sim().await;
+    let client = CnsClient::connect(&sim.vc_config()).await.unwrap();
+    for id in ["", "  "] {
+        let err = CnsProvisioner::new(client.clone(), id, ClusterFlavor::Vanilla).unwrap_err();
+        assert!(matches!(err, ProvisionerError::EmptyClusterId), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains("cluster id is empty") && text.contains("[Global] cluster-id"),
+            "{text}"
+        );
+    }
+    let provisioner = CnsProvisioner::new(client, CLUSTER, ClusterFlavor::Vanilla).unwrap();
+    assert_eq!(provisioner.container_cluster().cluster_id, CLUSTER);
     sim.shutdown().await;
 }

@@ -36,6 +36,7 @@ async fn provisioner_with(sim: &CnsSimulator, config: vsphere_cns::VcConfig) -> 
     let _ = sim;
     let client = CnsClient::connect(&config).await.unwrap();
     CnsProvisioner::new(client, "cluster-1", ClusterFlavor::Vanilla)
+        .unwrap()
         .datastore_url(DS_URL, MoRef::datastore(DS_ID))
 }
 
@@ -376,6 +377,7 @@ async fn a_volume_of_the_same_name_in_another_cluster_is_neither_reused_nor_remo
         "cluster-2",
         ClusterFlavor::Vanilla,
     )
+    .unwrap()
     .datastore_url(DS_URL, MoRef::datastore(DS_ID));
     let theirs = neighbour.provision(&default_options()).await.unwrap();
     let ours = provisioner.provision(&default_options()).await.unwrap();
