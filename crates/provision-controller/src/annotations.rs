@@ -30,6 +30,13 @@ pub const FINALIZER_PV: &str = "external-provisioner.volume.kubernetes.io/finali
 /// asset of a deleted claim is deleted. No Go counterpart (kubernetes-csi/external-provisioner#486).
 pub const FINALIZER_PROVISIONING: &str = "external-provisioner.volume.kubernetes.io/provisioning";
 
+/// On a claim, next to [`FINALIZER_PROVISIONING`]: the provisioner that put the finalizer
+/// there, so that it alone finishes or cleans up the claim, even after the claim's
+/// storage-provisioner annotation or class changed. Written and removed together with the
+/// finalizer. No Go counterpart.
+pub const ANN_PROVISIONING_OWNER: &str =
+    "external-provisioner.volume.kubernetes.io/provisioning-owner";
+
 fn annotation<'a>(
     meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
     key: &str,
@@ -42,6 +49,12 @@ fn annotation<'a>(
 pub fn storage_provisioner(claim: &PersistentVolumeClaim) -> Option<&str> {
     annotation(&claim.metadata, ANN_STORAGE_PROVISIONER)
         .or_else(|| annotation(&claim.metadata, ANN_BETA_STORAGE_PROVISIONER))
+}
+
+/// The provisioner that put [`FINALIZER_PROVISIONING`] on the claim ([`ANN_PROVISIONING_OWNER`]).
+#[must_use]
+pub fn provisioning_owner(claim: &PersistentVolumeClaim) -> Option<&str> {
+    annotation(&claim.metadata, ANN_PROVISIONING_OWNER)
 }
 
 /// The node the scheduler chose: [`ANN_SELECTED_NODE`], else its alpha form.

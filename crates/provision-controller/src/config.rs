@@ -71,6 +71,7 @@ pub struct Config {
     pub(crate) metrics_path: String,
     pub(crate) shutdown_grace: Duration,
     pub(crate) crash_safe_provisioning: bool,
+    pub(crate) infeasible_retry_delay: Duration,
 }
 
 impl Default for Config {
@@ -93,6 +94,7 @@ impl Default for Config {
             metrics_path: "/metrics".into(),
             shutdown_grace: Self::DEFAULT_SHUTDOWN_GRACE,
             crash_safe_provisioning: true,
+            infeasible_retry_delay: Self::DEFAULT_INFEASIBLE_RETRY_DELAY,
         }
     }
 }
@@ -116,6 +118,8 @@ impl Config {
     /// `terminationGracePeriodSeconds`, so a pod's in-flight work gets all the time the
     /// kubelet gives it before SIGKILL.
     pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+    /// Default for [`Config::infeasible_retry_delay`]: 5 minutes (Go `DefaultRetryIntervalMax`).
+    pub const DEFAULT_INFEASIBLE_RETRY_DELAY: Duration = Duration::from_secs(5 * 60);
 
     /// The default config with the leader-election namespace of an in-cluster process:
     /// `POD_NAMESPACE`, else the service-account namespace file, else `"default"`.
@@ -312,6 +316,14 @@ setters! {
     /// Turning it off stops adding the finalizer; claims that still carry it are
     /// finished or cleaned up as before, so switching never strands a claim.
     crash_safe_provisioning: bool;
+    /// How long a claim the driver called infeasible
+    /// ([`ProvisionError::Infeasible`](crate::ProvisionError::Infeasible)) waits before it
+    /// is provisioned again; re-creating its class ends the wait at once (Go
+    /// `RetryIntervalMax`, which Go uses only for this). The wait is not counted as a
+    /// failure. Default [`Config::DEFAULT_INFEASIBLE_RETRY_DELAY`] (5 minutes); zero
+    /// retries with the normal backoff.
+    #[doc(alias = "RetryIntervalMax")]
+    infeasible_retry_delay: Duration;
 }
 
 #[cfg(test)]
@@ -342,6 +354,7 @@ mod tests {
         assert_eq!(c.leader_election, Some(LeaderElection::default()));
         assert_eq!(c.shutdown_grace, Duration::from_secs(30));
         assert!(c.crash_safe_provisioning);
+        assert_eq!(c.infeasible_retry_delay, Duration::from_secs(300));
         assert!(!c.add_finalizer);
         assert_eq!((c.provision_timeout, c.deletion_timeout), (None, None));
         assert_eq!((c.metrics_port, c.metrics_path.as_str()), (0, "/metrics"));

@@ -240,7 +240,10 @@ pub(crate) struct Context {
     pub(crate) config: Config,
     pub(crate) caches: Caches,
     /// Claims whose provisioning may run in the background, by UID (Go `claimsInProgress`).
-    pub(crate) in_progress: Mutex<HashMap<String, Arc<PersistentVolumeClaim>>>,
+    pub(crate) in_progress: Mutex<HashMap<String, InProgress>>,
+    /// Claims the driver called infeasible, by UID (Go `slowSet`): not provisioned again
+    /// before [`Config::infeasible_retry_delay`] unless their class was re-created.
+    pub(crate) infeasible: Mutex<HashMap<String, Infeasible>>,
     pub(crate) events: Events,
     pub(crate) metrics: Option<ControllerMetrics>,
     pub(crate) claim_queue: Arc<WorkQueue>,
@@ -252,6 +255,26 @@ pub(crate) struct Context {
     /// Claim UID -> our own last finalizer write, whose watch event is
     /// not queued again (it would only repeat the sync that wrote it).
     pub(crate) own_writes: Mutex<HashMap<String, OwnWrite>>,
+}
+
+/// A claim whose provisioning may run in the background, and the class it was started
+/// with (the driver is polled with that class even when the class is deleted or changed).
+#[derive(Clone)]
+pub(crate) struct InProgress {
+    pub(crate) claim: Arc<PersistentVolumeClaim>,
+    pub(crate) class: Option<Arc<StorageClass>>,
+}
+
+impl InProgress {
+    pub(crate) fn new(claim: Arc<PersistentVolumeClaim>, class: Option<Arc<StorageClass>>) -> Self {
+        Self { claim, class }
+    }
+}
+
+/// When the driver called a claim infeasible, and the UID of the claim's class then.
+pub(crate) struct Infeasible {
+    since: tokio::time::Instant,
+    class_uid: Option<String>,
 }
 
 /// The claim as our last write of it left it, until the cache shows that write.
@@ -269,13 +292,13 @@ impl Context {
         }
     }
 
-    fn in_progress(&self) -> MutexGuard<'_, HashMap<String, Arc<PersistentVolumeClaim>>> {
+    fn in_progress(&self) -> MutexGuard<'_, HashMap<String, InProgress>> {
         self.in_progress
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    pub(crate) fn in_progress_claim(&self, uid: &str) -> Option<Arc<PersistentVolumeClaim>> {
+    pub(crate) fn in_progress_entry(&self, uid: &str) -> Option<InProgress> {
         self.in_progress().get(uid).cloned()
     }
 
@@ -283,19 +306,68 @@ impl Context {
         self.in_progress().contains_key(uid)
     }
 
-    /// Remembers (`Some`) or forgets (`None`) that the claim's provisioning may run in the background.
-    pub(crate) fn set_in_progress(&self, uid: &str, claim: Option<Arc<PersistentVolumeClaim>>) {
+    /// Remembers (`Some`) or forgets (`None`) that the claim's provisioning may run in the
+    /// background. An entry without a class keeps the class remembered before, if any.
+    pub(crate) fn set_in_progress(&self, uid: &str, entry: Option<InProgress>) {
         let n = {
             let mut map = self.in_progress();
-            match claim {
-                Some(claim) => map.insert(uid.to_owned(), claim),
-                None => map.remove(uid),
-            };
+            match entry {
+                Some(mut entry) => {
+                    if entry.class.is_none() {
+                        entry.class = map.get(uid).and_then(|e| e.class.clone());
+                    }
+                    map.insert(uid.to_owned(), entry);
+                }
+                None => {
+                    map.remove(uid);
+                }
+            }
             map.len()
         };
         if let Some(m) = &self.metrics {
             m.set_claims_in_progress(i64::try_from(n).unwrap_or(i64::MAX));
         }
+    }
+
+    fn infeasible(&self) -> MutexGuard<'_, HashMap<String, Infeasible>> {
+        self.infeasible
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records that the driver called the claim infeasible with `class`; an earlier record
+    /// that has not expired keeps its time (Go: a slow set keeps the first time).
+    pub(crate) fn mark_infeasible(&self, uid: &str, class: Option<&StorageClass>) {
+        let delay = self.config.infeasible_retry_delay;
+        let mut map = self.infeasible();
+        if map.get(uid).is_some_and(|e| e.since.elapsed() < delay) {
+            return;
+        }
+        let entry = Infeasible {
+            since: tokio::time::Instant::now(),
+            class_uid: class.and_then(|c| c.metadata.uid.clone()),
+        };
+        map.insert(uid.to_owned(), entry);
+    }
+
+    /// How long the claim must still wait after the driver called it infeasible; `None`
+    /// when it may be provisioned now. A class with another UID than the one the driver
+    /// judged ends the wait; a missing class does not count (Go skips the check then).
+    pub(crate) fn infeasible_wait(
+        &self,
+        uid: &str,
+        class: Option<&StorageClass>,
+    ) -> Option<std::time::Duration> {
+        let class = class?;
+        let delay = self.config.infeasible_retry_delay;
+        let mut map = self.infeasible();
+        let entry = map.get(uid)?;
+        let remaining = delay.saturating_sub(entry.since.elapsed());
+        if entry.class_uid != class.metadata.uid || remaining.is_zero() {
+            map.remove(uid);
+            return None;
+        }
+        Some(remaining)
     }
 
     fn accepting(&self) -> bool {
@@ -344,6 +416,8 @@ impl Context {
         // Every claim is synced now anyway; this also bounds how long a record of a
         // write that no watch event confirms (a no-op patch) can be trusted.
         self.own_writes().clear();
+        let delay = self.config.infeasible_retry_delay;
+        self.infeasible().retain(|_, e| e.since.elapsed() < delay);
         let claims = self.caches.claims.state();
         let volumes = self.caches.volumes.names();
         for claim in &claims {

@@ -41,6 +41,16 @@ pub enum ProvisionError {
         /// Why the claim was ignored (logged).
         reason: String,
     },
+    /// The request cannot succeed as asked (bad parameters, a size the backend refuses):
+    /// nothing is running in the backend, and asking again soon would fail the same way
+    /// (Go: a CSI `InvalidArgument` answer, which Go calls infeasible).
+    ///
+    /// The claim gets the `ProvisioningFailed` event "Volume provisioning failed with
+    /// infeasible error. Retries will be delayed. ..." and is not provisioned again for
+    /// [`Config::infeasible_retry_delay`](crate::Config::infeasible_retry_delay)
+    /// (5 minutes), unless its class is re-created meanwhile.
+    #[error("provisioning request is infeasible")]
+    Infeasible(#[source] BoxError),
 }
 
 impl ProvisionError {
@@ -53,6 +63,11 @@ impl ProvisionError {
     #[must_use]
     pub fn in_background(err: impl Into<BoxError>) -> Self {
         Self::InBackground(err.into())
+    }
+    /// Wraps `err` as [`ProvisionError::Infeasible`].
+    #[must_use]
+    pub fn infeasible(err: impl Into<BoxError>) -> Self {
+        Self::Infeasible(err.into())
     }
 }
 

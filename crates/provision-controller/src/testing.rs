@@ -44,6 +44,8 @@ pub enum ProvisionStep {
     Reschedule,
     /// Return [`ProvisionError::Ignored`].
     Ignored,
+    /// Return [`ProvisionError::Infeasible`].
+    Infeasible,
     /// Panic.
     Panic,
     /// Never return (to exercise timeouts).
@@ -53,7 +55,8 @@ pub enum ProvisionStep {
     Block,
 }
 
-/// What the next [`FakeProvisioner::delete`] call does.
+/// What the next [`FakeProvisioner::delete`] (or, with
+/// [`FakeProvisioner::script_delete_duplicate`], `delete_duplicate`) call does.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum DeleteStep {
@@ -71,6 +74,8 @@ struct State {
     delete_script: VecDeque<DeleteStep>,
     provision_calls: Vec<ProvisionOptions>,
     delete_calls: Vec<String>,
+    duplicate_script: VecDeque<DeleteStep>,
+    duplicate_calls: Vec<(PersistentVolume, PersistentVolume)>,
     assets: BTreeSet<String>,
 }
 
@@ -121,6 +126,18 @@ impl FakeProvisioner {
     pub fn script_delete(self, steps: impl IntoIterator<Item = DeleteStep>) -> Self {
         self.lock().delete_script.extend(steps);
         self
+    }
+    /// Appends steps for the next `delete_duplicate` calls (`Succeed` and `Ignored`
+    /// change nothing: the fake's assets are named by the PV name, which both PVs share).
+    #[must_use]
+    pub fn script_delete_duplicate(self, steps: impl IntoIterator<Item = DeleteStep>) -> Self {
+        self.lock().duplicate_script.extend(steps);
+        self
+    }
+    /// Every `delete_duplicate` call so far, in order: (the duplicate, the saved PV).
+    #[must_use]
+    pub fn duplicate_calls(&self) -> Vec<(PersistentVolume, PersistentVolume)> {
+        self.lock().duplicate_calls.clone()
     }
     /// Every `provision` call so far, in order.
     #[must_use]
@@ -192,6 +209,9 @@ impl Provisioner for FakeProvisioner {
             ProvisionStep::Ignored => Err(ProvisionError::Ignored {
                 reason: "fake: not mine".into(),
             }),
+            ProvisionStep::Infeasible => Err(ProvisionError::Infeasible(err(
+                "fake: the request cannot be served",
+            ))),
             ProvisionStep::Panic => panic!("fake provisioner panicked as scripted"),
             ProvisionStep::Hang => std::future::pending().await,
             ProvisionStep::Block => {
@@ -219,6 +239,30 @@ impl Provisioner for FakeProvisioner {
                 Ok(())
             }
             DeleteStep::Fail => Err(DeleteError::Failed("fake: delete failed".into())),
+            DeleteStep::Ignored => Err(DeleteError::Ignored {
+                reason: "fake: not mine".into(),
+            }),
+        }
+    }
+
+    async fn delete_duplicate(
+        &self,
+        duplicate: &PersistentVolume,
+        saved: &PersistentVolume,
+    ) -> Result<(), DeleteError> {
+        let mut state = self.lock();
+        state
+            .duplicate_calls
+            .push((duplicate.clone(), saved.clone()));
+        match state
+            .duplicate_script
+            .pop_front()
+            .unwrap_or(DeleteStep::Succeed)
+        {
+            DeleteStep::Succeed => Ok(()),
+            DeleteStep::Fail => Err(DeleteError::Failed(
+                "fake: deleting the duplicate failed".into(),
+            )),
             DeleteStep::Ignored => Err(DeleteError::Ignored {
                 reason: "fake: not mine".into(),
             }),

@@ -4,18 +4,15 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::{
-    core::v1::{Node, PersistentVolumeClaim},
-    storage::v1::StorageClass,
-};
+use k8s_openapi::api::{core::v1::PersistentVolumeClaim, storage::v1::StorageClass};
 use kube_client::{Api, api::PostParams};
 use tokio::time::Instant;
 
 use super::{
-    Context,
+    Context, InProgress,
     decorate::{claim_reference, decorate, ensure_name},
     intent,
-    op::{self, Names, OpError, api, call, chain, is_api},
+    op::{self, Names, OpError, api, call, chain},
 };
 use crate::{
     ProvisionError, ProvisionOptions,
@@ -119,19 +116,57 @@ fn data_source_kind(claim: &PersistentVolumeClaim) -> &str {
         .map_or("", |d| d.kind.as_str())
 }
 
+/// Whether the claim still asks us for a volume: its storage-provisioner annotation names
+/// us, and so does its class when it is cached.
+fn wanted(ctx: &Context, claim: &PersistentVolumeClaim) -> bool {
+    let names = ctx.names();
+    annotations::storage_provisioner(claim).is_some_and(|p| names.knows(p))
+        && ctx
+            .caches
+            .class(annotations::claim_class(claim))
+            .is_none_or(|c| names.knows(&c.provisioner))
+}
+
+/// What the claim's crash-safety finalizer asks for (see [`intent::plan`]).
+pub(crate) fn intent_plan(ctx: &Context, claim: &PersistentVolumeClaim) -> intent::Plan {
+    let owned = intent::owns_intent(claim, ctx.names());
+    if !owned {
+        return intent::Plan::Continue;
+    }
+    let pv_name = ctx.config.volume_namer.name(claim);
+    let facts = intent::Facts {
+        owned,
+        pv_name: &pv_name,
+        volume_exists: ctx.caches.volume_exists(&pv_name),
+        wanted: wanted(ctx, claim),
+    };
+    intent::plan(claim, facts)
+}
+
 /// Processes the claim with this UID; an error requeues it (Go `syncClaimHandler` + `syncClaim`).
 pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> {
-    let claim = ctx
-        .caches
-        .claim_by_uid(uid)
-        .or_else(|| ctx.in_progress_claim(uid));
-    let Some(claim) = claim else {
-        tracing::debug!(claim_uid = uid, "claim in work queue no longer exists");
-        return Ok(());
+    let entry = ctx.in_progress_entry(uid);
+    let claim = match (ctx.caches.claim_by_uid(uid), &entry) {
+        (Some(claim), _) => claim,
+        // The claim object vanished (its finalizers stripped by hand) while its
+        // provisioning runs in the background: with crash-safe provisioning nothing would
+        // delete a PV saved for it, so its asset is cleaned up now.
+        (None, Some(entry)) if ctx.config.crash_safe_provisioning => {
+            tracing::info!(pvc = %claim_key(&entry.claim), "claim vanished while its provisioning runs in the background; cleaning up");
+            let class = entry
+                .class
+                .clone()
+                .or_else(|| ctx.caches.class(annotations::claim_class(&entry.claim)));
+            return intent::clean_up(ctx, &entry.claim, class, true).await;
+        }
+        (None, Some(entry)) => Arc::clone(&entry.claim),
+        (None, None) => {
+            tracing::debug!(claim_uid = uid, "claim in work queue no longer exists");
+            return Ok(());
+        }
     };
-    let ours = annotations::storage_provisioner(&claim).is_some_and(|p| ctx.names().knows(p));
-    let pv_name = ctx.config.volume_namer.name(&claim);
-    match intent::plan(&claim, ours, ctx.caches.volume_exists(&pv_name)) {
+    let remembered_class = entry.and_then(|e| e.class);
+    match intent_plan(ctx, &claim) {
         intent::Plan::Continue => {}
         intent::Plan::Remove => {
             if ctx.wrote_intent_removed(uid) {
@@ -140,14 +175,31 @@ pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> 
             }
             return intent::set_claim_intent(ctx, &claim, false).await;
         }
-        intent::Plan::CleanUp => return intent::clean_up(ctx, &claim).await,
+        intent::Plan::CleanUp => {
+            if ctx.wrote_intent_removed(uid) {
+                return Ok(());
+            }
+            let class =
+                remembered_class.or_else(|| ctx.caches.class(annotations::claim_class(&claim)));
+            return intent::clean_up(ctx, &claim, class, false).await;
+        }
     }
-    let class = annotations::claim_class(&claim).to_owned();
+    let class_name = annotations::claim_class(&claim).to_owned();
     let source = data_source_kind(&claim).to_owned();
     // A claim whose provisioning may run in the background is driven until the driver
     // answers, whatever the claim, its class or the qualifier say now: forgetting it
     // would leak the asset being created (Go forgets it here).
     let in_progress = ctx.is_in_progress(uid);
+    let class = match remembered_class {
+        Some(class) if in_progress => Some(class),
+        _ => ctx.caches.class(&class_name),
+    };
+    if !in_progress && let Some(wait) = ctx.infeasible_wait(uid, class.as_deref()) {
+        return Err(OpError::Delayed {
+            uid: uid.to_owned(),
+            wait,
+        });
+    }
     let should = if in_progress {
         tracing::debug!(pvc = %claim_key(&claim), "provisioning runs in the background; driving it on");
         Ok(true)
@@ -163,7 +215,7 @@ pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> 
     match should {
         Err(err) => {
             if let Some(m) = &ctx.metrics {
-                m.provision_failed(&class, &source, std::time::Duration::ZERO);
+                m.provision_failed(&class_name, &source, std::time::Duration::ZERO);
             }
             return Err(err);
         }
@@ -171,12 +223,12 @@ pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> 
         Ok(true) => {}
     }
     let start = Instant::now();
-    let attempt = provision_claim(ctx, &claim, in_progress).await;
+    let attempt = provision_claim(ctx, &claim, in_progress, class.clone()).await;
     let elapsed = start.elapsed();
     match attempt {
         Ok(Outcome::Provisioned) => {
             if let Some(m) = &ctx.metrics {
-                m.provision_succeeded(&class, &source, elapsed);
+                m.provision_succeeded(&class_name, &source, elapsed);
             }
             ctx.set_in_progress(uid, None);
             Ok(())
@@ -184,18 +236,20 @@ pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> 
         Ok(Outcome::Stopped(why)) => {
             tracing::info!(pvc = %claim_key(&claim), why, "stopped provisioning");
             if let Some(m) = &ctx.metrics {
-                m.provision_stopped(&class, &source);
+                m.provision_stopped(&class_name, &source);
             }
             ctx.set_in_progress(uid, None);
             Ok(())
         }
         Err((state, err)) => {
             if let Some(m) = &ctx.metrics {
-                m.provision_failed(&class, &source, elapsed);
+                m.provision_failed(&class_name, &source, elapsed);
             }
             match state {
                 State::Finished => ctx.set_in_progress(uid, None),
-                State::InBackground => ctx.set_in_progress(uid, Some(Arc::clone(&claim))),
+                State::InBackground => {
+                    ctx.set_in_progress(uid, Some(InProgress::new(Arc::clone(&claim), class)));
+                }
                 State::NoChange => {}
             }
             Err(err)
@@ -207,13 +261,17 @@ pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> 
 ///
 /// `in_progress`: the driver may be creating the asset in the background. Such a claim
 /// ends only with an answer of the driver (or its PV existing): a missing class keeps it
-/// (and is retried), and a class that now names another provisioner or a selected node
-/// that is gone do not stop it.
+/// (and is retried) unless the class it started with is remembered (`class`), and a
+/// class that now names another provisioner does not stop it.
+///
+/// The selected node is passed to the driver by name and never read (Go v13): a node
+/// that is gone is the driver's to judge (it may answer `Reschedule`).
 #[tracing::instrument(skip_all, fields(pvc = %claim_key(claim)))]
 async fn provision_claim(
     ctx: &Context,
     claim: &Arc<PersistentVolumeClaim>,
     in_progress: bool,
+    class: Option<Arc<StorageClass>>,
 ) -> Attempt {
     let limit = ctx.config.provision_timeout;
     let class_name = annotations::claim_class(claim).to_owned();
@@ -232,7 +290,7 @@ async fn provision_claim(
         return Ok(Outcome::Stopped("provisioner cannot serve the claim"));
     }
     // Retried: the class may be created again. `NoChange` keeps a claim in progress.
-    let Some(class) = ctx.caches.class(&class_name) else {
+    let Some(class) = class else {
         return Err((State::NoChange, OpError::ClassNotFound { name: class_name }));
     };
     if !ctx.names().knows(&class.provisioner) {
@@ -244,41 +302,6 @@ async fn provision_claim(
     }
 
     let selected_node = annotations::selected_node(claim).map(str::to_owned);
-    if let Some(node) = &selected_node {
-        let nodes: Api<Node> = Api::all(ctx.client.clone());
-        match call(limit, nodes.get(node)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(source)) if in_progress && is_api(&source, |s| s.is_not_found()) => {
-                tracing::warn!(%node, "the selected node is gone; driving the provisioning that runs in the background to its end");
-            }
-            Ok(Err(source)) if is_api(&source, |s| s.is_not_found()) => {
-                let err = OpError::Node {
-                    node: node.clone(),
-                    source,
-                };
-                return error_handling(ctx, claim, State::Finished, true, err).await;
-            }
-            Ok(Err(source)) => {
-                let err = OpError::Node {
-                    node: node.clone(),
-                    source,
-                };
-                ctx.events
-                    .warning(&**claim, events::PROVISIONING_FAILED, chain(&err))
-                    .await;
-                return Err((State::NoChange, err));
-            }
-            // As any other failure to read the node (Go: the context's deadline error).
-            Err(e) => {
-                let err = e.into_op(format!("get target node {node:?}"));
-                ctx.events
-                    .warning(&**claim, events::PROVISIONING_FAILED, chain(&err))
-                    .await;
-                return Err((State::NoChange, err));
-            }
-        }
-    }
-
     let options = ProvisionOptions::new(
         Arc::clone(&class),
         pv_name,
@@ -311,6 +334,27 @@ async fn provision_claim(
                 intent::drop_intent(ctx, claim).await;
             }
             return Ok(Outcome::Stopped("provisioner ignored the claim"));
+        }
+        Ok(Err(ProvisionError::Infeasible(source))) => {
+            // Go v13: a slow retry, and this event instead of the usual one.
+            tracing::info!(error = %chain(&*source), "infeasible volume provisioning request; retries will be delayed");
+            if crash_safe {
+                intent::drop_intent(ctx, claim).await;
+            }
+            let uid = claim.metadata.uid.as_deref().unwrap_or_default();
+            ctx.mark_infeasible(uid, Some(&class));
+            let note = format!(
+                "Volume provisioning failed with infeasible error. Retries will be delayed. {}",
+                chain(&*source)
+            );
+            ctx.events
+                .warning(&**claim, events::PROVISIONING_FAILED, note)
+                .await;
+            let err = OpError::Provision {
+                class: class_name,
+                source: ProvisionError::Infeasible(source),
+            };
+            return Err((State::Finished, err));
         }
         Ok(Err(source)) => {
             let (state, reschedule) = match &source {
@@ -345,11 +389,7 @@ async fn provision_claim(
 
     decorate(ctx, claim, &class, &mut volume);
     let name = volume.metadata.name.clone().unwrap_or_default();
-    let saved = ctx
-        .saver
-        .store(ctx, claim, volume)
-        .await
-        .map_err(|e| (State::Finished, e))?;
+    let saved = ctx.saver.store(ctx, claim, volume).await?;
     // Only a PV really saved records the asset; one waiting in the background saver
     // does not (its claim keeps the crash-safety finalizer until the saver is done).
     if saved {

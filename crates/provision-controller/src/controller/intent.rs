@@ -1,36 +1,43 @@
 //! Crash-safe provisioning: the claim finalizer that records "an asset may exist without
-//! a PV", and the cleanup of claims deleted while it was set.
+//! a PV", and the cleanup of claims that will not get our PV while it was set.
 //!
 //! The finalizer [`FINALIZER_PROVISIONING`] is on a claim exactly while the driver may
 //! have created (or be creating) an asset that no saved PV describes yet:
 //!
 //! - added right before [`Provisioner::provision`](crate::Provisioner::provision) is
-//!   called (and only when [`Config::crash_safe_provisioning`](crate::Config) is on);
+//!   called (and only when [`Config::crash_safe_provisioning`](crate::Config) is on),
+//!   together with [`ANN_PROVISIONING_OWNER`] naming this controller;
 //! - removed once the PV is saved, once the driver answered that nothing exists
-//!   (`Final`, `Reschedule`, `Ignored`), or once the asset of a deleted claim is deleted.
+//!   (`Final`, `Reschedule`, `Ignored`, `Infeasible`), or once the asset of a claim that
+//!   will not get our PV is deleted.
 //!
 //! Because the API server keeps a claim with a finalizer, a controller that starts (or
-//! restarts) finds every claim with unfinished provisioning in its cache. A live claim is
-//! simply provisioned again; a claim being deleted is cleaned up: `provision` is called
-//! again (idempotent by `pv_name`, so it finds the asset or tells that none exists), the
-//! volume it returns is passed to `delete`, and the finalizer is removed.
+//! restarts) finds every claim with unfinished provisioning in its cache. The claim is
+//! the owner's, whatever its storage-provisioner annotation or class say now. A live
+//! claim that still asks for our volume is simply provisioned again; any other claim
+//! (being deleted, bound to another PV, now asking another provisioner) is cleaned up:
+//! `provision` is called again (idempotent by `pv_name`, so it finds the asset or tells
+//! that none exists), the volume it returns is passed to `delete` unless a PV of that
+//! name exists, and the finalizer is removed. A claim that vanished while its
+//! provisioning ran in the background (its finalizers stripped by hand) is cleaned up
+//! the same way from the copy the controller kept.
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::{core::v1::PersistentVolumeClaim, storage::v1::StorageClass};
 use kube_client::{
     Api,
     api::{Patch, PatchParams},
 };
 
 use super::{
-    Context,
+    Context, InProgress,
     claim::claim_key,
-    op::{OpError, api, call, chain, is_api},
+    op::{Names, OpError, api, call, chain, get_volume, is_api},
 };
 use crate::{
     DeleteError, ProvisionError, ProvisionOptions,
-    annotations::{self, FINALIZER_PROVISIONING},
+    annotations::{self, ANN_PROVISIONING_OWNER, FINALIZER_PROVISIONING},
     events,
 };
 
@@ -43,6 +50,17 @@ pub(crate) fn has_intent(claim: &PersistentVolumeClaim) -> bool {
         .is_some_and(|f| f.iter().any(|x| x == FINALIZER_PROVISIONING))
 }
 
+/// Whether the claim carries the crash-safety finalizer put there by one of `names`
+/// (its [`ANN_PROVISIONING_OWNER`]; a finalizer written without an owner counts as the
+/// provisioner's the claim names).
+pub(crate) fn owns_intent(claim: &PersistentVolumeClaim, names: Names<'_>) -> bool {
+    has_intent(claim)
+        && match annotations::provisioning_owner(claim) {
+            Some(owner) => names.knows(owner),
+            None => annotations::storage_provisioner(claim).is_some_and(|p| names.knows(p)),
+        }
+}
+
 fn is_deleting(claim: &PersistentVolumeClaim) -> bool {
     claim.metadata.deletion_timestamp.is_some()
 }
@@ -52,28 +70,47 @@ fn is_deleting(claim: &PersistentVolumeClaim) -> bool {
 pub(crate) enum Plan {
     /// Not ours to handle here: run the normal flow.
     Continue,
-    /// The PV exists (or the claim is bound): the finalizer has served its purpose.
+    /// Our PV exists (or the claim is bound to it): the finalizer has served its purpose.
     Remove,
-    /// The claim is being deleted and no PV exists: delete the asset, then remove it.
+    /// The claim will not get our PV (it is being deleted, bound to another PV, or asks
+    /// another provisioner now) and our PV does not exist: delete the asset, then the
+    /// finalizer.
     CleanUp,
 }
 
+/// What [`plan`] needs to know besides the claim.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Facts<'a> {
+    /// The claim carries our finalizer ([`owns_intent`]).
+    pub(crate) owned: bool,
+    /// The name our PV for the claim has.
+    pub(crate) pv_name: &'a str,
+    /// That PV is cached, or was just saved by us.
+    pub(crate) volume_exists: bool,
+    /// The claim still asks us for a volume: its storage-provisioner annotation names us,
+    /// and so does its class when it is cached.
+    pub(crate) wanted: bool,
+}
+
 /// Decides what a claim with our finalizer needs (pure).
-pub(crate) fn plan(claim: &PersistentVolumeClaim, ours: bool, volume_exists: bool) -> Plan {
-    if !ours || !has_intent(claim) {
+pub(crate) fn plan(claim: &PersistentVolumeClaim, facts: Facts<'_>) -> Plan {
+    if !facts.owned {
         return Plan::Continue;
     }
-    let bound = claim
+    if facts.volume_exists {
+        return Plan::Remove;
+    }
+    let bound_to = claim
         .spec
         .as_ref()
         .and_then(|s| s.volume_name.as_deref())
-        .is_some_and(|v| !v.is_empty());
-    if bound || volume_exists {
-        Plan::Remove
-    } else if is_deleting(claim) {
-        Plan::CleanUp
-    } else {
-        Plan::Continue
+        .filter(|v| !v.is_empty());
+    match bound_to {
+        Some(volume) if volume == facts.pv_name => Plan::Remove,
+        // Bound to another PV: ours, if its asset exists, would never be used.
+        Some(_) => Plan::CleanUp,
+        None if is_deleting(claim) || !facts.wanted => Plan::CleanUp,
+        None => Plan::Continue,
     }
 }
 
@@ -102,7 +139,7 @@ pub(crate) async fn set_intent(
     let gone = || OpError::ClaimGone {
         claim: format!("{namespace}/{name}"),
     };
-    let patch = intent_patch(uid, present);
+    let patch = intent_patch(uid, &ctx.name, present);
     let written = api(
         limit,
         what,
@@ -138,18 +175,26 @@ pub(crate) async fn set_intent(
     }
 }
 
-/// The strategic-merge patch that adds or removes our finalizer (pure).
-fn intent_patch(uid: Option<&str>, present: bool) -> serde_json::Value {
+/// The strategic-merge patch that adds or removes our finalizer and its owner
+/// annotation (pure).
+fn intent_patch(uid: Option<&str>, owner: &str, present: bool) -> serde_json::Value {
     let mut meta = serde_json::Map::new();
     if let Some(uid) = uid.filter(|u| !u.is_empty()) {
         meta.insert("uid".into(), uid.into());
     }
-    let key = if present {
-        "finalizers"
+    let (key, owner) = if present {
+        ("finalizers", serde_json::Value::from(owner))
     } else {
-        "$deleteFromPrimitiveList/finalizers"
+        (
+            "$deleteFromPrimitiveList/finalizers",
+            serde_json::Value::Null,
+        )
     };
     meta.insert(key.into(), serde_json::json!([FINALIZER_PROVISIONING]));
+    meta.insert(
+        "annotations".into(),
+        serde_json::json!({ ANN_PROVISIONING_OWNER: owner }),
+    );
     serde_json::json!({ "metadata": meta })
 }
 
@@ -172,22 +217,35 @@ pub(crate) async fn drop_intent(ctx: &Context, claim: &PersistentVolumeClaim) {
     }
 }
 
-/// Finishes a claim deleted while its provisioning was unfinished: asks the driver for
-/// the asset again, deletes it, and removes the finalizer so the claim goes away.
+/// Finishes a claim that will not get our PV while its asset may exist (see [`Plan::CleanUp`]),
+/// or one that vanished while its provisioning ran in the background (`claim_gone`: the
+/// copy the controller kept): asks the driver for the asset again (with `class`, the
+/// class the provisioning started with when known), deletes it unless a PV of its name
+/// exists, and removes the finalizer so the claim is released.
+///
+/// A claim not in progress here is cleaned up only when the qualifier accepts it (with
+/// distributed provisioning, another controller may own it).
 ///
 /// # Errors
 /// An error requeues the claim (the driver still works, deleting failed, the class is
-/// missing): the finalizer stays until the asset is known to be gone.
+/// missing, the PV could not be read): the finalizer stays until the asset is known to
+/// be gone or named by a PV.
 #[tracing::instrument(skip_all, fields(pvc = %claim_key(claim)))]
 pub(crate) async fn clean_up(
     ctx: &Context,
     claim: &Arc<PersistentVolumeClaim>,
+    class: Option<Arc<StorageClass>>,
+    claim_gone: bool,
 ) -> Result<(), OpError> {
     let uid = claim.metadata.uid.clone().unwrap_or_default();
+    if !ctx.is_in_progress(&uid) && !ctx.qualified(claim).await {
+        tracing::debug!("the qualifier refuses the claim: not ours to clean up");
+        return Ok(());
+    }
     let class_name = annotations::claim_class(claim).to_owned();
-    let Some(class) = ctx.caches.class(&class_name) else {
+    let Some(class) = class else {
         let err = OpError::ClassNotFound { name: class_name };
-        tracing::warn!(error = %chain(&err), "cannot clean up a deleted claim without its class; remove the finalizer by hand once the asset is deleted");
+        tracing::warn!(error = %chain(&err), "cannot clean up a claim without its class; remove the finalizer by hand once the asset is deleted");
         return Err(err);
     };
     let pv_name = ctx.config.volume_namer.name(claim);
@@ -197,18 +255,25 @@ pub(crate) async fn clean_up(
         Arc::clone(claim),
         annotations::selected_node(claim).map(str::to_owned),
     );
-    tracing::info!(pv = %pv_name, "claim deleted during provisioning; looking for its asset");
+    tracing::info!(pv = %pv_name, claim_gone, "the claim will not get our PV; looking for its asset");
     let limit = ctx.config.provision_timeout;
+    let in_background = || {
+        ctx.set_in_progress(
+            &uid,
+            Some(InProgress::new(Arc::clone(claim), Some(Arc::clone(&class)))),
+        );
+    };
     let volume = match call(limit, ctx.provisioner.provision(&options)).await {
         Ok(Ok(volume)) => Some(volume),
         Ok(Err(
             ProvisionError::Final(_)
             | ProvisionError::Reschedule(_)
-            | ProvisionError::Ignored { .. },
+            | ProvisionError::Ignored { .. }
+            | ProvisionError::Infeasible(_),
         )) => None,
         Ok(Err(source)) => {
             if matches!(source, ProvisionError::InBackground(_)) {
-                ctx.set_in_progress(&uid, Some(Arc::clone(claim)));
+                in_background();
             }
             return Err(OpError::Provision {
                 class: class_name,
@@ -217,33 +282,54 @@ pub(crate) async fn clean_up(
         }
         Err(err) => {
             if matches!(err, super::op::CallError::Timeout(_)) {
-                ctx.set_in_progress(&uid, Some(Arc::clone(claim)));
+                in_background();
             }
-            return Err(err.into_op("provision (cleanup of a deleted claim)"));
+            return Err(err.into_op("provision (cleanup)"));
         }
     };
     if let Some(mut volume) = volume {
         super::decorate::ensure_name(&mut volume, &pv_name, claim);
         super::decorate::decorate(ctx, claim, &class, &mut volume);
-        match call(ctx.config.deletion_timeout, ctx.provisioner.delete(&volume)).await {
-            Ok(Ok(()) | Err(DeleteError::Ignored { .. })) => {
-                tracing::info!(pv = %pv_name, "deleted the asset of a claim deleted during provisioning");
+        let name = volume.metadata.name.clone().unwrap_or_default();
+        // Never delete an asset a PV may name: only a confirmed 404 allows it.
+        match get_volume(&ctx.client, limit, &name).await? {
+            Some(saved) => {
+                tracing::info!(pv = %name, "a PV of this name exists: it holds the asset, which is left to it");
+                super::save::reuse_existing(
+                    ctx,
+                    (!claim_gone).then_some(&**claim),
+                    &volume,
+                    &saved,
+                )
+                .await;
             }
-            Ok(Err(DeleteError::Failed(source))) => {
-                let err = OpError::Delete(source);
-                ctx.events
-                    .warning(&**claim, events::PROVISIONING_CLEANUP_FAILED, chain(&err))
-                    .await;
-                return Err(err);
+            None => {
+                match call(ctx.config.deletion_timeout, ctx.provisioner.delete(&volume)).await {
+                    Ok(Ok(()) | Err(DeleteError::Ignored { .. })) => {
+                        tracing::info!(pv = %name, "deleted the asset of a claim that will not get our PV");
+                    }
+                    Ok(Err(DeleteError::Failed(source))) => {
+                        let err = OpError::Delete(source);
+                        if !claim_gone {
+                            ctx.events
+                                .warning(&**claim, events::PROVISIONING_CLEANUP_FAILED, chain(&err))
+                                .await;
+                        }
+                        return Err(err);
+                    }
+                    Err(err) => return Err(err.into_op("delete (cleanup)")),
+                }
             }
-            Err(err) => return Err(err.into_op("delete (cleanup of a deleted claim)")),
         }
     } else {
-        tracing::info!(pv = %pv_name, "the driver holds no asset for the deleted claim");
+        tracing::info!(pv = %pv_name, "the driver holds no asset for the claim");
     }
     ctx.set_in_progress(&uid, None);
     // A PV still waiting in the background saver would describe a deleted asset.
     ctx.saver.forget_pending(ctx, &pv_name);
+    if claim_gone {
+        return Ok(());
+    }
     set_claim_intent(ctx, claim, false).await
 }
 
@@ -252,32 +338,66 @@ mod tests {
     use super::*;
     use crate::testing::pvc;
 
+    const ME: &str = "example.com/me";
+
+    fn names() -> Names<'static> {
+        Names {
+            primary: ME,
+            additional: &[],
+        }
+    }
+
     fn with_intent() -> crate::testing::PvcBuilder {
-        pvc("c").uid("u1").finalizer(FINALIZER_PROVISIONING)
+        pvc("c")
+            .uid("u1")
+            .provisioner(ME)
+            .finalizer(FINALIZER_PROVISIONING)
+            .annotation(ANN_PROVISIONING_OWNER, ME)
     }
 
     #[test]
     fn plan_decisions() {
+        let facts = |claim: &PersistentVolumeClaim, exists: bool, wanted: bool| Facts {
+            owned: owns_intent(claim, names()),
+            pv_name: "pvc-u1",
+            volume_exists: exists,
+            wanted,
+        };
+        // (case, claim, our PV exists, the claim still asks us, plan)
         let cases = [
             (
                 "a claim without the finalizer runs the normal flow",
-                pvc("c").build(),
-                true,
+                pvc("c").provisioner(ME).build(),
                 false,
+                true,
                 Plan::Continue,
             ),
             (
                 "a live claim with the finalizer is provisioned again",
                 with_intent().build(),
-                true,
                 false,
+                true,
                 Plan::Continue,
             ),
             (
-                "a bound claim loses the finalizer",
-                with_intent().volume_name("pv").build(),
-                true,
+                "a claim bound to our PV loses the finalizer",
+                with_intent().volume_name("pvc-u1").build(),
                 false,
+                true,
+                Plan::Remove,
+            ),
+            (
+                "a claim bound to another PV is cleaned up",
+                with_intent().volume_name("static-pv").build(),
+                false,
+                true,
+                Plan::CleanUp,
+            ),
+            (
+                "a claim bound to another PV while our PV exists loses the finalizer",
+                with_intent().volume_name("static-pv").build(),
+                true,
+                true,
                 Plan::Remove,
             ),
             (
@@ -297,37 +417,85 @@ mod tests {
             (
                 "a deleted claim without PV is cleaned up",
                 with_intent().deleting().build(),
+                false,
                 true,
+                Plan::CleanUp,
+            ),
+            (
+                "a live claim that now asks another provisioner is cleaned up",
+                with_intent().provisioner("example.com/other").build(),
+                false,
                 false,
                 Plan::CleanUp,
             ),
             (
-                "another provisioner's claim is left alone",
-                with_intent().deleting().build(),
+                "a claim whose finalizer another provisioner put there is left alone",
+                with_intent()
+                    .annotation(ANN_PROVISIONING_OWNER, "example.com/other")
+                    .deleting()
+                    .build(),
+                false,
+                true,
+                Plan::Continue,
+            ),
+            (
+                "a finalizer without owner belongs to the provisioner the claim names",
+                pvc("c")
+                    .uid("u1")
+                    .provisioner("example.com/other")
+                    .finalizer(FINALIZER_PROVISIONING)
+                    .deleting()
+                    .build(),
                 false,
                 false,
                 Plan::Continue,
             ),
         ];
-        for (name, claim, ours, exists, want) in cases {
-            assert_eq!(plan(&claim, ours, exists), want, "case: {name}");
+        for (name, claim, exists, wanted, want) in cases {
+            assert_eq!(
+                plan(&claim, facts(&claim, exists, wanted)),
+                want,
+                "case: {name}"
+            );
         }
     }
 
     #[test]
-    fn intent_patches_touch_only_our_finalizer_and_carry_the_uid() {
+    fn a_claim_with_our_finalizer_is_ours_whatever_provisioner_it_names_now() {
+        let renamed = with_intent().provisioner("example.com/other").build();
+        assert!(owns_intent(&renamed, names()));
+        let unnamed = {
+            let mut c = with_intent().build();
+            c.metadata
+                .annotations
+                .as_mut()
+                .unwrap()
+                .remove(annotations::ANN_STORAGE_PROVISIONER);
+            c
+        };
+        assert!(owns_intent(&unnamed, names()));
+        assert!(!owns_intent(&pvc("c").provisioner(ME).build(), names()));
+    }
+
+    #[test]
+    fn intent_patches_touch_only_our_finalizer_and_owner_and_carry_the_uid() {
         assert_eq!(
-            intent_patch(Some("u1"), true),
-            serde_json::json!({"metadata": {"uid": "u1", "finalizers": [FINALIZER_PROVISIONING]}})
+            intent_patch(Some("u1"), ME, true),
+            serde_json::json!({"metadata": {
+                "uid": "u1",
+                "finalizers": [FINALIZER_PROVISIONING],
+                "annotations": {ANN_PROVISIONING_OWNER: ME}
+            }})
         );
         assert_eq!(
-            intent_patch(None, false),
+            intent_patch(None, ME, false),
             serde_json::json!({"metadata": {
-                "$deleteFromPrimitiveList/finalizers": [FINALIZER_PROVISIONING]
+                "$deleteFromPrimitiveList/finalizers": [FINALIZER_PROVISIONING],
+                "annotations": {ANN_PROVISIONING_OWNER: null}
             }})
         );
         assert!(
-            intent_patch(Some(""), true)["metadata"]
+            intent_patch(Some(""), ME, true)["metadata"]
                 .get("uid")
                 .is_none(),
             "an empty uid is no precondition"

@@ -32,14 +32,16 @@ pub(crate) enum OpError {
         #[source]
         source: ProvisionError,
     },
-    #[error("failed to get target node {node:?}")]
-    Node {
-        node: String,
-        #[source]
-        source: kube_client::Error,
-    },
     #[error("deleting the volume failed")]
     Delete(#[source] BoxError),
+    /// Not a failure: the claim waits after an infeasible answer of the driver (Go:
+    /// `delayProvisioningIfRecentlyInfeasible`); the worker queues it again after `wait`.
+    #[error(
+        "skipping volume provisioning for pvc {uid}, because provisioning previously failed with infeasible error"
+    )]
+    Delayed { uid: String, wait: Duration },
+    #[error("persistentvolume {name} already existed and is gone now")]
+    VolumeGone { name: String },
 }
 
 /// The error and its sources, joined by ": " (for events and logs).
@@ -119,6 +121,27 @@ pub(crate) fn is_api(
     test: impl Fn(&kube_client::core::Status) -> bool,
 ) -> bool {
     matches!(err, kube_client::Error::Api(status) if test(status))
+}
+
+/// The PV named `name` as the API server has it now (`None`: it does not exist), without
+/// its managed fields.
+pub(crate) async fn get_volume(
+    client: &kube_client::Client,
+    limit: Option<Duration>,
+    name: &str,
+) -> Result<Option<k8s_openapi::api::core::v1::PersistentVolume>, OpError> {
+    let volumes: kube_client::Api<k8s_openapi::api::core::v1::PersistentVolume> =
+        kube_client::Api::all(client.clone());
+    let mut found = api(
+        limit,
+        || format!("get persistentvolume {name}"),
+        volumes.get_opt(name),
+    )
+    .await?;
+    if let Some(volume) = found.as_mut() {
+        volume.metadata.managed_fields = None;
+    }
+    Ok(found)
 }
 
 /// The provisioner names this controller answers to.

@@ -164,6 +164,7 @@ pub(super) async fn run(
         guard,
         caches: Caches::new(claims.store.clone(), volumes.store, classes.store.clone()),
         in_progress: std::sync::Mutex::default(),
+        infeasible: std::sync::Mutex::default(),
         saver: save::Saver::new(&config.pv_save, Some(&metrics)),
         claim_queue: queue("claims"),
         volume_queue: queue("volumes"),

@@ -12,8 +12,8 @@ use kube_client::{Api, api::PostParams};
 
 use super::{
     Context,
-    claim::claim_key,
-    op::{OpError, api, call, chain, is_api},
+    claim::{State, claim_key},
+    op::{OpError, api, call, chain, get_volume, is_api},
 };
 use crate::{DeleteError, events, queue::WorkQueue, strategy::PvSaveStrategy};
 
@@ -87,23 +87,26 @@ impl Saver {
         }
     }
 
-    /// Saves `volume` for `claim`: `Ok(true)` when the PV is saved, `Ok(false)` when the
-    /// background saver took it over. With the blocking strategy an error means no PV was
-    /// saved and the asset was deleted (or a cleanup event was sent); the background
-    /// strategy never fails.
+    /// Saves `volume` for `claim`: `Ok(true)` when the PV is saved (or another PV was
+    /// saved under its name first), `Ok(false)` when the background saver took it over.
+    ///
+    /// With the blocking strategy an error means no PV was saved, with what the claim
+    /// must remember: [`State::Finished`] when no PV exists and the asset was deleted (or
+    /// a cleanup event was sent), [`State::InBackground`] when it is unknown whether a PV
+    /// exists, so the asset was kept. The background strategy never fails.
     pub(crate) async fn store(
         &self,
         ctx: &Context,
         claim: &PersistentVolumeClaim,
         volume: PersistentVolume,
-    ) -> Result<bool, OpError> {
+    ) -> Result<bool, (State, OpError)> {
         match self {
             Self::Blocking { pauses } => store_blocking(ctx, pauses, claim, volume)
                 .await
                 .map(|()| true),
             Self::Background(bg) => {
                 let name = volume.metadata.name.clone().unwrap_or_default();
-                match create(ctx, &volume).await {
+                match create(ctx, &volume, Some(claim)).await {
                     Ok(()) => {
                         succeeded(ctx, claim, &name).await;
                         return Ok(true);
@@ -131,8 +134,12 @@ fn set_unsaved(ctx: &Context, n: usize) {
     }
 }
 
-/// Creates the PV; an existing one counts as saved.
-async fn create(ctx: &Context, volume: &PersistentVolume) -> Result<(), OpError> {
+/// Creates the PV; an existing one counts as saved (Go), after [`reuse_existing`].
+async fn create(
+    ctx: &Context,
+    volume: &PersistentVolume,
+    claim: Option<&PersistentVolumeClaim>,
+) -> Result<(), OpError> {
     let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let name = volume.metadata.name.as_deref().unwrap_or_default();
     match api(
@@ -144,10 +151,82 @@ async fn create(ctx: &Context, volume: &PersistentVolume) -> Result<(), OpError>
     {
         Ok(_) => Ok(()),
         Err(OpError::Api { source, .. }) if is_api(&source, |s| s.is_already_exists()) => {
-            tracing::info!(pv = name, "persistentvolume already exists, reusing");
-            Ok(())
+            match get_volume(&ctx.client, ctx.config.provision_timeout, name).await? {
+                Some(saved) => {
+                    reuse_existing(ctx, claim, volume, &saved).await;
+                    Ok(())
+                }
+                None => Err(OpError::VolumeGone {
+                    name: name.to_owned(),
+                }),
+            }
         }
         Err(err) => Err(err),
+    }
+}
+
+/// The part of a PV's spec that names its asset: the spec without the fields the
+/// controller or the claim decide (claimRef, class, capacity, access, mount options,
+/// node affinity, reclaim policy, volume mode).
+fn volume_source(volume: &PersistentVolume) -> k8s_openapi::api::core::v1::PersistentVolumeSpec {
+    let mut spec = volume.spec.clone().unwrap_or_default();
+    spec.access_modes = None;
+    spec.capacity = None;
+    spec.claim_ref = None;
+    spec.mount_options = None;
+    spec.node_affinity = None;
+    spec.persistent_volume_reclaim_policy = None;
+    spec.storage_class_name = None;
+    spec.volume_mode = None;
+    spec
+}
+
+/// Whether two PVs name the same asset (their volume sources are equal).
+pub(crate) fn same_source(a: &PersistentVolume, b: &PersistentVolume) -> bool {
+    volume_source(a) == volume_source(b)
+}
+
+/// Another PV was saved under the name of `ours` first (another replica provisioned the
+/// same claim): when it names another asset, the driver releases ours
+/// ([`Provisioner::delete_duplicate`](crate::Provisioner::delete_duplicate)). Never
+/// fails: a failure is logged and reported on the claim, and the save counts as done.
+pub(crate) async fn reuse_existing(
+    ctx: &Context,
+    claim: Option<&PersistentVolumeClaim>,
+    ours: &PersistentVolume,
+    saved: &PersistentVolume,
+) {
+    let name = ours.metadata.name.as_deref().unwrap_or_default();
+    if same_source(ours, saved) {
+        tracing::info!(pv = name, "persistentvolume already exists, reusing");
+        return;
+    }
+    tracing::warn!(
+        pv = name,
+        "another PV with another volume source was saved under this name first; releasing the duplicate"
+    );
+    let outcome = call(
+        ctx.config.provision_timeout,
+        ctx.provisioner.delete_duplicate(ours, saved),
+    )
+    .await;
+    let error = match outcome {
+        Ok(Ok(()) | Err(DeleteError::Ignored { .. })) => {
+            tracing::info!(pv = name, "released the duplicate of the saved PV");
+            return;
+        }
+        Ok(Err(DeleteError::Failed(e))) => chain(&*e),
+        Err(e) => chain(&e.into_op("delete_duplicate")),
+    };
+    tracing::error!(pv = name, %error, "releasing the duplicate of the saved PV failed; delete it manually");
+    if let Some(claim) = claim {
+        let note = format!(
+            "Error deleting the duplicate of provisioned volume {name} for claim {}: {error}. Please delete manually.",
+            claim_key(claim)
+        );
+        ctx.events
+            .warning(claim, events::PROVISIONING_CLEANUP_FAILED, note)
+            .await;
     }
 }
 
@@ -163,14 +242,14 @@ async fn store_blocking(
     pauses: &[Duration],
     claim: &PersistentVolumeClaim,
     volume: PersistentVolume,
-) -> Result<(), OpError> {
+) -> Result<(), (State, OpError)> {
     let name = volume.metadata.name.clone().unwrap_or_default();
     let mut last = None;
     for attempt in 0..=pauses.len() {
         if attempt > 0 {
             tokio::time::sleep(pauses[attempt - 1]).await;
         }
-        match create(ctx, &volume).await {
+        match create(ctx, &volume, Some(claim)).await {
             Ok(()) => {
                 succeeded(ctx, claim, &name).await;
                 return Ok(());
@@ -182,6 +261,32 @@ async fn store_blocking(
         }
     }
     let save_error = last.expect("at least one attempt was made");
+
+    // The asset is deleted only when no PV names it: a create that failed may have
+    // been saved anyway, or another replica saved a PV under this name meanwhile.
+    match get_volume(&ctx.client, ctx.config.provision_timeout, &name).await {
+        Ok(Some(saved)) => {
+            reuse_existing(ctx, Some(claim), &volume, &saved).await;
+            succeeded(ctx, claim, &name).await;
+            return Ok(());
+        }
+        Ok(None) => {}
+        Err(get_error) => {
+            // Unknown: keep the asset; the claim stays in progress (and keeps its
+            // crash-safety finalizer), so it is provisioned again and saved later.
+            let note = format!(
+                "Error creating provisioned PV object for claim {}: {}. Keeping the volume: whether a PV names it is unknown ({}).",
+                claim_key(claim),
+                chain(&save_error),
+                chain(&get_error)
+            );
+            tracing::error!(pvc = %claim_key(claim), pv = %name, error = %chain(&get_error), "saving the PV failed and reading it failed too; keeping the volume");
+            ctx.events
+                .warning(claim, events::PROVISIONING_FAILED, note)
+                .await;
+            return Err((State::InBackground, save_error));
+        }
+    }
 
     // An asset without a PV object: delete it, on the same schedule.
     let note = format!(
@@ -223,7 +328,7 @@ async fn store_blocking(
             .warning(claim, events::PROVISIONING_CLEANUP_FAILED, note)
             .await;
     }
-    Err(save_error)
+    Err((State::Finished, save_error))
 }
 
 /// One worker of the background saver: saves PVs until the queue shuts down.
@@ -233,9 +338,15 @@ pub(crate) async fn run_background_worker(ctx: Arc<Context>) {
     };
     while let Some(name) = bg.queue.get().await {
         let volume = bg.pending().get(&name).cloned();
+        let claim_ref = volume
+            .as_ref()
+            .and_then(|v| v.spec.as_ref())
+            .and_then(|s| s.claim_ref.clone());
+        let claim_uid = claim_ref.as_ref().and_then(|r| r.uid.as_deref());
+        let claim = claim_uid.and_then(|uid| ctx.caches.claim_by_uid(uid));
         match volume {
             None => bg.queue.forget(&name),
-            Some(volume) => match create(&ctx, &volume).await {
+            Some(volume) => match create(&ctx, &volume, claim.as_deref()).await {
                 Ok(()) => {
                     let unsaved = {
                         let mut pending = bg.pending();
@@ -245,16 +356,15 @@ pub(crate) async fn run_background_worker(ctx: Arc<Context>) {
                     set_unsaved(&ctx, unsaved);
                     bg.queue.forget(&name);
                     ctx.caches.mark_saved(&name);
-                    let claim_ref = volume.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
-                    let claim_uid = claim_ref.and_then(|r| r.uid.as_deref());
-                    if let Some(claim) = claim_uid.and_then(|uid| ctx.caches.claim_by_uid(uid)) {
-                        succeeded(&ctx, &claim, &name).await;
+                    if let Some(claim) = &claim {
+                        succeeded(&ctx, claim, &name).await;
                     }
                     // The PV now records the asset: the claim's crash-safety finalizer goes.
-                    if let Some((Some(ns), Some(claim))) =
-                        claim_ref.map(|r| (r.namespace.as_deref(), r.name.as_deref()))
+                    if let Some((Some(ns), Some(claim_name))) = claim_ref
+                        .as_ref()
+                        .map(|r| (r.namespace.as_deref(), r.name.as_deref()))
                         && let Err(err) =
-                            super::intent::set_intent(&ctx, ns, claim, claim_uid, false).await
+                            super::intent::set_intent(&ctx, ns, claim_name, claim_uid, false).await
                     {
                         tracing::warn!(pv = %name, error = %chain(&err), "failed to remove the crash-safety finalizer; retried at the next sync");
                     }

@@ -7,13 +7,13 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube_client::{
     Api,
-    api::{DeleteParams, Patch, PatchParams},
+    api::{DeleteParams, Patch, PatchParams, Preconditions},
 };
 use tokio::time::Instant;
 
 use super::{
     Context,
-    op::{CallError, Names, OpError, api, call, chain, is_api},
+    op::{CallError, Names, OpError, api, call, chain, get_volume, is_api},
 };
 use crate::{
     DeleteError,
@@ -46,30 +46,44 @@ fn reclaim_policy(volume: &PersistentVolume) -> &str {
         .unwrap_or("")
 }
 
-/// The finalizer list the PV should have, if it differs (Go `handleProtectionFinalizer`):
-/// our finalizer is removed when `add_finalizer` is off or the reclaim policy is Retain or
-/// Recycle, and added when `add_finalizer` is on, the policy is Delete and the PV is not
-/// being deleted. Only our own PVs are touched.
+/// How our protection finalizer on a PV must change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FinalizerChange {
+    Add,
+    Remove,
+}
+
+/// How our finalizer on the PV must change, if at all (Go v13 `handleProtectionFinalizer`,
+/// plus the release of PVs we will never reclaim). Only our own PVs are touched:
+/// - added when `add_finalizer` is on, the reclaim policy is Delete, the PV is Bound and
+///   not being deleted (Go v13 adds it to Bound PVs only; provisioned PVs are saved
+///   with it);
+/// - removed when `add_finalizer` is off, the policy is Retain or Recycle, or the PV is
+///   being deleted and we will never reclaim it (its policy is not Delete, or it is
+///   neither Bound, which may still be released, nor Released): it would stay
+///   Terminating forever otherwise.
 pub(crate) fn finalizer_change(
     volume: &PersistentVolume,
     names: Names<'_>,
     add_finalizer: bool,
-) -> Option<Vec<String>> {
+) -> Option<FinalizerChange> {
     if !is_ours(volume, names) {
         return None;
     }
-    let current = volume.metadata.finalizers.clone().unwrap_or_default();
-    let has = current.iter().any(|f| f == FINALIZER_PV);
+    let has = annotations::has_finalizer(volume, FINALIZER_PV);
     let policy = reclaim_policy(volume);
-    if has && (!add_finalizer || policy == "Retain" || policy == "Recycle") {
-        return Some(current.into_iter().filter(|f| f != FINALIZER_PV).collect());
+    let phase = volume.status.as_ref().and_then(|s| s.phase.as_deref());
+    let deleting = volume.metadata.deletion_timestamp.is_some();
+    if has {
+        let reclaimable = policy == "Delete" && matches!(phase, Some("Bound" | "Released"));
+        let remove = !add_finalizer
+            || policy == "Retain"
+            || policy == "Recycle"
+            || (deleting && !reclaimable);
+        return remove.then_some(FinalizerChange::Remove);
     }
-    if !has && add_finalizer && policy == "Delete" && volume.metadata.deletion_timestamp.is_none() {
-        let mut next = current;
-        next.push(FINALIZER_PV.to_owned());
-        return Some(next);
-    }
-    None
+    let add = add_finalizer && policy == "Delete" && !deleting && phase == Some("Bound");
+    add.then_some(FinalizerChange::Add)
 }
 
 /// Whether the volume's asset should be deleted (Go `shouldDelete`, after the deletion guard).
@@ -87,13 +101,27 @@ pub(crate) fn should_delete(
     phase == Some("Released") && reclaim_policy(volume) == "Delete" && is_ours(volume, names)
 }
 
+/// Whether `fresh`, the PV as the API server has it right before the driver deletes
+/// its asset, is still the PV `cached` that was judged, and still to be reclaimed.
+pub(crate) fn still_reclaimable(
+    cached: &PersistentVolume,
+    fresh: &PersistentVolume,
+    names: Names<'_>,
+    add_finalizer: bool,
+) -> bool {
+    cached.metadata.uid == fresh.metadata.uid && should_delete(fresh, names, add_finalizer)
+}
+
 /// Processes the volume with this name; an error requeues it.
 pub(crate) async fn sync_volume(ctx: &Context, name: &str) -> Result<(), OpError> {
     let Some(volume) = ctx.caches.volume(name) else {
         tracing::debug!(pv = name, "volume no longer exists");
         return Ok(());
     };
-    let volume = handle_protection_finalizer(ctx, volume).await?;
+    let Some(volume) = handle_protection_finalizer(ctx, volume).await? else {
+        tracing::debug!(pv = name, "volume no longer exists");
+        return Ok(());
+    };
     if !should_delete(&volume, ctx.names(), ctx.config.add_finalizer) {
         tracing::trace!(pv = name, "volume should not be deleted");
         return Ok(());
@@ -108,13 +136,33 @@ pub(crate) async fn sync_volume(ctx: &Context, name: &str) -> Result<(), OpError
             Err(err) => return Err(err.into_op("deletion guard")),
         }
     }
-    let class = volume
+    // The driver's delete cannot be undone: decide again on the PV as it is now (the
+    // cache may lag a switch to Retain, a new binding, or a PV deleted and re-created).
+    let fresh = match get_volume(&ctx.client, ctx.config.deletion_timeout, name).await? {
+        Some(fresh)
+            if still_reclaimable(&volume, &fresh, ctx.names(), ctx.config.add_finalizer) =>
+        {
+            fresh
+        }
+        Some(_) => {
+            tracing::info!(
+                pv = name,
+                "the volume as it is now is no longer to be deleted; keeping its asset"
+            );
+            return Ok(());
+        }
+        None => {
+            tracing::debug!(pv = name, "volume no longer exists");
+            return Ok(());
+        }
+    };
+    let class = fresh
         .spec
         .as_ref()
         .and_then(|s| s.storage_class_name.clone())
         .unwrap_or_default();
     let start = Instant::now();
-    let result = delete_volume(ctx, &volume).await;
+    let result = delete_volume(ctx, &fresh).await;
     match (&result, &ctx.metrics) {
         (Ok(true), Some(m)) => m.delete_succeeded(&class, start.elapsed()),
         (Ok(false), Some(m)) => m.delete_stopped(&class),
@@ -124,37 +172,56 @@ pub(crate) async fn sync_volume(ctx: &Context, name: &str) -> Result<(), OpError
     result.map(|_| ())
 }
 
+/// Adds or removes our finalizer as [`finalizer_change`] says; `None` when the PV is gone.
 async fn handle_protection_finalizer(
     ctx: &Context,
     volume: Arc<PersistentVolume>,
-) -> Result<Arc<PersistentVolume>, OpError> {
-    let Some(finalizers) = finalizer_change(&volume, ctx.names(), ctx.config.add_finalizer) else {
-        return Ok(volume);
+) -> Result<Option<Arc<PersistentVolume>>, OpError> {
+    let Some(change) = finalizer_change(&volume, ctx.names(), ctx.config.add_finalizer) else {
+        return Ok(Some(volume));
     };
     let name = volume.metadata.name.clone().unwrap_or_default();
-    let patched = patch_finalizers(ctx, &volume, finalizers).await?;
-    tracing::debug!(pv = %name, "updated protection finalizer");
-    Ok(Arc::new(patched))
+    match patch_finalizer(ctx, &volume, change).await {
+        Ok(patched) => {
+            tracing::debug!(pv = %name, ?change, "updated protection finalizer");
+            Ok(Some(Arc::new(patched)))
+        }
+        Err(OpError::Api { source, .. }) if is_api(&source, |s| s.is_not_found()) => Ok(None),
+        Err(err) => Err(err),
+    }
 }
 
-/// A merge patch of the finalizers, guarded by the resourceVersion (a conflict when stale).
-async fn patch_finalizers(
+/// The strategic-merge patch that adds or removes our finalizer (pure).
+///
+/// `metadata.finalizers` merges as a set on the API server, so the patch touches our
+/// finalizer only and needs no resourceVersion (Go v13): a concurrent change of other
+/// finalizers never makes it conflict. The PV's uid, when known, is a precondition: a PV
+/// re-created under the same name is never touched.
+fn finalizer_patch(uid: Option<&str>, change: FinalizerChange) -> serde_json::Value {
+    let mut meta = serde_json::Map::new();
+    if let Some(uid) = uid.filter(|u| !u.is_empty()) {
+        meta.insert("uid".into(), uid.into());
+    }
+    let key = match change {
+        FinalizerChange::Add => "finalizers",
+        FinalizerChange::Remove => "$deleteFromPrimitiveList/finalizers",
+    };
+    meta.insert(key.into(), serde_json::json!([FINALIZER_PV]));
+    serde_json::json!({ "metadata": meta })
+}
+
+async fn patch_finalizer(
     ctx: &Context,
     volume: &PersistentVolume,
-    finalizers: Vec<String>,
+    change: FinalizerChange,
 ) -> Result<PersistentVolume, OpError> {
     let name = volume.metadata.name.clone().unwrap_or_default();
-    let patch = serde_json::json!({
-        "metadata": {
-            "finalizers": finalizers,
-            "resourceVersion": volume.metadata.resource_version,
-        }
-    });
+    let patch = finalizer_patch(volume.metadata.uid.as_deref(), change);
     let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
     api(
         ctx.config.deletion_timeout,
         || format!("modify finalizers of persistentvolume {name}"),
-        volumes.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+        volumes.patch(&name, &PatchParams::default(), &Patch::Strategic(&patch)),
     )
     .await
 }
@@ -184,9 +251,17 @@ async fn delete_volume(ctx: &Context, volume: &PersistentVolume) -> Result<bool,
     tracing::info!("volume deleted");
 
     let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    match call(limit, volumes.delete(&name, &DeleteParams::default())).await {
+    // A PV re-created under the same name meanwhile is not ours to delete (409).
+    let params = DeleteParams {
+        preconditions: volume.metadata.uid.clone().map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match call(limit, volumes.delete(&name, &params)).await {
         Ok(Ok(_)) => {}
-        Ok(Err(e)) if is_api(&e, |s| s.is_not_found()) => return Ok(true),
+        Ok(Err(e)) if is_api(&e, |s| s.is_not_found() || s.is_conflict()) => return Ok(true),
         Ok(Err(source)) => {
             return Err(OpError::Api {
                 what: format!("delete persistentvolume {name}"),
@@ -196,39 +271,12 @@ async fn delete_volume(ctx: &Context, volume: &PersistentVolume) -> Result<bool,
         Err(e) => return Err(e.into_op(format!("delete persistentvolume {name}"))),
     }
 
-    if ctx.config.add_finalizer
-        && volume
-            .metadata
-            .finalizers
-            .as_ref()
-            .is_some_and(|f| !f.is_empty())
-    {
-        // The delete set a deletion timestamp: read the PV again to patch its latest version.
-        let current = match call(limit, volumes.get_opt(&name)).await {
-            Ok(Ok(Some(current))) => current,
-            Ok(Ok(None)) => return Ok(true),
-            Ok(Err(source)) => {
-                return Err(OpError::Api {
-                    what: format!("get persistentvolume {name}"),
-                    source,
-                });
-            }
-            Err(e) => return Err(e.into_op(format!("get persistentvolume {name}"))),
-        };
-        if annotations::has_finalizer(&current, FINALIZER_PV) {
-            let rest = current
-                .metadata
-                .finalizers
-                .iter()
-                .flatten()
-                .filter(|f| *f != FINALIZER_PV)
-                .cloned()
-                .collect();
-            match patch_finalizers(ctx, &current, rest).await {
-                Ok(_) => {}
-                Err(OpError::Api { source, .. }) if is_api(&source, |s| s.is_not_found()) => {}
-                Err(err) => return Err(err),
-            }
+    if annotations::has_finalizer(volume, FINALIZER_PV) {
+        // The delete set a deletion timestamp; our finalizer is all that is left to do.
+        match patch_finalizer(ctx, volume, FinalizerChange::Remove).await {
+            Ok(_) => {}
+            Err(OpError::Api { source, .. }) if is_api(&source, |s| s.is_not_found()) => {}
+            Err(err) => return Err(err),
         }
     }
     tracing::info!("persistentvolume deleted");
@@ -438,78 +486,143 @@ mod tests {
 
     #[test]
     fn finalizer_decisions() {
-        let fin = || vec![FINALIZER_PV.to_owned()];
+        use FinalizerChange::{Add, Remove};
         let ours = || pv("v").provisioned_by(ME);
-        let cases: Vec<(&str, PersistentVolume, bool, Option<Vec<String>>)> = vec![
+        let bound = || ours().phase("Bound");
+        let cases: Vec<(&str, PersistentVolume, bool, Option<FinalizerChange>)> = vec![
             (
-                "adds the finalizer to a delete volume when enabled",
-                ours().build(),
+                "adds the finalizer to a bound delete volume when enabled",
+                bound().build(),
                 true,
-                Some(fin()),
+                Some(Add),
+            ),
+            (
+                "does not add the finalizer to an available volume",
+                ours().phase("Available").build(),
+                true,
+                None,
+            ),
+            (
+                "does not add the finalizer to a released volume",
+                ours().phase("Released").build(),
+                true,
+                None,
             ),
             (
                 "keeps an existing finalizer when enabled",
-                ours().finalizer(FINALIZER_PV).build(),
+                bound().finalizer(FINALIZER_PV).build(),
+                true,
+                None,
+            ),
+            (
+                "keeps the finalizer of a new volume that is not bound yet",
+                ours().phase("Pending").finalizer(FINALIZER_PV).build(),
                 true,
                 None,
             ),
             (
                 "removes the finalizer when disabled",
-                ours().finalizer(FINALIZER_PV).build(),
+                bound().finalizer(FINALIZER_PV).build(),
                 false,
-                Some(vec![]),
+                Some(Remove),
             ),
             (
                 "leaves a volume without finalizer alone when disabled",
-                ours().build(),
+                bound().build(),
                 false,
                 None,
             ),
             (
                 "removes the finalizer when reclaim policy becomes retain",
-                ours()
+                bound()
                     .reclaim_policy("Retain")
                     .finalizer(FINALIZER_PV)
                     .build(),
                 true,
-                Some(vec![]),
+                Some(Remove),
             ),
             (
                 "removes the finalizer when reclaim policy is recycle",
-                ours()
+                bound()
                     .reclaim_policy("Recycle")
                     .finalizer(FINALIZER_PV)
                     .build(),
                 true,
-                Some(vec![]),
+                Some(Remove),
             ),
             (
                 "does not add the finalizer to a retain volume",
-                ours().reclaim_policy("Retain").build(),
+                bound().reclaim_policy("Retain").build(),
                 true,
                 None,
             ),
             (
                 "does not add the finalizer to a volume being deleted",
-                ours().deleting().build(),
+                bound().deleting().build(),
                 true,
                 None,
             ),
             (
-                "keeps other finalizers when removing ours",
-                ours().finalizer("other/x").finalizer(FINALIZER_PV).build(),
-                false,
-                Some(vec!["other/x".to_owned()]),
+                "keeps the finalizer of a bound volume being deleted: it is reclaimed once released",
+                bound().finalizer(FINALIZER_PV).deleting().build(),
+                true,
+                None,
             ),
             (
-                "adds the finalizer to a static in-tree volume migrated to us",
-                pv("v").migrated_to(ME).build(),
+                "keeps the finalizer of a released volume being deleted: it is reclaimed",
+                ours()
+                    .phase("Released")
+                    .finalizer(FINALIZER_PV)
+                    .deleting()
+                    .build(),
                 true,
-                Some(fin()),
+                None,
+            ),
+            (
+                "removes the finalizer of an available volume being deleted: it is never reclaimed",
+                ours()
+                    .phase("Available")
+                    .finalizer(FINALIZER_PV)
+                    .deleting()
+                    .build(),
+                true,
+                Some(Remove),
+            ),
+            (
+                "removes the finalizer of a failed volume being deleted",
+                ours()
+                    .phase("Failed")
+                    .finalizer(FINALIZER_PV)
+                    .deleting()
+                    .build(),
+                true,
+                Some(Remove),
+            ),
+            (
+                "removes the finalizer of a volume being deleted without a known reclaim policy",
+                ours()
+                    .phase("Released")
+                    .reclaim_policy("")
+                    .finalizer(FINALIZER_PV)
+                    .deleting()
+                    .build(),
+                true,
+                Some(Remove),
+            ),
+            (
+                "adds the finalizer to a bound static in-tree volume migrated to us",
+                pv("v").phase("Bound").migrated_to(ME).build(),
+                true,
+                Some(Add),
             ),
             (
                 "leaves volumes of other provisioners alone",
-                pv("v").provisioned_by("x/y").build(),
+                pv("v")
+                    .phase("Available")
+                    .provisioned_by("x/y")
+                    .finalizer(FINALIZER_PV)
+                    .deleting()
+                    .build(),
                 true,
                 None,
             ),
@@ -517,6 +630,59 @@ mod tests {
         for (name, volume, add, want) in cases {
             assert_eq!(
                 finalizer_change(&volume, names(&[]), add),
+                want,
+                "case: {name}"
+            );
+        }
+    }
+
+    #[test]
+    fn finalizer_patches_touch_only_our_finalizer_and_carry_no_resource_version() {
+        assert_eq!(
+            finalizer_patch(Some("u1"), FinalizerChange::Add),
+            serde_json::json!({"metadata": {"uid": "u1", "finalizers": [FINALIZER_PV]}})
+        );
+        assert_eq!(
+            finalizer_patch(None, FinalizerChange::Remove),
+            serde_json::json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [FINALIZER_PV]}})
+        );
+    }
+
+    #[test]
+    fn the_reclaim_decision_holds_only_for_the_same_volume_still_released_with_delete() {
+        let released = || pv("v").phase("Released").provisioned_by(ME);
+        let with_uid = |b: crate::testing::PvBuilder, uid: &str| {
+            let mut v = b.build();
+            v.metadata.uid = Some(uid.to_owned());
+            v
+        };
+        let cached = with_uid(released(), "a");
+        let cases = [
+            ("the same released volume", with_uid(released(), "a"), true),
+            (
+                "the policy is Retain now",
+                with_uid(released().reclaim_policy("Retain"), "a"),
+                false,
+            ),
+            (
+                "it is bound again",
+                with_uid(released().phase("Bound"), "a"),
+                false,
+            ),
+            (
+                "another volume under the same name",
+                with_uid(released(), "b"),
+                false,
+            ),
+            (
+                "it is being deleted and our finalizer is gone",
+                with_uid(released().deleting(), "a"),
+                false,
+            ),
+        ];
+        for (name, fresh, want) in cases {
+            assert_eq!(
+                still_reclaimable(&cached, &fresh, names(&[]), true),
                 want,
                 "case: {name}"
             );

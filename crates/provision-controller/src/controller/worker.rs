@@ -21,6 +21,12 @@ pub(crate) async fn claim_worker(ctx: Arc<Context>) {
                 ctx.claim_queue.forget(&uid);
                 ctx.set_in_progress(&uid, None);
             }
+            // Waiting after an infeasible answer is no failure: queued again once the
+            // wait is over (or at once when the claim's class is re-created).
+            Err(op::OpError::Delayed { wait, .. }) => {
+                tracing::debug!(claim_uid = %uid, ?wait, "provisioning previously failed with infeasible error; retry delayed");
+                ctx.claim_queue.add_after(uid.clone(), wait);
+            }
             Err(err) => {
                 let failures = ctx.claim_queue.num_requeues(&uid);
                 let threshold = ctx.config.failed_provision_threshold;
@@ -42,12 +48,13 @@ pub(crate) async fn claim_worker(ctx: Arc<Context>) {
     }
 }
 
-/// Whether the claim is a deleted claim whose asset is being cleaned up: it keeps our
-/// finalizer until then, so giving up would leave it Terminating.
+/// Whether the claim's asset is being cleaned up (it is being deleted, bound to another
+/// PV, or asks another provisioner now): it keeps our finalizer until then, so giving
+/// up would leave it Terminating or leak the asset.
 fn cleaning_up(ctx: &Context, uid: &str) -> bool {
     ctx.caches
         .claim_by_uid(uid)
-        .is_some_and(|c| c.metadata.deletion_timestamp.is_some() && super::intent::has_intent(&c))
+        .is_some_and(|c| claim::intent_plan(ctx, &c) == super::intent::Plan::CleanUp)
 }
 
 pub(crate) async fn volume_worker(ctx: Arc<Context>) {
@@ -127,6 +134,34 @@ mod tests {
             "http://127.0.0.1:9".parse().unwrap(),
         ))
         .unwrap();
+        // Crash safety writes claim finalizers, and this harness has no API server.
+        build(
+            client,
+            config.crash_safe_provisioning(false),
+            fake,
+            with_class,
+        )
+    }
+
+    /// A context whose client talks to a fresh kube-sim (returned too), with `config` as
+    /// given; the caches are still fed by the test. For real time only: a paused clock
+    /// advances while a request waits for the sim.
+    async fn sim_harness(
+        config: Config,
+        fake: FakeProvisioner,
+        with_class: bool,
+    ) -> (kube_sim::KubeSim, Harness) {
+        let sim = kube_sim::KubeSim::builder().start().await.unwrap();
+        let h = build(sim.client(), config, fake, with_class);
+        (sim, h)
+    }
+
+    fn build(
+        client: kube_client::Client,
+        config: Config,
+        fake: FakeProvisioner,
+        with_class: bool,
+    ) -> Harness {
         let (claims_store, claims) = reflector::store();
         let (volumes_store, volumes) = reflector::store();
         let (classes_store, mut classes) = reflector::store();
@@ -139,8 +174,6 @@ mod tests {
         let seen = Arc::clone(&calls);
         let qualify = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let answer = Arc::clone(&qualify);
-        // Crash safety writes claim finalizers, and this harness has no API server.
-        let config = config.crash_safe_provisioning(false);
         let limiter = config.failure_backoff.limiter();
         let ctx = Arc::new(Context {
             client,
@@ -153,6 +186,7 @@ mod tests {
             guard: None,
             caches: Caches::new(claims_store, volumes_store, classes_store),
             in_progress: Mutex::new(HashMap::new()),
+            infeasible: Mutex::default(),
             events: Events::disabled(),
             metrics: None,
             claim_queue: Arc::new(WorkQueue::new("claims", Arc::clone(&limiter), None)),
@@ -398,7 +432,13 @@ mod tests {
                 h.put_claim(the_claim());
             }
             if before {
-                h.ctx.set_in_progress("u1", Some(Arc::new(the_claim())));
+                h.ctx.set_in_progress(
+                    "u1",
+                    Some(crate::controller::InProgress::new(
+                        Arc::new(the_claim()),
+                        None,
+                    )),
+                );
             }
             let result = claim::sync_claim(&h.ctx, "u1").await;
             assert_eq!(result.is_ok(), ok, "case: {name}: {result:?}");
@@ -416,27 +456,59 @@ mod tests {
     }
 
     mod more;
+    mod safety;
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn a_failing_volume_is_retried_until_the_delete_threshold() {
         let fake = FakeProvisioner::new().script_delete(std::iter::repeat_n(DeleteStep::Fail, 10));
-        let mut h = harness(
-            Config::default().failed_delete_threshold(2),
-            fake.clone(),
-            true,
-        );
-        let volume = crate::testing::pv("v")
+        let config = Config::default()
+            .failed_delete_threshold(2)
+            .failure_backoff(fast_backoff());
+        let (sim, mut h) = sim_harness(config, fake.clone(), true).await;
+        // The volume is read again before its asset is deleted: it must exist.
+        let volumes: kube_client::Api<k8s_openapi::api::core::v1::PersistentVolume> =
+            kube_client::Api::all(sim.client());
+        let mut volume = crate::testing::pv("v")
             .phase("Released")
             .provisioned_by(ME)
             .build();
+        let created = volumes.create(&Default::default(), &volume).await.unwrap();
+        let status = serde_json::json!({"status": {"phase": "Released"}});
+        volumes
+            .patch_status(
+                "v",
+                &Default::default(),
+                &kube_client::api::Patch::Merge(&status),
+            )
+            .await
+            .unwrap();
+        volume.metadata.uid = created.metadata.uid;
         h.volumes
             .apply_watcher_event(&watcher::Event::Apply(volume));
         h.ctx.volume_queue.add("v".into());
         let worker = tokio::spawn(volume_worker(Arc::clone(&h.ctx)));
-        tokio::time::sleep(Duration::from_secs(1000)).await;
+        wait_for("three delete calls", || fake.delete_calls().len() >= 3).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
         h.ctx.volume_queue.shut_down();
         worker.await.unwrap();
         assert_eq!(fake.delete_calls().len(), 3, "first try and two retries");
         assert_eq!(h.ctx.volume_queue.num_requeues("v"), 2);
+    }
+
+    /// Retries after 10 ms per failure, for tests on real time.
+    fn fast_backoff() -> FailureBackoff {
+        FailureBackoff::Custom(Arc::new(crate::ratelimit::ItemExponentialLimiter::new(
+            Duration::from_millis(10),
+            Duration::from_millis(10),
+        )))
+    }
+
+    /// Polls `done` every 10 ms on real time, failing after 10 s.
+    async fn wait_for(what: &str, done: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }

@@ -14,7 +14,13 @@ fn the_claim() -> PersistentVolumeClaim {
 
 fn in_progress(h: &mut Harness) {
     h.put_claim(the_claim());
-    h.ctx.set_in_progress("u1", Some(Arc::new(the_claim())));
+    h.ctx.set_in_progress(
+        "u1",
+        Some(crate::controller::InProgress::new(
+            Arc::new(the_claim()),
+            None,
+        )),
+    );
 }
 
 fn background(h: &Harness) -> &crate::controller::save::Background {
@@ -117,7 +123,11 @@ async fn a_panic_outside_the_driver_fails_the_claim_and_the_worker_lives_on() {
         2,
         "each panic counted as one failure, retried up to the threshold"
     );
-    assert!(h.attempts(start).is_empty(), "stopped before the qualifier");
+    assert_eq!(
+        h.attempts(start).len(),
+        3,
+        "each attempt failed after the qualifier, at the namer"
+    );
     assert!(fake.provision_calls().is_empty());
 }
 
