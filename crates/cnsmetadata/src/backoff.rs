@@ -81,6 +81,16 @@ impl PerObjectBackoff {
         self.delays().remove(key);
     }
 
+    /// Keeps only the objects for which `keep` holds (the others are gone).
+    pub(crate) fn retain(&self, mut keep: impl FnMut(&ObjectRef<CnsVolumeMetadata>) -> bool) {
+        self.delays().retain(|key, _| keep(key));
+    }
+
+    /// Forgets every object (this replica stopped leading).
+    pub(crate) fn clear(&self) {
+        self.delays().clear();
+    }
+
     /// Number of objects with a recorded failure.
     #[must_use]
     pub fn len(&self) -> usize {

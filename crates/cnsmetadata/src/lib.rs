@@ -7,11 +7,15 @@ mod crd;
 mod events;
 mod plan;
 mod reconciler;
+mod record;
 mod resource;
 mod run;
+mod sync;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+mod trigger;
 mod validate;
+mod write;
 
 pub use backend::{
     BackendError, BoxError, ClusterFlavor, ClusterType, ContainerCluster, EntityMetadata,
@@ -25,9 +29,10 @@ pub use reconciler::{
     Context, FINALIZER, REASON_UPDATE_FAILED, REASON_UPDATE_SUCCEEDED, REPORTING_CONTROLLER,
     ReconcileError, error_policy, reconcile,
 };
+pub use record::PUSHED_ANNOTATION;
 pub use resource::{
     API_VERSION, CRD_NAME, CnsVolumeMetadata, CnsVolumeMetadataSpec, CnsVolumeMetadataStatus,
     EntityReference, EntityType, GROUP, KIND, PLURAL, VERSION, VolumeStatus,
 };
-pub use run::{Error, run};
+pub use run::{Error, run, run_while_leading};
 pub use validate::{InvalidSpec, Violation, validate};

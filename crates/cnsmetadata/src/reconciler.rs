@@ -1,9 +1,9 @@
 //! `reconcile` and `error_policy` for `CnsVolumeMetadata` (Go: `ReconcileCnsVolumeMetadata`).
 
-use std::{fmt::Write as _, sync::Arc};
+use std::{fmt::Write as _, sync::Arc, time::Duration};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use kube_client::{Api, Client, Resource, ResourceExt, api::PostParams};
+use kube_client::{Client, Resource, ResourceExt};
 use kube_runtime::{
     controller::Action,
     reflector::{ObjectRef, Store},
@@ -15,9 +15,11 @@ use crate::{
     backoff::PerObjectBackoff,
     config::Config,
     events::{EventType, EventWriter},
-    plan::{plan_update, referred_entities},
+    record::{self, PUSHED_ANNOTATION, PushedEntry},
     resource::{CnsVolumeMetadata, VolumeStatus},
+    sync::{Resolved, Target, best_effort_entries, push, targets},
     validate::{InvalidSpec, validate},
+    write::{Written, write, write_status},
 };
 
 /// Finalizer the reconciler puts on every object (Go: `cnsoperatortypes.CNSFinalizer`).
@@ -28,8 +30,8 @@ pub const REASON_UPDATE_FAILED: &str = "UpdateFailed";
 pub const REASON_UPDATE_SUCCEEDED: &str = "UpdateSucceeded";
 /// `reportingController` of published events (Go's event source component).
 pub const REPORTING_CONTROLLER: &str = "cns.vmware.com";
-/// Replace attempts when the API server answers 409 Conflict.
-const CONFLICT_RETRIES: usize = 5;
+/// Retry delay of a deletion that found entries recorded while it ran.
+const RECORDED_MEANWHILE_RETRY: Duration = Duration::from_secs(1);
 /// Events notes are limited to 1 kB.
 const MAX_NOTE_BYTES: usize = 1024;
 
@@ -46,14 +48,14 @@ pub enum ReconcileError {
         #[source]
         source: InvalidSpec,
     },
-    /// Some volumes could not be updated on CNS; their status says why.
+    /// Some CNS updates or removals failed; the status and the event say why.
     #[error("{failed} of {total} volumes of cnsvolumemetadata {object} failed to update on cns")]
     VolumesFailed {
         /// `namespace/name` of the object.
         object: String,
-        /// Volumes that failed.
+        /// Updates or removals that failed.
         failed: usize,
-        /// Volumes named in the spec.
+        /// Updates or removals tried (plus volumes that could not be resolved).
         total: usize,
     },
     /// Writing the object (finalizer or status) failed.
@@ -71,13 +73,13 @@ pub enum ReconcileError {
 
 /// Everything `reconcile` needs: API client, caches, backend, options, retry state.
 pub struct Context {
-    client: Client,
-    backend: Arc<dyn VolumeMetadataBackend>,
-    config: Config,
-    claims: Store<PersistentVolumeClaim>,
-    volumes: Store<PersistentVolume>,
+    pub(crate) client: Client,
+    pub(crate) backend: Arc<dyn VolumeMetadataBackend>,
+    pub(crate) config: Config,
+    pub(crate) claims: Store<PersistentVolumeClaim>,
+    pub(crate) volumes: Store<PersistentVolume>,
     events: EventWriter,
-    backoff: PerObjectBackoff,
+    backoff: Arc<PerObjectBackoff>,
 }
 
 impl Context {
@@ -102,8 +104,14 @@ impl Context {
             config,
             claims,
             volumes,
-            backoff: PerObjectBackoff::default(),
+            backoff: Arc::default(),
         }
+    }
+
+    /// Uses `backoff` (shared with the watch, which forgets deleted objects in it).
+    pub(crate) fn with_backoff(mut self, backoff: Arc<PerObjectBackoff>) -> Self {
+        self.backoff = backoff;
+        self
     }
 
     /// The retry delays per object.
@@ -112,7 +120,7 @@ impl Context {
         &self.backoff
     }
 
-    async fn publish(
+    pub(crate) async fn publish(
         &self,
         object: &CnsVolumeMetadata,
         type_: EventType,
@@ -133,6 +141,12 @@ impl Context {
 /// Reconciles one object: validate, add the finalizer, push metadata to CNS (or remove it
 /// when the object is being deleted, then drop the finalizer), and persist the per-volume
 /// status. Resets the object's retry delay on success.
+///
+/// Every entity pushed is first recorded in the annotation [`PUSHED_ANNOTATION`]; entities
+/// an earlier spec pushed and the current one no longer describes are removed, and a
+/// deletion removes every recorded entity, whatever the spec has become. A deletion never
+/// waits on the spec (valid or not) or on supervisor claims and volumes (missing,
+/// unbound): only on CNS failing to remove a recorded entry.
 ///
 /// # Errors
 /// [`ReconcileError`]; every failure has also been published as an `UpdateFailed` event.
@@ -159,7 +173,7 @@ pub fn error_policy(
     Action::requeue(delay)
 }
 
-fn describe(object: &CnsVolumeMetadata) -> String {
+pub(crate) fn describe(object: &CnsVolumeMetadata) -> String {
     format!(
         "{}/{}",
         object.namespace().unwrap_or_default(),
@@ -167,10 +181,33 @@ fn describe(object: &CnsVolumeMetadata) -> String {
     )
 }
 
+fn has_finalizer(object: &CnsVolumeMetadata) -> bool {
+    object.finalizers().iter().any(|f| f == FINALIZER)
+}
+
+/// `with name "x" and entity type "Y" in the guest cluster "z"`, as Go's event notes.
+fn what(object: &CnsVolumeMetadata) -> String {
+    let spec = &object.spec;
+    format!(
+        "with name {:?} and entity type {:?} in the guest cluster {:?}",
+        spec.entity_name,
+        spec.entity_type.as_str(),
+        spec.guest_cluster_id
+    )
+}
+
 async fn apply(object: &CnsVolumeMetadata, ctx: &Context) -> Result<Action, ReconcileError> {
     let spec = &object.spec;
     info!(entity_type = %spec.entity_type, entity = %spec.entity_name, "reconciling");
-    if let Err(invalid) = validate(object) {
+    let valid = validate(object);
+    if object.meta().deletion_timestamp.is_some() {
+        // Validation never blocks a deletion: what was pushed is in the record.
+        if let Err(invalid) = &valid {
+            info!(problems = %join_violations(invalid), "deleting an object with an invalid spec");
+        }
+        return finish_deletion(object, ctx, valid.is_ok()).await;
+    }
+    if let Err(invalid) = valid {
         let note = format!(
             "Failed to validate reconcile request with error: {}",
             join_violations(&invalid)
@@ -182,49 +219,18 @@ async fn apply(object: &CnsVolumeMetadata, ctx: &Context) -> Result<Action, Reco
             source: invalid,
         });
     }
-    let has_finalizer = object.finalizers().iter().any(|f| f == FINALIZER);
-    let what = format!(
-        "with name {:?} and entity type {:?} in the guest cluster {:?}",
-        spec.entity_name,
-        spec.entity_type.as_str(),
-        spec.guest_cluster_id
-    );
-    if object.meta().deletion_timestamp.is_some() {
-        if !has_finalizer {
-            debug!("being deleted without our finalizer; nothing to do");
-            return Ok(Action::await_change());
-        }
-        let status = sync_volumes(object, ctx, true).await;
-        let failed = count_failed(&status);
-        if failed > 0 {
-            let note = format!(
-                "Failed to delete entry in CNS for instance {what}. Requeuing request.{}",
-                volume_errors(&status)
-            );
-            ctx.publish(object, EventType::Warning, "DeleteVolumeMetadata", note)
-                .await;
-            write_status(object, ctx, status.clone()).await?;
-            return Err(volumes_failed(object, failed, status.len()));
-        }
-        let removed = write(object, ctx, "remove finalizer", |o| {
-            o.metadata
-                .finalizers
-                .get_or_insert_default()
-                .retain(|f| f != FINALIZER);
-            o.status.volume_status.clone_from(&status);
-        })
-        .await;
-        warn_finalizer_failure(object, ctx, "remove", &removed).await;
-        removed?;
-        info!("metadata removed from cns; finalizer removed");
-        return Ok(Action::await_change());
-    }
-    if !has_finalizer {
+    let recorded = recorded(object, ctx).await.unwrap_or_default();
+    let targets = targets(object, ctx);
+    let desired: Vec<PushedEntry> = targets.iter().filter_map(|t| t.entry.clone()).collect();
+    if !has_finalizer(object) {
+        // The finalizer goes on with the record of what the next reconcile will push.
         let added = write(object, ctx, "add finalizer", |o| {
             let finalizers = o.metadata.finalizers.get_or_insert_default();
             if !finalizers.iter().any(|f| f == FINALIZER) {
                 finalizers.push(FINALIZER.to_owned());
             }
+            let fresh = record::read(o).ok().flatten().unwrap_or_default();
+            record::store(o, record::union(&fresh, &desired));
         })
         .await;
         warn_finalizer_failure(object, ctx, "add", &added).await;
@@ -232,32 +238,230 @@ async fn apply(object: &CnsVolumeMetadata, ctx: &Context) -> Result<Action, Reco
         // The finalizer change triggers the next reconcile, which pushes the metadata.
         return Ok(Action::await_change());
     }
-    let status = sync_volumes(object, ctx, false).await;
-    let failed = count_failed(&status);
+    update(object, ctx, &recorded, &targets, &desired).await
+}
+
+/// The record of `object`; an unreadable one is reported and read as none.
+async fn recorded(object: &CnsVolumeMetadata, ctx: &Context) -> Option<Vec<PushedEntry>> {
+    match record::read(object) {
+        Ok(recorded) => recorded,
+        Err(error) => {
+            let note = format!(
+                "Ignoring the unreadable annotation {PUSHED_ANNOTATION:?} of {:?}: {error}",
+                object.name_any()
+            );
+            ctx.publish(object, EventType::Warning, "ReadRecord", note)
+                .await;
+            None
+        }
+    }
+}
+
+/// Pushes the entity of a valid, finalized object to every volume it names, after
+/// removing what an earlier spec pushed and this one no longer describes.
+async fn update(
+    object: &CnsVolumeMetadata,
+    ctx: &Context,
+    recorded: &[PushedEntry],
+    targets: &[Target],
+    desired: &[PushedEntry],
+) -> Result<Action, ReconcileError> {
+    let spec = &object.spec;
+    let unresolved: Vec<&str> = targets
+        .iter()
+        .filter(|t| matches!(t.resolved, Resolved::Missing(_)))
+        .map(|t| t.volume_name.as_str())
+        .collect();
+    // Recorded entries that are neither pushed again now nor on a volume that cannot be
+    // resolved at the moment (its entry may still be right).
+    let stale: Vec<PushedEntry> = recorded
+        .iter()
+        .filter(|e| !desired.iter().any(|d| d.key() == e.key()))
+        .filter(|e| !(e.is_entity_of(spec) && unresolved.contains(&e.volume_name.as_str())))
+        .cloned()
+        .collect();
+    let intent = record::union(recorded, desired);
+    let written;
+    let mut current = object;
+    if !record::same(&intent, recorded) {
+        let result = write(object, ctx, "record pushed entities", |o| {
+            let fresh = record::read(o).ok().flatten().unwrap_or_default();
+            record::store(o, record::union(&fresh, desired));
+        })
+        .await?;
+        match result {
+            Written::Updated(fresh) => written = fresh,
+            Written::Abandoned => return Ok(Action::await_change()),
+        }
+        current = &written;
+    }
+    // Stale entries go first: CNS may identify an entity by fewer fields than the record
+    // does, and must not lose the one pushed next.
+    let mut removed = Vec::new();
+    let mut errors = String::new();
+    for entry in &stale {
+        match push(ctx, entry, true).await {
+            Ok(()) => removed.push(entry.clone()),
+            Err(message) => {
+                let _ = write!(
+                    errors,
+                    " stale entity {:?} on volume {:?} ({}): {message}.",
+                    entry.entity_name, entry.volume_id, entry.volume_name
+                );
+            }
+        }
+    }
+    let mut status = Vec::with_capacity(targets.len());
+    for target in targets {
+        let volume = &target.volume_name;
+        status.push(match (&target.entry, &target.resolved) {
+            (Some(entry), _) => match push(ctx, entry, false).await {
+                Ok(()) => VolumeStatus::updated(volume),
+                Err(message) => VolumeStatus::failed(volume, message),
+            },
+            (None, Resolved::Missing(message)) => VolumeStatus::failed(volume, message.clone()),
+            (None, _) => VolumeStatus::updated(volume),
+        });
+    }
+    let failed = count_failed(&status) + stale.len() - removed.len();
     if failed > 0 {
         let note = format!(
-            "Failed to update entry in CNS for instance {what}. Requeueing request.{}",
+            "Failed to update entry in CNS for instance {}. Requeueing request.{}{errors}",
+            what(object),
             volume_errors(&status)
         );
         ctx.publish(object, EventType::Warning, "UpdateVolumeMetadata", note)
             .await;
-        write_status(object, ctx, status.clone()).await?;
-        return Err(volumes_failed(object, failed, status.len()));
+        write_status(current, ctx, status, &removed).await?;
+        return Err(volumes_failed(object, failed, targets.len() + stale.len()));
     }
-    let note = format!("Successfully updated entry in CNS for instance {what}.");
+    let note = format!(
+        "Successfully updated entry in CNS for instance {}.",
+        what(object)
+    );
     ctx.publish(object, EventType::Normal, "UpdateVolumeMetadata", note)
         .await;
-    write_status(object, ctx, status).await?;
+    write_status(current, ctx, status, &removed).await?;
+    Ok(Action::await_change())
+}
+
+/// Removes from CNS everything the object may have put there, then lets it go.
+///
+/// What is removed: every recorded entry, plus what the spec describes when it is valid
+/// (objects last written by a version that kept no record). A volume whose claim or PV is
+/// gone, or whose claim is unbound, has nothing on CNS that the record does not list. For
+/// an invalid spec without a record, the entries it plausibly stands for are removed once,
+/// best effort, without holding the finalizer.
+async fn finish_deletion(
+    object: &CnsVolumeMetadata,
+    ctx: &Context,
+    spec_valid: bool,
+) -> Result<Action, ReconcileError> {
+    let finalized = has_finalizer(object);
+    let recorded = recorded(object, ctx).await;
+    if !finalized && recorded.as_ref().is_none_or(Vec::is_empty) {
+        debug!("being deleted without our finalizer or record; nothing to do");
+        return Ok(Action::await_change());
+    }
+    let mut removals = recorded.clone().unwrap_or_default();
+    let mut guessed = Vec::new();
+    if spec_valid {
+        for target in targets(object, ctx) {
+            match (target.entry, target.resolved) {
+                (Some(entry), _) => removals = record::union(&removals, &[entry]),
+                (None, Resolved::Missing(reason)) => {
+                    info!(volume = %target.volume_name, %reason, "no cns volume; nothing to remove");
+                }
+                (None, _) => {}
+            }
+        }
+    } else if recorded.is_none() {
+        guessed = best_effort_entries(object, ctx);
+    }
+    let mut removed = Vec::new();
+    let mut failures: Vec<(PushedEntry, String)> = Vec::new();
+    for entry in &removals {
+        match push(ctx, entry, true).await {
+            Ok(()) => removed.push(entry.clone()),
+            Err(message) => failures.push((entry.clone(), message)),
+        }
+    }
+    for entry in &guessed {
+        if let Err(message) = push(ctx, entry, true).await {
+            let note = format!(
+                "Could not remove entity {:?} from volume {:?} while deleting {:?}, whose spec \
+                 is invalid: {message}. The entry may remain on CNS.",
+                entry.entity_name,
+                entry.volume_id,
+                object.name_any()
+            );
+            ctx.publish(object, EventType::Warning, "DeleteVolumeMetadata", note)
+                .await;
+        }
+    }
+    let status: Vec<VolumeStatus> = object
+        .spec
+        .volume_names
+        .iter()
+        .map(
+            |volume| match failures.iter().find(|(e, _)| &e.volume_name == volume) {
+                Some((_, message)) => VolumeStatus::failed(volume, message.clone()),
+                None => VolumeStatus::updated(volume),
+            },
+        )
+        .collect();
+    if !failures.is_empty() {
+        let mut errors = String::new();
+        for (entry, message) in &failures {
+            let _ = write!(
+                errors,
+                " {} (volume {:?}): {message}.",
+                entry.volume_name, entry.volume_id
+            );
+        }
+        let note = format!(
+            "Failed to delete entry in CNS for instance {}. Requeuing request.{errors}",
+            what(object)
+        );
+        ctx.publish(object, EventType::Warning, "DeleteVolumeMetadata", note)
+            .await;
+        write_status(object, ctx, status, &removed).await?;
+        return Err(volumes_failed(object, failures.len(), removals.len()));
+    }
+    let written = write(object, ctx, "remove finalizer", |o| {
+        // Entries recorded meanwhile (by another replica) keep the finalizer.
+        let fresh = record::read(o).ok().flatten().unwrap_or_default();
+        let remaining = record::without(&fresh, &removed);
+        if remaining.is_empty() {
+            o.metadata
+                .finalizers
+                .get_or_insert_default()
+                .retain(|f| f != FINALIZER);
+        }
+        record::store(o, remaining);
+        o.status.volume_status.clone_from(&status);
+    })
+    .await;
+    if finalized {
+        warn_finalizer_failure(object, ctx, "remove", &written).await;
+    }
+    if let Written::Updated(left) = written? {
+        if has_finalizer(&left) {
+            info!("entries were recorded during the deletion; removing them next");
+            return Ok(Action::requeue(RECORDED_MEANWHILE_RETRY));
+        }
+    }
+    info!("metadata removed from cns; finalizer removed");
     Ok(Action::await_change())
 }
 
 /// Publishes the `UpdateFailed` event Go records when adding or removing the finalizer
 /// fails (`verb` is `add` or `remove`).
-async fn warn_finalizer_failure(
+async fn warn_finalizer_failure<T>(
     object: &CnsVolumeMetadata,
     ctx: &Context,
     verb: &str,
-    result: &Result<(), ReconcileError>,
+    result: &Result<T, ReconcileError>,
 ) {
     if let Err(error) = result {
         let note = format!(
@@ -305,148 +509,6 @@ fn truncate(mut text: String, max: usize) -> String {
         text.push_str("...");
     }
     text
-}
-
-/// Pushes (or, with `delete`, removes) the entity on every volume of `object`, one status
-/// per volume name in order.
-async fn sync_volumes(
-    object: &CnsVolumeMetadata,
-    ctx: &Context,
-    delete: bool,
-) -> Vec<VolumeStatus> {
-    let spec = &object.spec;
-    let namespace = object.namespace().unwrap_or_default();
-    let mut references = referred_entities(spec, &ctx.config).into_iter();
-    let mut statuses = Vec::with_capacity(spec.volume_names.len());
-    for volume in &spec.volume_names {
-        // Validation guarantees one reference per volume name.
-        let reference = references.next().unwrap_or_default();
-        let claim_key = ObjectRef::new(volume).within(&namespace);
-        let Some(claim) = ctx.claims.get(&claim_key) else {
-            if delete {
-                info!(pvc = %claim_key, "claim not found; assuming the cns entry is gone");
-                statuses.push(VolumeStatus::updated(volume));
-            } else {
-                let message = format!("persistentvolumeclaims {volume:?} not found");
-                statuses.push(VolumeStatus::failed(volume, message));
-            }
-            continue;
-        };
-        let pv_name = claim
-            .spec
-            .as_ref()
-            .and_then(|s| s.volume_name.clone())
-            .unwrap_or_default();
-        if pv_name.is_empty() {
-            let message = format!("persistentvolumeclaim {volume:?} is not bound to a volume");
-            statuses.push(VolumeStatus::failed(volume, message));
-            continue;
-        }
-        let Some(pv) = ctx.volumes.get(&ObjectRef::new(&pv_name)) else {
-            let message = format!("persistentvolumes {pv_name:?} not found");
-            statuses.push(VolumeStatus::failed(volume, message));
-            continue;
-        };
-        let csi = pv.spec.as_ref().and_then(|s| s.csi.as_ref());
-        let Some(csi) = csi.filter(|c| c.driver == ctx.config.get_csi_driver()) else {
-            debug!(pv = %pv_name, "volume of another driver; skipped");
-            statuses.push(VolumeStatus::updated(volume));
-            continue;
-        };
-        let update = plan_update(spec, &csi.volume_handle, reference, delete, &ctx.config);
-        let timeout = ctx.config.get_backend_timeout();
-        let outcome =
-            tokio::time::timeout(timeout, ctx.backend.update_volume_metadata(&update)).await;
-        statuses.push(match outcome {
-            Ok(Ok(())) => VolumeStatus::updated(volume),
-            Ok(Err(error)) if delete && error.is_not_found() => {
-                info!(volume_id = %update.volume_id, "volume not found in cns; already deleted");
-                VolumeStatus::updated(volume)
-            }
-            Ok(Err(error)) => {
-                warn!(volume_id = %update.volume_id, error = %error_chain(&error), "cns update failed");
-                VolumeStatus::failed(volume, error_chain(&error))
-            }
-            Err(_) => VolumeStatus::failed(
-                volume,
-                format!("cns volume metadata update timed out after {timeout:?}"),
-            ),
-        });
-    }
-    statuses
-}
-
-async fn write_status(
-    object: &CnsVolumeMetadata,
-    ctx: &Context,
-    status: Vec<VolumeStatus>,
-) -> Result<(), ReconcileError> {
-    if object.status.volume_status == status {
-        return Ok(());
-    }
-    let result = write(object, ctx, "update status", |o| {
-        o.status.volume_status.clone_from(&status)
-    })
-    .await;
-    if let Err(error) = &result {
-        let note = format!(
-            "Failed to update status for {:?}. Err: {}.",
-            object.name_any(),
-            error_chain(error)
-        );
-        ctx.publish(object, EventType::Warning, "UpdateStatus", note)
-            .await;
-    }
-    result
-}
-
-/// Applies `change` to `object` and replaces it on the server (there is no status
-/// subresource). On 409 Conflict the object is read again and `change` reapplied, unless
-/// the object was replaced by another one (new UID), its spec changed (a new reconcile
-/// follows) or it is gone.
-async fn write(
-    object: &CnsVolumeMetadata,
-    ctx: &Context,
-    action: &'static str,
-    change: impl Fn(&mut CnsVolumeMetadata),
-) -> Result<(), ReconcileError> {
-    let namespace = object.namespace().unwrap_or_default();
-    let api: Api<CnsVolumeMetadata> = Api::namespaced(ctx.client.clone(), &namespace);
-    let name = object.name_any();
-    let fail = |source: kube_client::Error| ReconcileError::Write {
-        object: describe(object),
-        action,
-        source: Box::new(source),
-    };
-    let mut current = object.clone();
-    for _ in 0..CONFLICT_RETRIES {
-        change(&mut current);
-        match api.replace(&name, &PostParams::default(), &current).await {
-            Ok(_) => return Ok(()),
-            Err(kube_client::Error::Api(status)) if status.code == 409 => {
-                debug!(action, "conflict; reading the object again");
-                match api.get_opt(&name).await.map_err(fail)? {
-                    Some(fresh)
-                        if fresh.metadata.uid == object.metadata.uid
-                            && fresh.spec == object.spec =>
-                    {
-                        current = fresh;
-                    }
-                    _ => return Ok(()),
-                }
-            }
-            Err(kube_client::Error::Api(status)) if status.code == 404 => return Ok(()),
-            Err(error) => return Err(fail(error)),
-        }
-    }
-    let conflict = kube_client::Error::Api(Box::new(
-        kube_client::core::Status::failure(
-            &format!("still conflicting after {CONFLICT_RETRIES} attempts"),
-            "Conflict",
-        )
-        .with_code(409),
-    ));
-    Err(fail(conflict))
 }
 
 #[cfg(test)]

@@ -1,28 +1,32 @@
-//! Wiring: caches, the trigger filter and the kube `Controller` (Go: `Add` and `add`).
+//! Wiring: caches, the trigger watch, leadership terms and the kube `Controller` (Go: `Add`
+//! and `add`).
 
-use std::{
-    future::Future,
-    hash::{DefaultHasher, Hash, Hasher},
-    sync::Arc,
+use std::{future::Future, sync::Arc};
+
+use futures::{
+    FutureExt, SinkExt, StreamExt,
+    future::{self, BoxFuture, Shared},
+    stream,
 };
-
-use futures::{FutureExt, StreamExt, future};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube_client::{Api, Client, Resource, ResourceExt};
 use kube_runtime::{
-    Controller, PredicateConfig, WatchStreamExt,
-    controller::Config as ControllerConfig,
-    reflector::{self, store::Writer},
+    Controller, WatchStreamExt,
+    controller::{self, Action, Config as ControllerConfig},
+    reflector::{self, ObjectRef, Store, store::Writer},
     watcher,
 };
 use serde::de::DeserializeOwned;
+use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::{
     backend::{ClusterFlavor, VolumeMetadataBackend, error_chain},
+    backoff::PerObjectBackoff,
     config::{Config, ConfigError},
-    reconciler::{Context, error_policy, reconcile},
+    reconciler::{Context, ReconcileError, error_policy, reconcile},
     resource::CnsVolumeMetadata,
+    trigger::Triggers,
 };
 
 /// Why [`run`] stopped early.
@@ -35,17 +39,6 @@ pub enum Error {
     /// A cache of claims or volumes stopped before it was filled.
     #[error("the {0} cache stopped before it was filled")]
     CacheStopped(&'static str),
-}
-
-/// What reconciles an object: its creation (and every object once at start), a change of
-/// spec or finalizers, and the start of its deletion; status writes do not (Go: the
-/// controller's predicate `Funcs`).
-pub(crate) fn trigger_hash(object: &CnsVolumeMetadata) -> Option<u64> {
-    let mut hasher = DefaultHasher::new();
-    object.spec.hash(&mut hasher);
-    object.finalizers().hash(&mut hasher);
-    object.meta().deletion_timestamp.is_some().hash(&mut hasher);
-    Some(hasher.finish())
 }
 
 /// A reflector filling `writer` with every `K`, managedFields dropped; runs until dropped.
@@ -72,16 +65,74 @@ where
         .await;
 }
 
-/// Runs the `CnsVolumeMetadata` reconciler until `shutdown` completes.
+/// The watch of every `CnsVolumeMetadata`: fills `writer`, and feeds `triggers` (which
+/// forgets deleted objects in `backoff` too); runs until dropped.
+async fn watch_objects(
+    client: Client,
+    writer: Writer<CnsVolumeMetadata>,
+    triggers: Arc<Triggers>,
+    backoff: Arc<PerObjectBackoff>,
+) {
+    watcher(
+        Api::<CnsVolumeMetadata>::all(client),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(|object: &mut CnsVolumeMetadata| object.metadata.managed_fields = None)
+    .reflect(writer)
+    .for_each(|event| {
+        let next = match event {
+            Ok(event) => triggers.observe(&event, &backoff),
+            Err(error) => {
+                warn!(cache = "cnsvolumemetadatas", error = %error_chain(&error), "watch failed; retrying");
+                None
+            }
+        };
+        async move {
+            if let Some((mut queue, object)) = next {
+                // Fails only when the term ended meanwhile; the next one reconciles all.
+                let _ = queue.send(object).await;
+            }
+        }
+    })
+    .await;
+}
+
+/// Runs the `CnsVolumeMetadata` reconciler until `shutdown` completes; the same as
+/// [`run_while_leading`] with a replica that always leads.
+///
+/// # Errors
+/// As [`run_while_leading`].
+#[doc(alias = "Add")]
+pub async fn run(
+    client: Client,
+    backend: Arc<dyn VolumeMetadataBackend>,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let (_always, leading) = watch::channel(true);
+    run_while_leading(client, backend, config, leading, shutdown).await
+}
+
+/// Runs the `CnsVolumeMetadata` reconciler until `shutdown` completes, reconciling only
+/// while `leading` says this replica is the leader.
 ///
 /// Does nothing and returns `Ok(())` at once unless the cluster flavor is
-/// [`ClusterFlavor::Workload`]. Otherwise it fills caches of supervisor claims and volumes
-/// (managedFields dropped), waits for both, and reconciles objects of every namespace with
-/// [`Config::worker_threads`] workers.
+/// [`ClusterFlavor::Workload`]. Otherwise it starts at once, leader or not, the caches of
+/// supervisor claims and volumes (managedFields dropped) and the watch of
+/// `CnsVolumeMetadata` objects of every namespace, so that a standby is warm. Once they are
+/// filled, each time `*leading.borrow()` turns `true` a term starts: every object is
+/// reconciled (the new leader catches up on whatever happened meanwhile), then each
+/// object again on its creation, a change of spec or finalizers, the start of its
+/// deletion, and its retries, with [`Config::worker_threads`] workers.
 ///
 /// # Guarantees
-/// When `shutdown` completes, no new reconcile starts; the ones running finish, then `run`
-/// returns `Ok(())`. No task outlives the returned future.
+/// - When `leading` turns `false`, no new reconcile starts; the ones running finish, the
+///   retry delays are forgotten, and the replica waits to lead again.
+/// - A dropped sender means "not leading" for good: the replica stays a warm standby
+///   until `shutdown` completes.
+/// - When `shutdown` completes, no new reconcile starts; the ones running finish, then
+///   `run_while_leading` returns `Ok(())`. No task outlives the returned future.
 ///
 /// # Errors
 /// [`Error::Config`] when [`Config::validate`] fails; [`Error::CacheStopped`] if a cache
@@ -90,13 +141,59 @@ where
 /// # Assumptions
 /// The `CnsVolumeMetadata` CRD is installed ([`crate::crd()`]); until it is, the watch
 /// is retried with backoff. The client may list and watch claims, volumes and
-/// `cnsvolumemetadatas`, update `cnsvolumemetadatas` and create events.
-#[doc(alias = "Add")]
-pub async fn run(
+/// `cnsvolumemetadatas`, update `cnsvolumemetadatas` and create events. Leadership is
+/// decided elsewhere (a Lease); a replica that lost it may still finish the reconciles
+/// it had started.
+///
+/// # Example
+/// ```no_run
+/// # async fn doc(backend: std::sync::Arc<dyn cnsmetadata::VolumeMetadataBackend>) -> Result<(), Box<dyn std::error::Error>> {
+/// use tokio::sync::watch;
+///
+/// let client = kube_client::Client::try_default().await?;
+/// let config = cnsmetadata::Config::default().cluster_id("domain-c8");
+/// // The leader elector owns the sender: `send(true)` on acquiring the lease,
+/// // `send(false)` on losing it.
+/// let (elected, leading) = watch::channel(false);
+/// let shutdown = async {
+///     let _ = tokio::signal::ctrl_c().await;
+/// };
+/// let reconciler = tokio::spawn(cnsmetadata::run_while_leading(
+///     client, backend, config, leading, shutdown,
+/// ));
+/// elected.send(true)?;
+/// reconciler.await??;
+/// # Ok(())
+/// # }
+/// ```
+pub async fn run_while_leading(
     client: Client,
     backend: Arc<dyn VolumeMetadataBackend>,
     config: Config,
+    leading: watch::Receiver<bool>,
     shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    serve(
+        client,
+        backend,
+        config,
+        leading,
+        shutdown,
+        Arc::default(),
+        Arc::default(),
+    )
+    .await
+}
+
+/// [`run_while_leading`] with the per-object state given (tests look into it).
+pub(crate) async fn serve(
+    client: Client,
+    backend: Arc<dyn VolumeMetadataBackend>,
+    config: Config,
+    leading: watch::Receiver<bool>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    triggers: Arc<Triggers>,
+    backoff: Arc<PerObjectBackoff>,
 ) -> Result<(), Error> {
     config.validate()?;
     let flavor = config.get_cluster_flavor();
@@ -109,7 +206,8 @@ pub async fn run(
 
     let (claims, claims_writer) = reflector::store();
     let (volumes, volumes_writer) = reflector::store();
-    let caches = future::join(
+    let (objects, objects_writer) = reflector::store();
+    let watches = future::join3(
         fill_cache(
             Api::<PersistentVolumeClaim>::all(client.clone()),
             claims_writer,
@@ -120,105 +218,328 @@ pub async fn run(
             volumes_writer,
             "volumes",
         ),
+        watch_objects(
+            client.clone(),
+            objects_writer,
+            triggers.clone(),
+            backoff.clone(),
+        ),
     );
-
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        backend,
-        config,
-        claims.clone(),
-        volumes.clone(),
-    ));
-    let controller = async move {
-        let ready = future::try_join(claims.wait_until_ready(), volumes.wait_until_ready());
+    let ctx = Arc::new(
+        Context::new(client, backend, config, claims.clone(), volumes.clone())
+            .with_backoff(backoff),
+    );
+    let terms = async move {
+        let ready = future::try_join3(
+            claims.wait_until_ready(),
+            volumes.wait_until_ready(),
+            objects.wait_until_ready(),
+        );
         tokio::select! {
-            ready = ready => ready.map_err(|_| Error::CacheStopped("claims or volumes"))?,
+            ready = ready => ready.map_err(|_| Error::CacheStopped("claims, volumes or objects"))?,
             () = shutdown.clone() => return Ok(()),
         };
-        info!(
-            workers,
-            "caches filled; reconciling CnsVolumeMetadata objects"
-        );
-        let (reader, writer) = reflector::store();
-        let trigger = watcher(
-            Api::<CnsVolumeMetadata>::all(client),
-            watcher::Config::default(),
-        )
-        .default_backoff()
-        .reflect(writer)
-        .applied_objects()
-        .predicate_filter(trigger_hash, PredicateConfig::default());
-        Controller::for_stream(trigger, reader)
-            .with_config(ControllerConfig::default().concurrency(workers))
-            .graceful_shutdown_on(shutdown)
-            .run(reconcile, error_policy, ctx)
-            .for_each(|result| {
-                match result {
-                    // A trigger for an object deleted since: expected after every deletion.
-                    Err(kube_runtime::controller::Error::ObjectNotFound(object)) => {
-                        debug!(object = %object, "object gone before its reconcile");
-                    }
-                    Err(error) => warn!(error = %error_chain(&error), "controller error"),
-                    Ok(_) => {}
-                }
-                future::ready(())
-            })
-            .await;
+        info!(workers, "caches filled");
+        lead(ctx, objects, triggers, workers, leading, shutdown).await;
         info!("CnsVolumeMetadata reconciler stopped");
         Ok(())
     };
-    futures::pin_mut!(controller, caches);
-    match future::select(controller, caches).await {
+    futures::pin_mut!(terms, watches);
+    match future::select(terms, watches).await {
         future::Either::Left((result, _)) => result,
-        future::Either::Right((((), ()), _)) => Err(Error::CacheStopped("claims or volumes")),
+        future::Either::Right(_) => Err(Error::CacheStopped("claims, volumes or objects")),
+    }
+}
+
+/// Waits until `leading` is `true`; `false` when the sender is gone (never again).
+async fn until_leading(leading: &mut watch::Receiver<bool>) -> bool {
+    loop {
+        if leading.is_closed() {
+            return false;
+        }
+        if *leading.borrow_and_update() {
+            return true;
+        }
+        if leading.changed().await.is_err() {
+            return false;
+        }
+    }
+}
+
+/// Waits until `leading` is `false` or its sender is gone.
+async fn until_not_leading(mut leading: watch::Receiver<bool>) {
+    loop {
+        if leading.is_closed() || !*leading.borrow_and_update() {
+            return;
+        }
+        if leading.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Runs one controller per leadership term until `shutdown` completes.
+async fn lead(
+    ctx: Arc<Context>,
+    objects: Store<CnsVolumeMetadata>,
+    triggers: Arc<Triggers>,
+    workers: u16,
+    mut leading: watch::Receiver<bool>,
+    shutdown: Shared<BoxFuture<'static, ()>>,
+) {
+    loop {
+        let leads = tokio::select! {
+            leads = until_leading(&mut leading) => leads,
+            () = shutdown.clone() => return,
+        };
+        if !leads {
+            info!("leadership will not come back; standing by until shutdown");
+            shutdown.await;
+            return;
+        }
+        info!(
+            workers,
+            "leading: reconciling every CnsVolumeMetadata object"
+        );
+        let queue = triggers.subscribe();
+        // `Shared` makes the future `Sync`, as `graceful_shutdown_on` wants.
+        let step_down = until_not_leading(leading.clone()).boxed().shared();
+        Controller::for_stream(queue.map(Ok), objects.clone())
+            .with_config(ControllerConfig::default().concurrency(workers))
+            .reconcile_all_on(stream::once(future::ready(())))
+            .graceful_shutdown_on(shutdown.clone())
+            .graceful_shutdown_on(step_down)
+            .run(reconcile, error_policy, ctx.clone())
+            .for_each(|result| {
+                outcome(result, &ctx);
+                future::ready(())
+            })
+            .await;
+        triggers.unsubscribe();
+        // The next term reconciles every object anyway; a standby keeps no retry state.
+        ctx.backoff().clear();
+        if shutdown.peek().is_some() {
+            return;
+        }
+        info!("no longer leading; reconciles stopped");
+    }
+}
+
+type ControllerResult = Result<
+    (ObjectRef<CnsVolumeMetadata>, Action),
+    controller::Error<ReconcileError, watcher::Error>,
+>;
+
+/// Logs one controller outcome; a retry that found its object gone forgets its delay
+/// (the deletion was seen before the failure recorded it).
+fn outcome(result: ControllerResult, ctx: &Context) {
+    match result {
+        Err(controller::Error::ObjectNotFound(object)) => {
+            debug!(object = %object, "object gone before its reconcile");
+            let mut key = ObjectRef::<CnsVolumeMetadata>::new(&object.name);
+            if let Some(namespace) = &object.namespace {
+                key = key.within(namespace);
+            }
+            ctx.backoff().reset(&key);
+        }
+        // Already logged by `error_policy`.
+        Err(controller::Error::ReconcilerFailed(..)) | Ok(_) => {}
+        Err(error) => warn!(error = %error_chain(&error), "controller error"),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
-    use crate::{reconciler::FINALIZER, testing::pvc_spec};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use crate::{
+        reconciler::FINALIZER,
+        testing::{InMemoryBackend, bound_claim, csi_volume, pvc_spec},
+    };
+    use k8s_openapi::{
+        api::core::v1::Namespace,
+        apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    };
+    use kube_client::api::{DeleteParams, ObjectMeta, PostParams};
 
     fn assert_send<T: Send>(t: T) -> T {
         t
     }
 
-    /// Compile-only: the future `run` returns can be spawned.
+    /// Compile-only: the futures `run` and `run_while_leading` return can be spawned.
     #[allow(dead_code)]
-    fn run_future_is_send(client: Client, backend: Arc<dyn VolumeMetadataBackend>) {
+    fn run_futures_are_send(client: Client, backend: Arc<dyn VolumeMetadataBackend>) {
         drop(assert_send(run(
+            client.clone(),
+            backend.clone(),
+            Config::default(),
+            future::pending(),
+        )));
+        let (_leader, leading) = watch::channel(false);
+        drop(assert_send(run_while_leading(
             client,
             backend,
             Config::default(),
+            leading,
             future::pending(),
         )));
     }
 
-    #[test]
-    fn status_changes_do_not_trigger_but_spec_finalizers_and_deletion_do() {
-        let base = CnsVolumeMetadata::new("gc-1-a", pvc_spec());
-        let mut status_only = base.clone();
-        status_only
-            .status
-            .volume_status
-            .push(crate::resource::VolumeStatus::updated("x"));
-        status_only.metadata.resource_version = Some("99".into());
-        assert_eq!(trigger_hash(&base), trigger_hash(&status_only));
-
-        let mut spec = base.clone();
-        spec.spec.entity_name = "other".into();
-        let mut finalized = base.clone();
-        finalized.metadata.finalizers = Some(vec![FINALIZER.into()]);
-        let mut deleting = finalized.clone();
-        deleting.metadata.deletion_timestamp = Some(Time(jiff_now()));
-        for changed in [&spec, &finalized] {
-            assert_ne!(trigger_hash(&base), trigger_hash(changed));
-        }
-        assert_ne!(trigger_hash(&finalized), trigger_hash(&deleting));
+    #[tokio::test]
+    async fn a_retry_that_finds_its_object_gone_forgets_its_delay() {
+        let sim = kube_sim::KubeSim::builder().start().await.unwrap();
+        let (claims, _) = reflector::store();
+        let (volumes, _) = reflector::store();
+        let ctx = Context::new(
+            sim.client(),
+            Arc::new(InMemoryBackend::new()),
+            Config::default(),
+            claims,
+            volumes,
+        );
+        let key = ObjectRef::<CnsVolumeMetadata>::new("gc-1-a").within("tenant");
+        let other = ObjectRef::<CnsVolumeMetadata>::new("gc-1-a").within("team-a");
+        ctx.backoff().next_delay(&key);
+        ctx.backoff().next_delay(&other);
+        outcome(
+            Err(controller::Error::ObjectNotFound(Box::new(
+                key.clone().erase(),
+            ))),
+            &ctx,
+        );
+        assert_eq!(ctx.backoff().len(), 1);
+        assert_eq!(
+            ctx.backoff().peek(&other),
+            Duration::from_secs(2),
+            "only that object's delay is forgotten"
+        );
     }
 
-    fn jiff_now() -> k8s_openapi::jiff::Timestamp {
-        k8s_openapi::jiff::Timestamp::UNIX_EPOCH
+    /// Polls `check` every 20 ms for at most 20 s.
+    async fn eventually(what: &str, check: impl Fn() -> bool) {
+        let poll = async {
+            while !check() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), poll)
+            .await
+            .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
+    }
+
+    #[tokio::test]
+    async fn per_object_state_of_deleted_objects_is_pruned() {
+        let sim = kube_sim::KubeSim::builder().start().await.unwrap();
+        let client = sim.client();
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        crds.create(&PostParams::default(), &crate::crd())
+            .await
+            .unwrap();
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let tenant = Namespace {
+            metadata: ObjectMeta {
+                name: Some("tenant".into()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        namespaces
+            .create(&PostParams::default(), &tenant)
+            .await
+            .unwrap();
+        let pvs: Api<PersistentVolume> = Api::all(client.clone());
+        pvs.create(
+            &PostParams::default(),
+            &csi_volume("pv-a", crate::VSPHERE_CSI_DRIVER, "fcd-a"),
+        )
+        .await
+        .unwrap();
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "tenant");
+        pvcs.create(
+            &PostParams::default(),
+            &bound_claim("tenant", "gc-1-vol-a", "pv-a"),
+        )
+        .await
+        .unwrap();
+
+        let triggers = Arc::new(Triggers::default());
+        let backoff = Arc::new(PerObjectBackoff::default());
+        let backend = InMemoryBackend::new();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (_leader, leading) = watch::channel(true);
+        let config = Config::default().cluster_id("cluster-7");
+        let running = tokio::spawn(serve(
+            client.clone(),
+            Arc::new(backend.clone()),
+            config,
+            leading,
+            async move {
+                let _ = stopped.await;
+            },
+            triggers.clone(),
+            backoff.clone(),
+        ));
+
+        // Valid objects are pushed; invalid ones and ones whose claim is missing fail and
+        // get a retry delay.
+        let objects: Api<CnsVolumeMetadata> = Api::namespaced(client.clone(), "tenant");
+        let mut names = Vec::new();
+        for i in 0..12 {
+            let mut spec = pvc_spec();
+            match i % 3 {
+                0 => {}
+                1 => spec.namespace.clear(),
+                _ => spec.volume_names = vec![format!("gc-1-missing-{i}")],
+            }
+            let name = format!("gc-1-object-{i}");
+            let mut object = CnsVolumeMetadata::new(&name, spec);
+            object.metadata.namespace = Some("tenant".into());
+            objects
+                .create(&PostParams::default(), &object)
+                .await
+                .unwrap();
+            names.push(name);
+        }
+        eventually(
+            "every object seen, failures delayed, valid ones pushed",
+            || {
+                triggers.tracked() == 12
+                    && backoff.len() == 8
+                    && backend.successful_updates().len() == 4
+            },
+        )
+        .await;
+
+        for name in &names {
+            objects
+                .delete(name, &DeleteParams::default())
+                .await
+                .unwrap();
+        }
+        eventually("the per-object maps to empty", || {
+            triggers.tracked() == 0 && backoff.is_empty()
+        })
+        .await;
+        let left = objects.list(&Default::default()).await.unwrap().items;
+        assert!(
+            left.iter()
+                .all(|o| !o.finalizers().contains(&FINALIZER.to_owned())),
+            "{left:?}"
+        );
+        assert!(left.is_empty(), "nothing stays Terminating: {left:?}");
+        let removals = backend
+            .successful_updates()
+            .into_iter()
+            .filter(|u| u.entity_metadata.delete)
+            .count();
+        assert_eq!(removals, 4, "every pushed entity is removed");
+
+        stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(20), running)
+            .await
+            .expect("stops")
+            .unwrap()
+            .unwrap();
     }
 }

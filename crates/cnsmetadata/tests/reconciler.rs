@@ -6,7 +6,6 @@ use std::{sync::Arc, time::Duration};
 
 use cnsmetadata::{
     CnsVolumeMetadata, FINALIZER, REASON_UPDATE_FAILED, ReconcileError, VolumeStatus, error_policy,
-    reconcile,
     testing::{Failure, pod_spec, pvc_spec},
 };
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
@@ -16,43 +15,7 @@ use kube_client::{
 };
 use kube_runtime::{controller::Action, reflector::ObjectRef};
 use kube_sim::{FaultRule, Verb};
-use support::{Direct, Harness, config, harness, wait_for};
-
-/// Reads the object from the server and reconciles it once.
-async fn step(
-    h: &Harness,
-    d: &Direct,
-    namespace: &str,
-    name: &str,
-) -> Result<Action, ReconcileError> {
-    let object = h.get(namespace, name).await.expect("object exists");
-    reconcile(Arc::new(object), d.ctx.clone()).await
-}
-
-/// Creates the object and reconciles it twice: finalizer, then the first update.
-async fn created_and_synced(
-    h: &Harness,
-    d: &Direct,
-    namespace: &str,
-    name: &str,
-) -> CnsVolumeMetadata {
-    h.create(namespace, name, pvc_spec()).await;
-    assert_eq!(
-        step(h, d, namespace, name).await.unwrap(),
-        Action::await_change()
-    );
-    let finalized = h.get(namespace, name).await.unwrap();
-    assert_eq!(
-        finalized.metadata.finalizers,
-        Some(vec![FINALIZER.to_owned()])
-    );
-    assert!(
-        h.backend.calls().is_empty(),
-        "the first reconcile only adds the finalizer"
-    );
-    step(h, d, namespace, name).await.unwrap();
-    h.get(namespace, name).await.unwrap()
-}
+use support::{Direct, Harness, config, created_and_synced, harness, step, wait_for};
 
 fn key(namespace: &str, name: &str) -> ObjectRef<CnsVolumeMetadata> {
     ObjectRef::new(name).within(namespace)
@@ -173,11 +136,11 @@ async fn same_name_in_two_namespaces_does_not_share_a_delay() {
 }
 
 #[tokio::test]
-async fn claim_not_found_during_delete_finishes_the_deletion() {
+async fn claim_gone_during_delete_still_removes_the_recorded_entry() {
     let h = harness().await;
     h.vsphere_volume("tenant", "gc-1-vol-a").await;
     let d = h.direct(config()).await;
-    created_and_synced(&h, &d, "tenant", "gc-1-data").await;
+    created_and_synced(&h, &d, "tenant", "gc-1-data", pvc_spec()).await;
     assert_eq!(h.backend.updates().len(), 1);
 
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(h.client.clone(), "tenant");
@@ -201,10 +164,13 @@ async fn claim_not_found_during_delete_finishes_the_deletion() {
         h.get("tenant", "gc-1-data").await.is_none(),
         "finalizer removed, object gone"
     );
+    let updates = h.backend.updates();
+    let mut removal = updates[0].clone();
+    removal.entity_metadata.delete = true;
     assert_eq!(
-        h.backend.updates().len(),
-        1,
-        "nothing to remove from CNS without a claim"
+        updates,
+        vec![updates[0].clone(), removal],
+        "the recorded entry is removed by its volume id (a retained volume outlives its claim)"
     );
 }
 
@@ -213,7 +179,7 @@ async fn backend_not_found_during_delete_finishes_the_deletion() {
     let h = harness().await;
     h.vsphere_volume("tenant", "gc-1-vol-a").await;
     let d = h.direct(config()).await;
-    created_and_synced(&h, &d, "tenant", "gc-1-data").await;
+    created_and_synced(&h, &d, "tenant", "gc-1-data", pvc_spec()).await;
     h.backend.fail_always(Failure::NotFound);
     h.delete("tenant", "gc-1-data").await;
     assert_eq!(
@@ -251,7 +217,7 @@ async fn failed_delete_keeps_the_finalizer_and_records_status() {
     let h = harness().await;
     h.vsphere_volume("tenant", "gc-1-vol-a").await;
     let d = h.direct(config()).await;
-    created_and_synced(&h, &d, "tenant", "gc-1-data").await;
+    created_and_synced(&h, &d, "tenant", "gc-1-data", pvc_spec()).await;
     h.backend.fail_next(1, Failure::error("busy"));
     h.delete("tenant", "gc-1-data").await;
     assert!(step(&h, &d, "tenant", "gc-1-data").await.is_err());
@@ -395,7 +361,7 @@ async fn failing_to_remove_the_finalizer_publishes_a_warning_event() {
     let h = harness().await;
     h.vsphere_volume("tenant", "gc-1-vol-a").await;
     let d = h.direct(config()).await;
-    created_and_synced(&h, &d, "tenant", "gc-1-data").await;
+    created_and_synced(&h, &d, "tenant", "gc-1-data", pvc_spec()).await;
     h.delete("tenant", "gc-1-data").await;
     h.sim.add_fault(
         FaultRule::new(Verb::Update, "cnsvolumemetadatas")

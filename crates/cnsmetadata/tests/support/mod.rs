@@ -5,7 +5,8 @@
 use std::{future::Future, sync::Arc, time::Duration};
 
 use cnsmetadata::{
-    CnsVolumeMetadata, CnsVolumeMetadataSpec, Config, Context, VSPHERE_CSI_DRIVER, crd,
+    CnsVolumeMetadata, CnsVolumeMetadataSpec, Config, Context, FINALIZER, ReconcileError,
+    VSPHERE_CSI_DRIVER, crd, reconcile,
     testing::{InMemoryBackend, bound_claim, csi_volume},
 };
 use futures::StreamExt;
@@ -22,6 +23,7 @@ use kube_client::{
 };
 use kube_runtime::{
     WatchStreamExt,
+    controller::Action,
     reflector::{self, Store},
     watcher,
 };
@@ -112,6 +114,21 @@ impl Harness {
         self.objects(namespace).get_opt(name).await.expect("get")
     }
 
+    /// Replaces the object's spec with `change` applied to it.
+    pub async fn edit(
+        &self,
+        namespace: &str,
+        name: &str,
+        change: impl FnOnce(&mut CnsVolumeMetadataSpec),
+    ) {
+        let mut object = self.get(namespace, name).await.expect("object exists");
+        change(&mut object.spec);
+        self.objects(namespace)
+            .replace(name, &PostParams::default(), &object)
+            .await
+            .expect("object is replaced");
+    }
+
     pub async fn delete(&self, namespace: &str, name: &str) {
         self.objects(namespace)
             .delete(name, &DeleteParams::default())
@@ -193,4 +210,43 @@ where
     tokio::time::timeout(Duration::from_secs(10), poll)
         .await
         .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+/// Reads the object from the server and reconciles it once.
+pub async fn step(
+    h: &Harness,
+    d: &Direct,
+    namespace: &str,
+    name: &str,
+) -> Result<Action, ReconcileError> {
+    let object = h.get(namespace, name).await.expect("object exists");
+    reconcile(Arc::new(object), d.ctx.clone()).await
+}
+
+/// Creates the object and reconciles it twice: finalizer, then the first update.
+pub async fn created_and_synced(
+    h: &Harness,
+    d: &Direct,
+    namespace: &str,
+    name: &str,
+    spec: CnsVolumeMetadataSpec,
+) -> CnsVolumeMetadata {
+    h.create(namespace, name, spec).await;
+    let calls = h.backend.calls().len();
+    assert_eq!(
+        step(h, d, namespace, name).await.unwrap(),
+        Action::await_change()
+    );
+    let finalized = h.get(namespace, name).await.unwrap();
+    assert_eq!(
+        finalized.metadata.finalizers,
+        Some(vec![FINALIZER.to_owned()])
+    );
+    assert_eq!(
+        h.backend.calls().len(),
+        calls,
+        "the first reconcile only adds the finalizer"
+    );
+    step(h, d, namespace, name).await.unwrap();
+    h.get(namespace, name).await.unwrap()
 }
