@@ -1,15 +1,82 @@
 //! The volume flow.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube_client::api::{Patch, PatchParams, PostParams};
+use kube_runtime::{reflector, watcher};
 use kube_sim::{FaultRule, Verb};
 use provision_controller::{
+    SharedCache,
     annotations::FINALIZER_PV,
     events::VOLUME_FAILED_DELETE,
-    testing::{DeleteStep, FakeProvisioner, class, pv},
+    testing::{DeleteStep, FakeProvisioner, class, pv, pvc},
 };
 
 use crate::{Env, ME, claim, eventually, fast_class, quick, quiet, settle};
+
+/// Creates a claim `claim` (without class: nothing provisions it) and the PV `volume`
+/// with a claimRef to it; returns the PV once the binder has bound them.
+pub(crate) async fn create_bound_volume(
+    env: &Env,
+    mut volume: PersistentVolume,
+    claim: &str,
+) -> PersistentVolume {
+    let uid = env.create_claim(pvc(claim).build()).await;
+    let name = volume.metadata.name.clone().unwrap();
+    volume.spec.as_mut().unwrap().claim_ref = pv("x")
+        .claim_ref("default", claim, &uid)
+        .build()
+        .spec
+        .unwrap()
+        .claim_ref;
+    env.volumes()
+        .create(&PostParams::default(), &volume)
+        .await
+        .unwrap();
+    let volumes = env.volumes();
+    eventually(&format!("pv {name} bound"), || {
+        let volumes = volumes.clone();
+        let name = name.clone();
+        async move {
+            let v = volumes.get(&name).await.ok()?;
+            (v.status.as_ref()?.phase.as_deref() == Some("Bound")).then_some(v)
+        }
+    })
+    .await
+}
+
+/// A volume cache the test feeds by hand, to show the controller a volume as an
+/// earlier watch event had it (a cache that lags the API server).
+struct HandCache {
+    writer: reflector::store::Writer<PersistentVolume>,
+    changes: futures::channel::mpsc::UnboundedSender<Arc<PersistentVolume>>,
+}
+
+fn hand_cache() -> (HandCache, SharedCache<PersistentVolume>) {
+    let (store, mut writer) = reflector::store();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    let (changes, stream) = futures::channel::mpsc::unbounded();
+    (
+        HandCache { writer, changes },
+        SharedCache::new(store, stream),
+    )
+}
+
+impl HandCache {
+    /// Puts `volume` in the cache and tells the controller it changed.
+    fn show(&mut self, volume: PersistentVolume) {
+        self.writer
+            .apply_watcher_event(&watcher::Event::Apply(volume.clone()));
+        self.changes.unbounded_send(Arc::new(volume)).unwrap();
+    }
+}
+
+async fn finalizers(env: &Env, name: &str) -> Option<Vec<String>> {
+    let volume = env.volumes().get_opt(name).await.ok()??;
+    Some(volume.metadata.finalizers.unwrap_or_default())
+}
 
 /// Creates a PV and sets its status phase. A Released PV gets a claimRef to a deleted
 /// claim, as in a cluster (the binder makes unclaimed PVs Available).
@@ -200,7 +267,7 @@ async fn with_the_finalizer_option_the_volume_is_protected_until_its_asset_is_de
 #[tokio::test]
 async fn the_finalizer_is_added_to_existing_volumes_and_removed_when_the_option_is_off() {
     let env = Env::start(quick().add_finalizer(true), FakeProvisioner::new()).await;
-    create_volume(&env, pv("old").provisioned_by(ME).build(), "Available").await;
+    create_bound_volume(&env, pv("old").provisioned_by(ME).build(), "data").await;
     create_volume(
         &env,
         pv("kept")
@@ -268,7 +335,7 @@ async fn a_conflicting_finalizer_patch_is_retried() {
             .times(1)
             .status(409, "Conflict"),
     );
-    create_volume(&env, pv("old").provisioned_by(ME).build(), "Available").await;
+    create_bound_volume(&env, pv("old").provisioned_by(ME).build(), "data").await;
     let volumes = env.volumes();
     eventually("finalizer added", || {
         let volumes = volumes.clone();
@@ -423,5 +490,148 @@ async fn the_driver_deletes_the_whole_volume_as_the_api_server_has_it() {
         got.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Released")
     );
+    env.stop().await;
+}
+
+// Go v13: the finalizer is added to Bound volumes only.
+#[tokio::test]
+async fn the_finalizer_is_added_to_bound_volumes_only() {
+    let env = Env::start(quiet().add_finalizer(true), FakeProvisioner::new()).await;
+    create_volume(&env, pv("free").provisioned_by(ME).build(), "Available").await;
+    create_bound_volume(&env, pv("used").provisioned_by(ME).build(), "data").await;
+    eventually("finalizer added to the bound volume", || async {
+        (finalizers(&env, "used").await? == [FINALIZER_PV]).then_some(())
+    })
+    .await;
+    settle().await;
+    assert_eq!(
+        finalizers(&env, "free").await,
+        Some(vec![]),
+        "an available volume gets no finalizer"
+    );
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_volume_being_deleted_that_will_never_be_reclaimed_loses_our_finalizer() {
+    let env = Env::start(quiet().add_finalizer(true), FakeProvisioner::new()).await;
+    create_volume(
+        &env,
+        pv("free")
+            .provisioned_by(ME)
+            .finalizer(FINALIZER_PV)
+            .build(),
+        "Available",
+    )
+    .await;
+    create_bound_volume(
+        &env,
+        pv("used")
+            .provisioned_by(ME)
+            .finalizer(FINALIZER_PV)
+            .build(),
+        "data",
+    )
+    .await;
+    for name in ["free", "used"] {
+        env.volumes()
+            .delete(name, &Default::default())
+            .await
+            .unwrap();
+    }
+    env.volume_gone("free").await;
+    settle().await;
+    let used = env.volumes().get("used").await.unwrap();
+    assert!(used.metadata.deletion_timestamp.is_some());
+    assert_eq!(
+        used.metadata.finalizers,
+        Some(vec![FINALIZER_PV.to_owned()]),
+        "a bound volume keeps it: its asset is deleted once it is released"
+    );
+    assert!(env.fake.delete_calls().is_empty(), "no asset deleted");
+    env.stop().await;
+}
+
+// Go v13 patches finalizers without a resourceVersion: a finalizer patch computed from a
+// cache that missed another writer's change neither conflicts nor drops that change.
+#[tokio::test]
+async fn a_finalizer_patch_from_a_stale_cache_does_not_conflict_and_keeps_other_finalizers() {
+    let (mut hand, cache) = hand_cache();
+    let env = Env::start_with(quiet().add_finalizer(true), FakeProvisioner::new(), |c| {
+        c.volumes_cache(cache)
+    })
+    .await;
+    let stale = create_bound_volume(&env, pv("v").provisioned_by(ME).build(), "data").await;
+    let other = serde_json::json!({"metadata": {"finalizers": ["example.com/other"]}});
+    env.volumes()
+        .patch("v", &PatchParams::default(), &Patch::Merge(&other))
+        .await
+        .unwrap();
+    hand.show(stale);
+    eventually("our finalizer added next to the other one", || async {
+        (finalizers(&env, "v").await? == ["example.com/other", FINALIZER_PV]).then_some(())
+    })
+    .await;
+    let conflicts: Vec<_> = env
+        .sim
+        .requests()
+        .into_iter()
+        .filter(|r| r.resource == "persistentvolumes" && r.status == 409)
+        .collect();
+    assert_eq!(conflicts, [], "no conflict with the other writer");
+    env.stop().await;
+}
+
+// The driver's delete cannot be undone: it is decided on the volume as the API server
+// has it right before, not on a cache that may lag.
+#[tokio::test]
+async fn the_asset_is_kept_when_the_volume_changed_since_the_cache_saw_it_released() {
+    let (mut hand, cache) = hand_cache();
+    let env = Env::start_with(quiet(), FakeProvisioner::new(), |c| c.volumes_cache(cache)).await;
+    let released_in_cache = |mut v: PersistentVolume| {
+        v.status.get_or_insert_default().phase = Some("Released".into());
+        v.spec
+            .get_or_insert_default()
+            .persistent_volume_reclaim_policy = Some("Delete".into());
+        v
+    };
+    // Switched to Retain after its release.
+    create_volume(
+        &env,
+        pv("retained")
+            .provisioned_by(ME)
+            .reclaim_policy("Retain")
+            .build(),
+        "Released",
+    )
+    .await;
+    hand.show(released_in_cache(
+        env.volumes().get("retained").await.unwrap(),
+    ));
+    // Bound now.
+    let bound = create_bound_volume(&env, pv("rebound").provisioned_by(ME).build(), "data").await;
+    hand.show(released_in_cache(bound));
+    // Deleted and re-created under the same name.
+    create_volume(&env, pv("recreated").provisioned_by(ME).build(), "Released").await;
+    let mut older = env.volumes().get("recreated").await.unwrap();
+    older.metadata.uid = Some("uid-of-an-older-volume".into());
+    hand.show(older);
+    // Gone.
+    let mut gone = pv("gone").provisioned_by(ME).build();
+    gone.metadata.uid = Some("uid-of-a-deleted-volume".into());
+    hand.show(released_in_cache(gone));
+    // The cache is right about this one.
+    create_volume(&env, pv("released").provisioned_by(ME).build(), "Released").await;
+    hand.show(env.volumes().get("released").await.unwrap());
+
+    env.volume_gone("released").await;
+    settle().await;
+    assert_eq!(env.fake.delete_calls(), ["released"]);
+    for name in ["retained", "rebound", "recreated"] {
+        assert!(
+            env.volumes().get_opt(name).await.unwrap().is_some(),
+            "{name} kept"
+        );
+    }
     env.stop().await;
 }

@@ -5,7 +5,7 @@ use std::sync::{
     atomic::{AtomicUsize, Ordering},
 };
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::{core::v1::PersistentVolumeClaim, storage::v1::StorageClass};
 use kube_sim::{FaultRule, Verb};
 use provision_controller::{
     annotations::{ANN_PROVISIONED_BY, ANN_SELECTED_NODE, ANN_STORAGE_PROVISIONER},
@@ -145,8 +145,10 @@ async fn a_reschedule_answer_removes_the_selected_node() {
     env.stop().await;
 }
 
+// Go v13 passes the selected node by name: no node read, no reschedule when the node is
+// missing (the driver judges the name, and may answer Reschedule).
 #[tokio::test]
-async fn a_selected_node_that_does_not_exist_is_rescheduled_without_calling_the_driver() {
+async fn a_selected_node_is_passed_to_the_driver_by_name_without_reading_the_node() {
     let env = Env::start(quick(), FakeProvisioner::new()).await;
     env.create_class(
         class("late")
@@ -155,6 +157,7 @@ async fn a_selected_node_that_does_not_exist_is_rescheduled_without_calling_the_
             .build(),
     )
     .await;
+    // No Node object by that name.
     env.create_claim(
         pvc("data")
             .storage_class("late")
@@ -162,8 +165,53 @@ async fn a_selected_node_that_does_not_exist_is_rescheduled_without_calling_the_
             .build(),
     )
     .await;
-    wait_for_reschedule(&env, "data").await;
-    assert!(env.fake.provision_calls().is_empty());
+    env.bound_volume("data").await;
+    let calls = env.fake.provision_calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].selected_node_name.as_deref(), Some("gone"));
+    let claim = env.claims().get("data").await.unwrap();
+    let annotations = claim.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        annotations.get(ANN_SELECTED_NODE).map(String::as_str),
+        Some("gone"),
+        "not rescheduled"
+    );
+    let node_reads: Vec<_> = env
+        .sim
+        .requests()
+        .into_iter()
+        .filter(|r| r.resource == "nodes")
+        .collect();
+    assert_eq!(node_reads, []);
+    env.stop().await;
+}
+
+// Go v13: an infeasible answer gets its own event and a slow retry, which a re-created
+// class ends.
+#[tokio::test]
+async fn an_infeasible_claim_gets_the_go_event_and_waits_until_its_class_is_re_created() {
+    let fake = FakeProvisioner::new().script_provision([ProvisionStep::Infeasible]);
+    let env = Env::start(quick(), fake).await;
+    env.create_class(fast_class()).await;
+    env.create_claim(claim("data")).await;
+    let event = env.wait_event("data", PROVISIONING_FAILED).await;
+    assert_eq!(
+        event.note.as_deref(),
+        Some(
+            "Volume provisioning failed with infeasible error. Retries will be delayed. \
+             fake: the request cannot be served"
+        )
+    );
+    // Several resyncs and normal retries would have come and gone.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert_eq!(env.fake.provision_calls().len(), 1, "the claim waits");
+    assert_eq!(env.events("data", PROVISIONING_FAILED).await.len(), 1);
+
+    let classes: kube_client::Api<StorageClass> = kube_client::Api::all(env.client.clone());
+    classes.delete("fast", &Default::default()).await.unwrap();
+    env.create_class(fast_class()).await;
+    env.bound_volume("data").await;
+    assert_eq!(env.fake.provision_calls().len(), 2);
     env.stop().await;
 }
 

@@ -1,14 +1,10 @@
 //! Bad input and odd answers: never a panic, a clear event, nothing deleted that should
 //! not be.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::PersistentVolume;
-use kube_sim::{FaultRule, Verb};
 use provision_controller::{
-    DeleteError, ProvisionError, ProvisionOptions, Provisioner, events::PROVISIONING_FAILED,
-    testing::FakeProvisioner,
+    DeleteError, ProvisionError, ProvisionOptions, Provisioner, testing::FakeProvisioner,
 };
 
 use crate::{Env, claim, fast_class, quick};
@@ -46,28 +42,5 @@ async fn a_nameless_volume_from_the_driver_is_saved_under_the_name_it_must_have(
     env.delete_claim("data").await;
     env.volume_gone(&format!("pvc-{uid}")).await;
     assert!(env.fake.assets().is_empty());
-    env.stop().await;
-}
-
-// Go sends `ProvisioningFailed` "failed to get target node: <err>" for any error but
-// NotFound, its context deadline included.
-#[tokio::test]
-async fn a_selected_node_lookup_that_times_out_is_reported_and_retried() {
-    let config = quick().provision_timeout(Some(Duration::from_millis(300)));
-    let env = Env::start(config, FakeProvisioner::new()).await;
-    env.sim.add_fault(
-        FaultRule::new(Verb::Get, "nodes")
-            .no_status()
-            .latency(Duration::from_secs(2)),
-    );
-    env.create_scheduled_claim().await;
-    let event = env.wait_event("data", PROVISIONING_FAILED).await;
-    let note = event.note.unwrap_or_default();
-    assert!(
-        note.contains("get target node \"node-1\" timed out"),
-        "{note}"
-    );
-    env.bound_volume("data").await;
-    assert_eq!(env.fake.provision_calls().len(), 1);
     env.stop().await;
 }

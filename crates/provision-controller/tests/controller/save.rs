@@ -3,14 +3,17 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube_client::api::PostParams;
 use kube_sim::{FaultRule, Verb};
 use provision_controller::{
-    PvSaveStrategy,
+    Config, PvSaveStrategy,
+    annotations::FINALIZER_PROVISIONING,
     events::{PROVISIONING_CLEANUP_FAILED, PROVISIONING_FAILED},
-    testing::{DeleteStep, FakeProvisioner, ProvisionStep},
+    testing::{DeleteStep, FakeProvisioner, ProvisionStep, pv},
 };
 
-use crate::{Env, claim, eventually, fast_class, quick, settle};
+use crate::{Env, ME, claim, eventually, fast_class, quick, settle};
 
 fn pv_create_fails(times: u32) -> FaultRule {
     FaultRule::new(Verb::Create, "persistentvolumes")
@@ -172,5 +175,194 @@ async fn a_claim_deleted_while_its_pv_waits_in_the_background_saver_leaves_no_as
         env.volumes().get_opt(&name).await.unwrap().is_none(),
         "the unsaved PV of the deleted asset is dropped, not saved"
     );
+    env.stop().await;
+}
+
+/// A controller whose driver is in the middle of creating the asset of claim `data`
+/// (class `fast`); returns the claim's uid and PV name.
+async fn mid_provision(config: Config, fake: FakeProvisioner) -> (Env, String, String) {
+    let env = Env::start(config, fake.script_provision([ProvisionStep::Block])).await;
+    env.create_class(fast_class()).await;
+    let uid = env.create_claim(claim("data")).await;
+    tokio::time::timeout(Duration::from_secs(15), env.fake.wait_blocked(1))
+        .await
+        .expect("the driver is called");
+    (env, uid.clone(), format!("pvc-{uid}"))
+}
+
+/// What another replica saved for the claim while ours was provisioning: a PV of the
+/// same name for the claim, naming the asset at `path`.
+async fn saved_by_another_replica(env: &Env, uid: &str, name: &str, path: &str) {
+    let mut volume = pv(name)
+        .provisioned_by(ME)
+        .storage_class("fast")
+        .claim_ref("default", "data", uid)
+        .build();
+    volume
+        .spec
+        .as_mut()
+        .unwrap()
+        .host_path
+        .as_mut()
+        .unwrap()
+        .path = path.to_owned();
+    env.volumes()
+        .create(&PostParams::default(), &volume)
+        .await
+        .unwrap();
+}
+
+fn host_path(volume: &PersistentVolume) -> String {
+    volume.spec.clone().unwrap().host_path.unwrap().path
+}
+
+async fn wait_intent_removed(env: &Env) {
+    let claims = env.claims();
+    eventually("crash-safety finalizer removed", || {
+        let claims = claims.clone();
+        async move {
+            let c = claims.get("data").await.ok()?;
+            let ours = c
+                .metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| f == FINALIZER_PROVISIONING);
+            (!ours).then_some(())
+        }
+    })
+    .await;
+}
+
+async fn releases_the_duplicate(strategy: PvSaveStrategy) {
+    let (env, uid, name) = mid_provision(quick().pv_save(strategy), FakeProvisioner::new()).await;
+    saved_by_another_replica(&env, &uid, &name, "/other-replica/asset").await;
+    env.fake.unblock();
+
+    let volume = env.bound_volume("data").await;
+    assert_eq!(
+        host_path(&volume),
+        "/other-replica/asset",
+        "the saved PV stays"
+    );
+    eventually("duplicate released", || async {
+        (!env.fake.duplicate_calls().is_empty()).then_some(())
+    })
+    .await;
+    let calls = env.fake.duplicate_calls();
+    assert_eq!(calls.len(), 1);
+    let (duplicate, saved) = &calls[0];
+    assert_eq!(host_path(duplicate), format!("/fake/{name}"));
+    assert_eq!(host_path(saved), "/other-replica/asset");
+    assert!(env.fake.delete_calls().is_empty(), "never a whole delete");
+    wait_intent_removed(&env).await;
+    assert_eq!(
+        env.fake.provision_calls().len(),
+        1,
+        "the save counts as done"
+    );
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_pv_saved_first_under_our_name_with_another_source_gets_our_duplicate_released() {
+    releases_the_duplicate(PvSaveStrategy::Blocking {
+        retries: 3,
+        interval: Duration::from_millis(20),
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_background_saver_releases_a_duplicate_too() {
+    releases_the_duplicate(PvSaveStrategy::background()).await;
+}
+
+#[tokio::test]
+async fn a_pv_saved_first_with_the_same_source_is_reused_without_a_release() {
+    let (env, uid, name) = mid_provision(quick(), FakeProvisioner::new()).await;
+    saved_by_another_replica(&env, &uid, &name, &format!("/fake/{name}")).await;
+    env.fake.unblock();
+    env.bound_volume("data").await;
+    wait_intent_removed(&env).await;
+    settle().await;
+    assert!(env.fake.duplicate_calls().is_empty());
+    assert!(env.fake.delete_calls().is_empty());
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_failed_duplicate_release_is_reported_and_the_claim_is_not_retried() {
+    let fake = FakeProvisioner::new().script_delete_duplicate([DeleteStep::Fail]);
+    let (env, uid, name) = mid_provision(quick(), fake).await;
+    saved_by_another_replica(&env, &uid, &name, "/other-replica/asset").await;
+    env.fake.unblock();
+    let event = env.wait_event("data", PROVISIONING_CLEANUP_FAILED).await;
+    let note = event.note.unwrap_or_default();
+    assert!(note.contains("Please delete manually"), "{note}");
+    assert!(
+        note.contains("fake: deleting the duplicate failed"),
+        "{note}"
+    );
+    env.bound_volume("data").await;
+    settle().await;
+    assert_eq!(env.fake.provision_calls().len(), 1);
+    assert_eq!(env.fake.duplicate_calls().len(), 1);
+    env.stop().await;
+}
+
+// The blocking strategy deletes the asset of a PV it could not save, but never when a PV
+// of that name exists: that PV may name the very same asset.
+#[tokio::test]
+async fn a_failed_save_never_deletes_the_asset_when_a_pv_of_its_name_exists() {
+    let (env, uid, name) = mid_provision(quick(), FakeProvisioner::new()).await;
+    saved_by_another_replica(&env, &uid, &name, &format!("/fake/{name}")).await;
+    env.sim.add_fault(
+        FaultRule::new(Verb::Create, "persistentvolumes")
+            .always()
+            .status(500, "InternalError"),
+    );
+    env.fake.unblock();
+    wait_intent_removed(&env).await;
+    settle().await;
+    assert!(env.fake.delete_calls().is_empty(), "the asset is kept");
+    assert_eq!(env.fake.assets().into_iter().collect::<Vec<_>>(), [name]);
+    assert_eq!(env.fake.provision_calls().len(), 1, "counted as saved");
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_failed_save_keeps_the_asset_while_it_is_unknown_whether_a_pv_exists() {
+    let env = Env::start(quick(), FakeProvisioner::new()).await;
+    for verb in [Verb::Create, Verb::Get] {
+        env.sim.add_fault(
+            FaultRule::new(verb, "persistentvolumes")
+                .always()
+                .status(500, "InternalError"),
+        );
+    }
+    env.create_class(fast_class()).await;
+    let uid = env.create_claim(claim("data")).await;
+    eventually("provisioned again", || async {
+        (env.fake.provision_calls().len() >= 2).then_some(())
+    })
+    .await;
+    assert!(env.fake.delete_calls().is_empty(), "the asset is kept");
+    assert_eq!(env.fake.assets().len(), 1);
+    let data = env.claims().get("data").await.unwrap();
+    assert!(
+        data.metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == FINALIZER_PROVISIONING),
+        "the claim keeps its crash-safety finalizer"
+    );
+
+    env.sim.clear_faults();
+    let volume = env.bound_volume("data").await;
+    assert_eq!(volume.metadata.name, Some(format!("pvc-{uid}")));
+    assert!(env.fake.delete_calls().is_empty());
+    assert_eq!(env.fake.assets().len(), 1, "one asset, found again by name");
     env.stop().await;
 }

@@ -1,9 +1,10 @@
 //! Crash-safe provisioning: a controller stopped while the driver is creating an asset,
 //! and a successor that finishes (live claim) or cleans up (deleted claim).
 
+use kube_client::api::{Patch, PatchParams};
 use provision_controller::{
-    annotations::FINALIZER_PROVISIONING,
-    testing::{FakeProvisioner, ProvisionStep},
+    annotations::{ANN_BETA_STORAGE_PROVISIONER, ANN_STORAGE_PROVISIONER, FINALIZER_PROVISIONING},
+    testing::{FakeProvisioner, ProvisionStep, class, pv as pv_of},
 };
 
 use super::*;
@@ -86,6 +87,95 @@ async fn a_claim_deleted_while_its_controller_was_stopped_mid_provision_leaves_n
 #[tokio::test]
 async fn a_claim_deleted_while_its_controller_was_killed_mid_provision_leaves_no_asset() {
     deleted_claim_ends_without_asset(true).await;
+}
+
+// A matching static PV binds the claim elsewhere while the asset of its unfinished
+// provisioning exists: nothing would ever use or delete that asset.
+#[tokio::test]
+async fn a_claim_bound_to_another_volume_while_its_controller_was_stopped_mid_provision_leaves_no_asset()
+ {
+    let sim = sim().await;
+    let (fake, pv) = stopped_mid_provision(&sim, true).await;
+    let uid = claims(&sim)
+        .get("data")
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    volumes(&sim)
+        .create(
+            &PostParams::default(),
+            &pv_of("static").claim_ref("default", "data", &uid).build(),
+        )
+        .await
+        .unwrap();
+    bound(&sim, "data", "static").await;
+
+    let second = Replica::start(&sim, fake.clone(), config(None), false);
+    let claims = claims(&sim);
+    eventually("finalizer removed", || async {
+        (!has_intent(&claims.get("data").await.ok()?)).then_some(())
+    })
+    .await;
+    assert!(
+        fake.assets().is_empty(),
+        "asset left behind: {:?}",
+        fake.assets()
+    );
+    assert_eq!(fake.delete_calls(), vec![pv.clone()]);
+    assert!(volumes(&sim).get_opt(&pv).await.unwrap().is_none());
+    bound(&sim, "data", "static").await;
+    second.stop().await.unwrap();
+}
+
+// The claim's class was re-created for another provisioner (which the claim then names):
+// the claim is still ours to clean up, since it carries our finalizer.
+#[tokio::test]
+async fn a_claim_that_asks_another_provisioner_after_its_controller_was_stopped_mid_provision_leaves_no_asset()
+ {
+    let sim = sim().await;
+    let (fake, pv) = stopped_mid_provision(&sim, true).await;
+    let classes: Api<StorageClass> = Api::all(sim.client());
+    classes
+        .delete("fast", &DeleteParams::default())
+        .await
+        .unwrap();
+    classes
+        .create(
+            &PostParams::default(),
+            &class("fast").provisioner("example.com/other").build(),
+        )
+        .await
+        .unwrap();
+    let other = serde_json::json!({"metadata": {"annotations": {
+        ANN_STORAGE_PROVISIONER: "example.com/other",
+        ANN_BETA_STORAGE_PROVISIONER: "example.com/other",
+    }}});
+    claims(&sim)
+        .patch("data", &PatchParams::default(), &Patch::Merge(&other))
+        .await
+        .unwrap();
+
+    let second = Replica::start(&sim, fake.clone(), config(None), false);
+    let claims = claims(&sim);
+    eventually("finalizer removed", || async {
+        (!has_intent(&claims.get("data").await.ok()?)).then_some(())
+    })
+    .await;
+    assert!(
+        fake.assets().is_empty(),
+        "asset left behind: {:?}",
+        fake.assets()
+    );
+    assert_eq!(fake.delete_calls(), vec![pv.clone()]);
+    assert!(volumes(&sim).get_opt(&pv).await.unwrap().is_none());
+    let data = claims.get("data").await.unwrap();
+    assert!(
+        data.metadata.deletion_timestamp.is_none() && data.spec.unwrap().volume_name.is_none(),
+        "the claim waits for the other provisioner"
+    );
+    second.stop().await.unwrap();
 }
 
 #[tokio::test]
