@@ -2,16 +2,23 @@
 
 mod support;
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use cnsmetadata::{
     ClusterFlavor, ClusterType, ContainerCluster, EntityMetadata, EntityReference, EntityType,
     FINALIZER, REASON_UPDATE_FAILED, REASON_UPDATE_SUCCEEDED, VolumeMetadataUpdate, VolumeStatus,
-    run,
+    run, run_while_leading,
     testing::{pod_spec, pv_spec, pvc_spec},
 };
 use support::{Harness, config, harness, wait_for};
-use tokio::sync::oneshot;
+use tokio::sync::{Semaphore, oneshot, watch};
 
 fn container_cluster(distribution: &str) -> ContainerCluster {
     ContainerCluster {
@@ -266,4 +273,223 @@ async fn invalid_config_is_an_error_before_any_request() {
         0,
         "no request may reach the API server"
     );
+}
+
+/// Starts `run_while_leading` with `backend`; returns the leadership sender, the shutdown
+/// trigger and the handle.
+fn start_standby(
+    h: &Harness,
+    backend: Arc<dyn cnsmetadata::VolumeMetadataBackend>,
+) -> (
+    watch::Sender<bool>,
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), cnsmetadata::Error>>,
+) {
+    let (elected, leading) = watch::channel(false);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let handle = tokio::spawn(run_while_leading(
+        h.client.clone(),
+        backend,
+        config(),
+        leading,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    (elected, stop, handle)
+}
+
+/// Waits until the sim has served a watch of each resource a standby keeps warm.
+async fn standby_is_warm(h: &Harness) {
+    wait_for("the standby's watches", || async {
+        let requests = h.sim.requests();
+        let watching = |resource: &str| {
+            requests
+                .iter()
+                .any(|r| r.verb == "watch" && r.resource == resource)
+        };
+        (watching("cnsvolumemetadatas")
+            && watching("persistentvolumeclaims")
+            && watching("persistentvolumes"))
+        .then_some(())
+    })
+    .await;
+}
+
+/// Nothing can be observed to *not* happen; this gives a wrong reconcile ample time to
+/// show (a correct reconciler passes whatever the delay).
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(400)).await;
+}
+
+async fn synced(h: &Harness, name: &str) -> cnsmetadata::CnsVolumeMetadata {
+    wait_for("the status of the object", || async {
+        let object = h.get("tenant", name).await?;
+        (!object.status.volume_status.is_empty()).then_some(object)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn reconciles_run_only_while_leading() {
+    let h = harness().await;
+    h.vsphere_volume("tenant", "gc-1-vol-a").await;
+    h.vsphere_volume("tenant", "gc-1-vol-b").await;
+    let (elected, trigger, handle) = start_standby(&h, Arc::new(h.backend.clone()));
+
+    // A standby fills its caches at once but reconciles nothing.
+    h.create("tenant", "gc-1-data", pvc_spec()).await;
+    standby_is_warm(&h).await;
+    settle().await;
+    assert!(h.backend.calls().is_empty());
+    let object = h.get("tenant", "gc-1-data").await.unwrap();
+    assert_eq!(
+        object.metadata.finalizers, None,
+        "not touched while standing by"
+    );
+
+    // Leading: the object created meanwhile is caught up with.
+    elected.send(true).unwrap();
+    synced(&h, "gc-1-data").await;
+    assert_eq!(h.backend.updates().len(), 1);
+
+    // Stepping down: neither new objects nor edits are reconciled.
+    elected.send(false).unwrap();
+    settle().await;
+    let mut spec = pod_spec();
+    spec.volume_names.truncate(1);
+    spec.entity_references.truncate(1);
+    h.create("tenant", "gc-1-web-0", spec).await;
+    h.edit("tenant", "gc-1-data", |spec| {
+        spec.labels.insert("tier".into(), "gold".into());
+    })
+    .await;
+    settle().await;
+    assert_eq!(h.backend.updates().len(), 1, "{:?}", h.backend.updates());
+    let pod = h.get("tenant", "gc-1-web-0").await.unwrap();
+    assert_eq!(pod.metadata.finalizers, None);
+
+    // Leading again: every object is reconciled, the edit included.
+    elected.send(true).unwrap();
+    synced(&h, "gc-1-web-0").await;
+    wait_for("the edited labels on CNS", || async {
+        h.backend
+            .successful_updates()
+            .iter()
+            .any(|u| u.entity_metadata.labels.get("tier").map(String::as_str) == Some("gold"))
+            .then_some(())
+    })
+    .await;
+
+    // A dropped sender is "not leading" for good.
+    drop(elected);
+    settle().await;
+    let calls = h.backend.calls().len();
+    h.delete("tenant", "gc-1-data").await;
+    settle().await;
+    assert_eq!(h.backend.calls().len(), calls);
+    let terminating = h
+        .get("tenant", "gc-1-data")
+        .await
+        .expect("kept by the finalizer");
+    assert!(terminating.metadata.deletion_timestamp.is_some());
+    stop(trigger, handle).await;
+}
+
+/// A backend whose calls wait for a permit; counts the calls that started.
+#[derive(Clone)]
+struct GatedBackend {
+    inner: cnsmetadata::testing::InMemoryBackend,
+    gate: Arc<Semaphore>,
+    started: Arc<AtomicUsize>,
+}
+
+#[async_trait::async_trait]
+impl cnsmetadata::VolumeMetadataBackend for GatedBackend {
+    async fn update_volume_metadata(
+        &self,
+        update: &VolumeMetadataUpdate,
+    ) -> Result<(), cnsmetadata::BackendError> {
+        self.started.fetch_add(1, Ordering::SeqCst);
+        self.gate.acquire().await.expect("gate open").forget();
+        self.inner.update_volume_metadata(update).await
+    }
+}
+
+fn gated(h: &Harness) -> GatedBackend {
+    GatedBackend {
+        inner: h.backend.clone(),
+        gate: Arc::new(Semaphore::new(0)),
+        started: Arc::new(AtomicUsize::new(0)),
+    }
+}
+
+async fn in_backend(backend: &GatedBackend, calls: usize) {
+    wait_for("a call in the backend", || async {
+        (backend.started.load(Ordering::SeqCst) == calls).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn stepping_down_lets_the_running_reconcile_finish_and_starts_no_other() {
+    let h = harness().await;
+    h.vsphere_volume("tenant", "gc-1-vol-a").await;
+    let backend = gated(&h);
+    let (elected, trigger, handle) = start_standby(&h, Arc::new(backend.clone()));
+    elected.send(true).unwrap();
+    h.create("tenant", "gc-1-data", pvc_spec()).await;
+    in_backend(&backend, 1).await;
+
+    elected.send(false).unwrap();
+    settle().await;
+    h.create("tenant", "gc-1-other", pvc_spec()).await;
+    backend.gate.add_permits(10);
+    let object = synced(&h, "gc-1-data").await;
+    assert_eq!(
+        object.status.volume_status,
+        vec![VolumeStatus::updated("gc-1-vol-a")],
+        "the reconcile that was running finished"
+    );
+    settle().await;
+    assert_eq!(backend.started.load(Ordering::SeqCst), 1);
+    let other = h.get("tenant", "gc-1-other").await.unwrap();
+    assert_eq!(other.metadata.finalizers, None);
+    stop(trigger, handle).await;
+}
+
+#[tokio::test]
+async fn shutdown_waits_for_the_running_reconcile() {
+    let h = harness().await;
+    h.vsphere_volume("tenant", "gc-1-vol-a").await;
+    let backend = gated(&h);
+    let (elected, trigger, handle) = start_standby(&h, Arc::new(backend.clone()));
+    elected.send(true).unwrap();
+    h.create("tenant", "gc-1-data", pvc_spec()).await;
+    in_backend(&backend, 1).await;
+
+    trigger.send(()).unwrap();
+    settle().await;
+    assert!(
+        !handle.is_finished(),
+        "returned while a reconcile was running"
+    );
+    backend.gate.add_permits(10);
+    let result = tokio::time::timeout(Duration::from_secs(10), handle).await;
+    result.expect("returns once it finished").unwrap().unwrap();
+    let object = h.get("tenant", "gc-1-data").await.unwrap();
+    assert_eq!(
+        object.status.volume_status,
+        vec![VolumeStatus::updated("gc-1-vol-a")]
+    );
+    drop(elected);
+}
+
+#[tokio::test]
+async fn shutdown_of_a_standby_returns_at_once() {
+    let h = harness().await;
+    let (elected, trigger, handle) = start_standby(&h, Arc::new(h.backend.clone()));
+    standby_is_warm(&h).await;
+    stop(trigger, handle).await;
+    drop(elected);
 }
