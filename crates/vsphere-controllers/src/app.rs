@@ -345,7 +345,7 @@ pub async fn connect_real(
         .iter()
         .map(MoRef::datastore)
         .collect();
-    let mut provisioner = CnsProvisioner::new(cns.clone(), owner, cns_flavor(flavor))
+    let mut provisioner = CnsProvisioner::new(cns.clone(), owner, cns_flavor(flavor))?
         .default_datastores(default_datastores);
     if let Some(distribution) = &vsphere.global.cluster_distribution {
         provisioner = provisioner.cluster_distribution(distribution.clone());

@@ -144,7 +144,7 @@ pub async fn run_demo(
         cns_client.clone(),
         SUPERVISOR_CLUSTER,
         ClusterFlavor::Workload,
-    )
+    )?
     .datastore_url(DATASTORE_URL, MoRef::datastore(DATASTORE_ID));
     let settings = Settings {
         provisioner_name: options.provisioner_name.clone(),

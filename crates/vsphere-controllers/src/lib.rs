@@ -17,7 +17,7 @@
 //! # async fn doc(kube: kube_client::Client, cns: vsphere_cns::CnsClient, settings: vsphere_controllers::Settings) -> anyhow::Result<()> {
 //! use vsphere_cns::{ClusterFlavor, CnsMetadataBackend, CnsProvisioner};
 //!
-//! let provisioner = CnsProvisioner::new(cns.clone(), "cluster-1", ClusterFlavor::Workload);
+//! let provisioner = CnsProvisioner::new(cns.clone(), "cluster-1", ClusterFlavor::Workload)?;
 //! let backend = CnsMetadataBackend::new(cns);
 //! let running = vsphere_controllers::start_controllers(kube, provisioner, backend, &settings);
 //! running.run_until(async { tokio::signal::ctrl_c().await.ok(); }).await?;
