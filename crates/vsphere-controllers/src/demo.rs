@@ -465,7 +465,7 @@ fn plural(n: usize, thing: &str) -> String {
 }
 
 /// The table of claims, PVs, volume IDs and sync state.
-pub fn table(rows: &[Row]) -> String {
+pub(crate) fn table(rows: &[Row]) -> String {
     let width = |f: fn(&Row) -> &str, title: &str| {
         rows.iter()
             .map(|r| f(r).len())

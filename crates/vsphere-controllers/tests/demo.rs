@@ -1,7 +1,6 @@
 //! The embedded run of `cargo run --example vsphere`: the same code, against kube-sim and
 //! the CNS simulator, must provision, sync and delete every claim.
 
-
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -2,12 +2,10 @@
 //! `csi-vsphere.conf` (TLS with a pinned thumbprint), here pointing at kube-sim and the CNS
 //! simulator in HTTPS mode.
 
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use vsphere_controllers::{RealOptions, connect_real, start_controllers};
 use k8s_openapi::api::core::v1::{
     PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements,
 };
@@ -19,6 +17,7 @@ use kube_client::api::PostParams;
 use kube_sim::KubeSim;
 use vsphere_cns::simulator::{CnsSimulator, DEFAULT_PASSWORD, DEFAULT_USER};
 use vsphere_cns::{ClusterFlavor, CnsMetadataBackend};
+use vsphere_controllers::{RealOptions, connect_real, start_controllers};
 
 const DS_URL: &str = "ds:///vmfs/volumes/real-test/";
 
