@@ -84,11 +84,7 @@ impl EventWriter {
         let now = Timestamp::now();
         let sequence = self.sequence.fetch_add(1, Ordering::Relaxed);
         let object = regarding.name.as_deref().unwrap_or(&self.controller);
-        let name = format!(
-            "{object}.{:x}{:04x}",
-            now.as_nanosecond(),
-            sequence & 0xffff
-        );
+        let name = event_name(object, now.as_nanosecond(), sequence);
         Event {
             action: Some(action.to_owned()),
             reason: Some(reason.to_owned()),
@@ -115,9 +111,37 @@ impl EventWriter {
     }
 }
 
+/// Longest name the API server accepts (a DNS subdomain).
+const MAX_NAME: usize = 253;
+
+/// `<object>.<nanoseconds><sequence>` in hex, the object part cut so that the name stays
+/// a valid DNS subdomain however long the object's name is.
+fn event_name(object: &str, nanos: i128, sequence: u64) -> String {
+    let suffix = format!(".{nanos:x}{:04x}", sequence & 0xffff);
+    let mut end = object.len().min(MAX_NAME.saturating_sub(suffix.len()));
+    while !object.is_char_boundary(end) {
+        end -= 1;
+    }
+    let prefix = object[..end].trim_end_matches(['-', '.']);
+    format!("{prefix}{suffix}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn event_names_stay_valid_for_the_longest_object_names() {
+        let nanos = 1_767_000_000_000_000_000_i128;
+        assert_eq!(event_name("m", nanos, 1), format!("m.{nanos:x}0001"));
+        // Cut right after the dash, which must not end up before the dot.
+        let long = format!("{}-{}", "a".repeat(231), "b".repeat(21));
+        let name = event_name(&long, nanos, 0x1_0002);
+        assert!(name.len() <= MAX_NAME, "{} bytes", name.len());
+        assert!(name.starts_with(&"a".repeat(231)));
+        assert!(!name.contains("-."), "{name}");
+        assert!(name.ends_with(&format!(".{nanos:x}0002")));
+    }
 
     fn regarding() -> ObjectReference {
         ObjectReference {

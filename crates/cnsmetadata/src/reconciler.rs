@@ -445,11 +445,11 @@ async fn finish_deletion(
     if finalized {
         warn_finalizer_failure(object, ctx, "remove", &written).await;
     }
-    if let Written::Updated(left) = written? {
-        if has_finalizer(&left) {
-            info!("entries were recorded during the deletion; removing them next");
-            return Ok(Action::requeue(RECORDED_MEANWHILE_RETRY));
-        }
+    if let Written::Updated(left) = written?
+        && record::read(&left).is_ok_and(|r| r.is_some())
+    {
+        info!("entries were recorded during the deletion; removing them next");
+        return Ok(Action::requeue(RECORDED_MEANWHILE_RETRY));
     }
     info!("metadata removed from cns; finalizer removed");
     Ok(Action::await_change())

@@ -146,49 +146,42 @@ where
 }
 
 /// The desired state: which entity of which guest cluster uses which volumes.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+///
+/// Reading never fails, so that one malformed object (which a real API server would
+/// reject, but a test server, an old CRD or a hand-made object may hold) cannot break the
+/// decoding of every object listed with it: a missing or `null` field, or one of the
+/// wrong JSON type, reads as empty (an `entitytype` that is not a string as its JSON
+/// text), and validation then reports the object. A spec that is not an object reads as
+/// the empty spec.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize)]
 pub struct CnsVolumeMetadataSpec {
     /// Names of the supervisor PVCs (in this object's namespace) behind the volumes.
     /// PV and PVC entities name exactly one; a Pod names one per volume it mounts.
-    #[serde(rename = "volumenames", default, deserialize_with = "null_default")]
+    #[serde(rename = "volumenames")]
     pub volume_names: Vec<String>,
     /// ID of the guest cluster the entity lives in.
-    #[serde(rename = "guestclusterid", default, deserialize_with = "null_default")]
+    #[serde(rename = "guestclusterid")]
     pub guest_cluster_id: String,
     /// Kind of entity this object describes.
-    #[serde(rename = "entitytype", default, deserialize_with = "null_default")]
+    #[serde(rename = "entitytype")]
     pub entity_type: EntityType,
     /// Name of the entity in the guest cluster.
-    #[serde(rename = "entityname", default, deserialize_with = "null_default")]
+    #[serde(rename = "entityname")]
     pub entity_name: String,
     /// The entities this one refers to: a Pod refers to its PVCs, a PVC to its PV, both
     /// in the guest cluster (with `ClusterID` set); a guest PV refers to the supervisor
     /// PVC (with `ClusterID` empty).
-    #[serde(
-        rename = "entityreferences",
-        default,
-        deserialize_with = "null_default"
-    )]
+    #[serde(rename = "entityreferences")]
     pub entity_references: Vec<EntityReference>,
     /// Labels of the entity in the guest cluster (PV and PVC only).
-    #[serde(
-        default,
-        deserialize_with = "null_default",
-        skip_serializing_if = "BTreeMap::is_empty"
-    )]
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
     /// Namespace of the entity in the guest cluster (PVC and Pod only).
-    #[serde(
-        default,
-        deserialize_with = "null_default",
-        skip_serializing_if = "String::is_empty"
-    )]
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub namespace: String,
     /// Distribution of the guest cluster where the pvCSI driver runs.
     #[serde(
         rename = "clusterdistribution",
-        default,
-        deserialize_with = "null_default",
         skip_serializing_if = "String::is_empty"
     )]
     pub cluster_distribution: String,
@@ -244,6 +237,7 @@ impl EntityReference {
 /// Serialized as `PERSISTENT_VOLUME`, `PERSISTENT_VOLUME_CLAIM` or `POD`. Any other
 /// string (including the empty string of an unset field) is kept in [`EntityType::Other`]
 /// so that one malformed object cannot break a watch of all objects; validation rejects it.
+/// A JSON value that is not a string reads as its JSON text, `null` as the empty string.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum EntityType {
     /// `PERSISTENT_VOLUME`.
@@ -299,43 +293,28 @@ impl Serialize for EntityType {
     }
 }
 
-impl<'de> Deserialize<'de> for EntityType {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let value = Cow::<'de, str>::deserialize(deserializer)?;
-        Ok(Self::parse(&value))
-    }
-}
-
 /// The observed state: the outcome of the last update, per volume.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Reading never fails: what is not of the expected JSON type reads as empty (the
+/// reconciler rewrites the status anyway).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct CnsVolumeMetadataStatus {
     /// One entry per name in `spec.volumenames`, in the same order.
-    #[serde(
-        rename = "volumestatus",
-        default,
-        deserialize_with = "null_default",
-        skip_serializing_if = "Vec::is_empty"
-    )]
+    #[serde(rename = "volumestatus", skip_serializing_if = "Vec::is_empty")]
     pub volume_status: Vec<VolumeStatus>,
 }
 
 /// Outcome of the last update of one volume (Go: `CnsVolumeMetadataVolumeStatus`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct VolumeStatus {
     /// The name from `spec.volumenames`.
-    #[serde(rename = "volumename", default, deserialize_with = "null_default")]
+    #[serde(rename = "volumename")]
     pub volume_name: String,
     /// Whether CNS holds the metadata (also true for volumes of other drivers, which are
     /// skipped, as upstream does).
-    #[serde(default, deserialize_with = "null_default")]
     pub updated: bool,
     /// Why the update failed; empty on success.
-    #[serde(
-        rename = "errormessage",
-        default,
-        deserialize_with = "null_default",
-        skip_serializing_if = "String::is_empty"
-    )]
+    #[serde(rename = "errormessage", skip_serializing_if = "String::is_empty")]
     pub error_message: String,
 }
 

@@ -17,6 +17,7 @@ use cnsmetadata::{
     run, run_while_leading,
     testing::{pod_spec, pv_spec, pvc_spec},
 };
+use kube_client::Api;
 use support::{Harness, config, harness, wait_for};
 use tokio::sync::{Semaphore, oneshot, watch};
 
@@ -492,4 +493,71 @@ async fn shutdown_of_a_standby_returns_at_once() {
     standby_is_warm(&h).await;
     stop(trigger, handle).await;
     drop(elected);
+}
+
+#[tokio::test]
+async fn malformed_objects_get_an_event_and_do_not_hold_up_the_others() {
+    use kube_client::api::{ApiResource, DynamicObject, PostParams};
+    use serde_json::json;
+
+    let h = harness().await;
+    h.vsphere_volume("tenant", "gc-1-vol-a").await;
+    // Objects a real API server would reject with the CRD's schema.
+    let resource = ApiResource::erase::<cnsmetadata::CnsVolumeMetadata>(&());
+    let raw: Api<DynamicObject> = Api::namespaced_with(h.client.clone(), "tenant", &resource);
+    let malformed = [
+        (
+            "gc-1-wrong-types",
+            json!({ "volumenames": "gc-1-vol-a", "guestclusterid": "gc-1", "entitytype": 5,
+                    "entityname": { "x": 1 }, "entityreferences": "none", "labels": [1] }),
+            "Invalid entity type \"5\"",
+        ),
+        (
+            "gc-1-not-an-object",
+            json!("spec"),
+            "EntityName, EntityType and GuestClusterID are required parameters.",
+        ),
+        (
+            "gc-1-empty-names",
+            json!({ "volumenames": [""], "guestclusterid": "gc-1", "entitytype": "PERSISTENT_VOLUME",
+                    "entityname": "", "entityreferences": [null] }),
+            "EntityName, EntityType and GuestClusterID are required parameters.",
+        ),
+    ];
+    for (name, spec, _) in &malformed {
+        let object = DynamicObject::new(name, &resource)
+            .within("tenant")
+            .data(json!({ "spec": spec, "status": { "volumestatus": 3 } }));
+        raw.create(&PostParams::default(), &object).await.unwrap();
+    }
+    let (trigger, handle) = start(&h, config());
+    h.create("tenant", "gc-1-data", pvc_spec()).await;
+    let object = wait_for("status of gc-1-data", || async {
+        let object = h.get("tenant", "gc-1-data").await?;
+        (!object.status.volume_status.is_empty()).then_some(object)
+    })
+    .await;
+    assert_eq!(
+        object.status.volume_status,
+        vec![VolumeStatus::updated("gc-1-vol-a")]
+    );
+    for (name, _, problem) in &malformed {
+        let event = wait_for("an UpdateFailed event", || async {
+            let events = h.events("tenant", name).await;
+            events
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some(REASON_UPDATE_FAILED))
+        })
+        .await;
+        let note = event.note.unwrap_or_default();
+        assert!(note.contains(problem), "{name}: {note}");
+        let regarding = event.regarding.and_then(|r| r.name);
+        assert_eq!(regarding.as_deref(), Some(*name));
+    }
+    assert_eq!(
+        h.backend.calls().len(),
+        1,
+        "only the valid object is pushed"
+    );
+    stop(trigger, handle).await;
 }
