@@ -1,1 +1,3 @@
-//! Black-box tests across crates.
+//! Black-box tests across crates, and the seeded chaos suite ([`chaos`]).
+
+pub mod chaos;

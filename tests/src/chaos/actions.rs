@@ -1,0 +1,397 @@
+//! Carrying out the schedule: one task per claim chain, and the global steps.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube_client::api::{DeleteParams, Patch, PatchParams, PostParams};
+use provision_controller::annotations::FINALIZER_PROVISIONING;
+use serde_json::json;
+use vsphere_cns::simulator::SimFault;
+
+use super::faults;
+use super::names;
+use super::objects;
+use super::schedule::{Action, CnsSite, Step};
+use super::world::{ClaimRecord, MetadataRecord, Shared, World, is_not_found, retry};
+
+/// Runs one claim's steps in order, each at its time or (when the previous one took
+/// longer) right after it.
+pub async fn run_chain(shared: Arc<Shared>, claim: usize, steps: Vec<Step>) {
+    for step in steps {
+        tokio::time::sleep_until(shared.started + step.at).await;
+        claim_action(&shared, claim, &step.action).await;
+    }
+}
+
+fn describe<T>(result: &kube_client::Result<T>) -> String {
+    match result {
+        Ok(_) => "ok".to_owned(),
+        Err(kube_client::Error::Api(s)) => {
+            format!("failed: {} {}: {}", s.code, s.reason, s.message)
+        }
+        Err(e) => format!("failed: {e}"),
+    }
+}
+
+/// The claim's record.
+fn record(shared: &Shared, claim: usize) -> ClaimRecord {
+    shared
+        .records()
+        .claims
+        .get(&claim)
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The name of the PV the claim is bound to, waiting up to 2 s for the binding.
+async fn bound_volume(shared: &Shared, name: &str) -> Option<String> {
+    for _ in 0..20 {
+        if let Ok(Some(claim)) = shared.claims().get_opt(name).await
+            && let Some(volume) = claim.spec.and_then(|s| s.volume_name)
+            && !volume.is_empty()
+        {
+            return Some(volume);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+async fn claim_action(shared: &Shared, claim: usize, action: &Action) {
+    let name = names::claim(claim);
+    let line = match action {
+        Action::CreateClaim { class, size, node } => {
+            let object = objects::claim(&name, class, size, *node);
+            let result = retry(|| async {
+                match shared
+                    .claims()
+                    .create(&PostParams::default(), &object)
+                    .await
+                {
+                    // A create answered with an error after it was carried out.
+                    Err(kube_client::Error::Api(s)) if s.reason == "AlreadyExists" => {
+                        shared.claims().get(&name).await
+                    }
+                    other => other,
+                }
+            })
+            .await;
+            let line = describe(&result);
+            let now = shared.now();
+            let mut records = shared.records();
+            let entry = records.claims.entry(claim).or_default();
+            entry.name.clone_from(&name);
+            (*class).clone_into(&mut entry.class);
+            if let Ok(created) = result {
+                entry.uid = created.metadata.uid;
+                entry.created_at = Some(now);
+            }
+            line
+        }
+        _ if record(shared, claim).uid.is_none() => "skipped: the claim was not created".to_owned(),
+        Action::DeleteClaim { .. } => {
+            let result = retry(|| async {
+                shared
+                    .claims()
+                    .delete(&name, &DeleteParams::default())
+                    .await
+            })
+            .await;
+            if result.is_ok() || is_not_found(&result) {
+                if let Some(entry) = shared.records().claims.get_mut(&claim) {
+                    entry.deleted = true;
+                }
+            }
+            describe(&result)
+        }
+        Action::StripFinalizers => {
+            let patch = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+            let result = retry(|| async {
+                shared
+                    .claims()
+                    .patch(&name, &PatchParams::default(), &patch)
+                    .await
+            })
+            .await;
+            if result.is_ok() || is_not_found(&result) {
+                let now = shared.now();
+                if let Some(entry) = shared.records().claims.get_mut(&claim) {
+                    entry.stripped_at = Some(now);
+                }
+            }
+            describe(&result)
+        }
+        Action::RetainVolume => match bound_volume(shared, &name).await {
+            None => "skipped: the claim is not bound".to_owned(),
+            Some(volume) => {
+                let patch =
+                    Patch::Merge(json!({"spec": {"persistentVolumeReclaimPolicy": "Retain"}}));
+                let result = retry(|| async {
+                    shared
+                        .volumes()
+                        .patch(&volume, &PatchParams::default(), &patch)
+                        .await
+                })
+                .await;
+                if result.is_ok()
+                    && let Some(entry) = shared.records().claims.get_mut(&claim)
+                {
+                    entry.retained_pv = Some(volume.clone());
+                }
+                format!("{volume}: {}", describe(&result))
+            }
+        },
+        Action::BindStatic => bind_static(shared, claim, &name).await,
+        Action::DuplicateVolume => duplicate(shared, claim, &name).await,
+        Action::CreateMetadata {
+            object,
+            entity,
+            valid,
+        } => {
+            let spec = objects::metadata_spec(object, &name, *entity, 0, *valid);
+            let created = objects::metadata(object, spec);
+            let result = retry(|| async {
+                shared
+                    .metadata()
+                    .create(&PostParams::default(), &created)
+                    .await
+            })
+            .await;
+            if result.is_ok() {
+                shared.records().metadata.insert(
+                    object.clone(),
+                    MetadataRecord {
+                        claim,
+                        entity: *entity,
+                        valid: *valid,
+                        deleted: false,
+                    },
+                );
+            }
+            describe(&result)
+        }
+        Action::EditMetadata {
+            object,
+            valid,
+            revision,
+        } => {
+            let Some(entity) = shared.records().metadata.get(object).map(|m| m.entity) else {
+                return shared.log(format!("{name}: {action}: skipped, not created"));
+            };
+            let spec = objects::metadata_spec(object, &name, entity, *revision, *valid);
+            let result = retry(|| async {
+                let mut current = shared.metadata().get(object).await?;
+                current.spec = spec.clone();
+                shared
+                    .metadata()
+                    .replace(object, &PostParams::default(), &current)
+                    .await
+            })
+            .await;
+            if result.is_ok()
+                && let Some(entry) = shared.records().metadata.get_mut(object)
+            {
+                entry.valid = *valid;
+            }
+            describe(&result)
+        }
+        Action::DeleteMetadata { object } => {
+            let result = retry(|| async {
+                shared
+                    .metadata()
+                    .delete(object, &DeleteParams::default())
+                    .await
+            })
+            .await;
+            if (result.is_ok() || is_not_found(&result))
+                && let Some(entry) = shared.records().metadata.get_mut(object)
+            {
+                entry.deleted = true;
+            }
+            describe(&result)
+        }
+        other => format!("not a claim action: {other}"),
+    };
+    shared.log(format!("{name}: {action}: {line}"));
+}
+
+/// Inserts a CNS volume and a Retain PV pre-bound to the claim.
+async fn bind_static(shared: &Shared, claim: usize, name: &str) -> String {
+    let entry = record(shared, claim);
+    let Some(uid) = entry.uid else {
+        return "skipped: no uid".to_owned();
+    };
+    if entry.deleted {
+        return "skipped: the claim was deleted".to_owned();
+    }
+    let volume = names::static_volume(claim);
+    let id = shared.cns.insert_volume(&volume, names::CLUSTER_ID);
+    let pv_name = names::static_pv(claim);
+    shared
+        .records()
+        .inserted
+        .insert(id.to_string(), format!("the volume of static PV {pv_name}"));
+    let pv = objects::static_pv(&pv_name, &entry.class, name, &uid, id.as_str());
+    let result = retry(|| async {
+        match shared.volumes().create(&PostParams::default(), &pv).await {
+            Err(kube_client::Error::Api(s)) if s.reason == "AlreadyExists" => {
+                shared.volumes().get(&pv_name).await
+            }
+            other => other,
+        }
+    })
+    .await;
+    if result.is_ok()
+        && let Some(entry) = shared.records().claims.get_mut(&claim)
+    {
+        entry.static_pv = Some(pv_name.clone());
+    }
+    format!("{pv_name} -> cns volume {id}: {}", describe(&result))
+}
+
+/// Inserts a CNS volume named like the claim's own, as a create that landed late would
+/// leave, but only while the claim is being provisioned or provisioned by us: a volume a
+/// provisioner never had a reason to make is not a duplicate.
+async fn duplicate(shared: &Shared, claim: usize, name: &str) -> String {
+    let entry = record(shared, claim);
+    let Some(uid) = entry.uid else {
+        return "skipped: no uid".to_owned();
+    };
+    if entry.deleted || entry.static_pv.is_some() {
+        return "skipped: the claim was deleted or bound statically".to_owned();
+    }
+    let volume_name = names::provisioned(&uid);
+    let current = match shared.claims().get_opt(name).await {
+        Ok(Some(current)) => current,
+        Ok(None) => return "skipped: the claim is gone".to_owned(),
+        Err(e) => return format!("skipped: {e}"),
+    };
+    let in_progress = current
+        .metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|f| f == FINALIZER_PROVISIONING);
+    let provisioned = current.spec.and_then(|s| s.volume_name).as_deref() == Some(&volume_name);
+    if current.metadata.deletion_timestamp.is_some() || !(in_progress || provisioned) {
+        return "skipped: not being provisioned by us".to_owned();
+    }
+    let id = shared.cns.insert_volume(&volume_name, names::CLUSTER_ID);
+    shared
+        .records()
+        .inserted
+        .insert(id.to_string(), format!("a duplicate named {volume_name}"));
+    format!("cns volume {id} named {volume_name}")
+}
+
+/// Carries out a global step. User requests run in tasks of their own, so that a slow
+/// answer does not hold up the clock.
+///
+/// # Errors
+/// When a replica cannot be started.
+pub fn global_action(world: &mut World, action: &Action) -> anyhow::Result<()> {
+    let shared = world.shared.clone();
+    match action {
+        Action::ApiFault(fault) => world.kube.add_fault(faults::rule(fault)),
+        Action::CutWatches => world.kube.cut_watches(),
+        Action::Compact => world.kube.compact(),
+        Action::CnsFault {
+            method,
+            site,
+            fault,
+        } => {
+            let injected = match site {
+                CnsSite::Call => SimFault::call(*fault),
+                CnsSite::Task => SimFault::task(*fault),
+                CnsSite::TaskAfterChange => SimFault::task_after_change(*fault),
+                CnsSite::VolumeResult => SimFault::volume_result(*fault),
+            }
+            .message("injected by the chaos schedule");
+            shared.cns.fail_next(method, injected);
+        }
+        Action::CnsDelay { method, delay } => shared.cns.delay(method, *delay),
+        Action::ExpireSessions => shared.cns.expire_sessions(),
+        Action::Kill { replica } => {
+            world.replicas[*replica].kill();
+            shared.disrupted();
+        }
+        Action::Stop { replica } => {
+            world.replicas[*replica].stop();
+            shared.disrupted();
+        }
+        Action::Start { replica } => world.replicas[*replica].start()?,
+        Action::Partition { replica, hang } => {
+            world.replicas[*replica].partition().cut(*hang);
+            // Established watches break too.
+            world.kube.cut_watches();
+            shared.disrupted();
+        }
+        Action::Heal { replica } => {
+            world.replicas[*replica].partition().heal();
+            shared.disrupted();
+        }
+        Action::DeleteNode { node } => {
+            let node = *node;
+            tokio::spawn(async move {
+                let result =
+                    retry(|| async { shared.nodes().delete(node, &DeleteParams::default()).await })
+                        .await;
+                shared.log(format!("* delete node {node}: {}", describe(&result)));
+            });
+            return Ok(());
+        }
+        Action::CreateNode { node } => {
+            let node = *node;
+            tokio::spawn(async move {
+                let object = objects::node(node);
+                let result = retry(|| async {
+                    shared.nodes().create(&PostParams::default(), &object).await
+                })
+                .await;
+                shared.log(format!("* create node {node}: {}", describe(&result)));
+            });
+            return Ok(());
+        }
+        Action::DeleteClass { class } => {
+            let class = *class;
+            tokio::spawn(async move {
+                let result = retry(|| async {
+                    shared
+                        .classes()
+                        .delete(class, &DeleteParams::default())
+                        .await
+                })
+                .await;
+                shared.log(format!(
+                    "* delete storageclass {class}: {}",
+                    describe(&result)
+                ));
+            });
+            return Ok(());
+        }
+        Action::CreateClass { class, ours } => {
+            let (class, ours) = (*class, *ours);
+            tokio::spawn(async move {
+                let object = objects::class(class, ours);
+                let result = retry(|| async {
+                    shared
+                        .classes()
+                        .create(&PostParams::default(), &object)
+                        .await
+                })
+                .await;
+                shared.log(format!(
+                    "* create storageclass {class} (ours: {ours}): {}",
+                    describe(&result)
+                ));
+            });
+            return Ok(());
+        }
+        claim_only => {
+            shared.log(format!("* not a global action: {claim_only}"));
+            return Ok(());
+        }
+    }
+    shared.log(format!("* {action}"));
+    Ok(())
+}

@@ -1,0 +1,581 @@
+//! The invariants, checked on a snapshot of the API objects and the CNS volumes.
+//!
+//! Every violation names the objects involved. Some findings are notes, not violations:
+//! a leftover duplicate of a live PV before teardown (deleting the PV removes it), a claim
+//! whose volume exists while it is still being provisioned, and what is out of reach (a
+//! volume of a claim whose finalizers the user stripped while a replica was disrupted:
+//! nothing in the cluster remembers it).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::time::Duration;
+
+use cnsmetadata::{CnsVolumeMetadata, CnsVolumeMetadataSpec};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube_client::ResourceExt;
+use kube_client::api::ListParams;
+use provision_controller::annotations::{FINALIZER_PROVISIONING, FINALIZER_PV};
+use vsphere_cns::simulator::SimVolume;
+
+use super::names;
+use super::schedule::Entity;
+use super::world::{Records, Shared};
+
+/// How long after a stripped claim a replica disruption makes its leak out of reach.
+const DISRUPTION_MARGIN: Duration = Duration::from_secs(3);
+
+/// Which invariants apply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// After the chaos, everything quiet.
+    Quiescent,
+    /// After every `CnsVolumeMetadata` object was deleted.
+    MetadataDeleted,
+    /// After every claim was deleted too: strict.
+    Final,
+}
+
+/// What the API server and CNS hold at one moment.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Claims by name.
+    pub claims: BTreeMap<String, PersistentVolumeClaim>,
+    /// PVs by name.
+    pub volumes: BTreeMap<String, PersistentVolume>,
+    /// `CnsVolumeMetadata` objects by name.
+    pub metadata: BTreeMap<String, CnsVolumeMetadata>,
+    /// CNS volumes by ID.
+    pub cns: BTreeMap<String, SimVolume>,
+}
+
+impl Snapshot {
+    /// Reads everything.
+    ///
+    /// # Errors
+    /// When a list fails.
+    pub async fn take(shared: &Shared) -> kube_client::Result<Self> {
+        let params = ListParams::default();
+        let by_name = |items: Vec<_>| -> BTreeMap<String, _> {
+            items
+                .into_iter()
+                .map(|o: PersistentVolumeClaim| (o.name_any(), o))
+                .collect()
+        };
+        let claims = by_name(shared.claims().list(&params).await?.items);
+        let volumes = shared
+            .volumes()
+            .list(&params)
+            .await?
+            .items
+            .into_iter()
+            .map(|o| (o.name_any(), o))
+            .collect();
+        let metadata = shared
+            .metadata()
+            .list(&params)
+            .await?
+            .items
+            .into_iter()
+            .map(|o| (o.name_any(), o))
+            .collect();
+        let cns = shared
+            .cns
+            .volumes()
+            .into_iter()
+            .map(|v| (v.id.to_string(), v))
+            .collect();
+        Ok(Self {
+            claims,
+            volumes,
+            metadata,
+            cns,
+        })
+    }
+
+    /// A hash of everything the controllers change (not Leases nor Events).
+    #[must_use]
+    pub fn fingerprint(&self) -> u64 {
+        let mut h = DefaultHasher::new();
+        for (name, o) in &self.claims {
+            (name, o.metadata.uid.as_deref(), o.resource_version()).hash(&mut h);
+        }
+        for (name, o) in &self.volumes {
+            (name, o.resource_version()).hash(&mut h);
+        }
+        for (name, o) in &self.metadata {
+            (name, o.resource_version()).hash(&mut h);
+        }
+        for (id, v) in &self.cns {
+            id.hash(&mut h);
+            format!("{v:?}").hash(&mut h);
+        }
+        h.finish()
+    }
+}
+
+/// What the checks found.
+#[derive(Clone, Debug, Default)]
+pub struct Findings {
+    /// Broken invariants, one line each.
+    pub violations: Vec<String>,
+    /// Worth knowing, not a failure.
+    pub notes: Vec<String>,
+}
+
+impl Findings {
+    fn violation(&mut self, line: String) {
+        self.violations.push(line);
+    }
+    fn note(&mut self, line: String) {
+        self.notes.push(line);
+    }
+}
+
+fn is_ours(pv: &PersistentVolume) -> Option<&str> {
+    let csi = pv.spec.as_ref()?.csi.as_ref()?;
+    (csi.driver == names::PROVISIONER).then_some(csi.volume_handle.as_str())
+}
+
+fn of_cluster(v: &SimVolume) -> bool {
+    v.metadata.container_cluster.cluster_id == names::CLUSTER_ID
+        || v.metadata
+            .container_cluster_array
+            .iter()
+            .any(|c| c.cluster_id == names::CLUSTER_ID)
+}
+
+fn bound_to(claim: &PersistentVolumeClaim) -> Option<&str> {
+    claim
+        .spec
+        .as_ref()?
+        .volume_name
+        .as_deref()
+        .filter(|v| !v.is_empty())
+}
+
+fn reclaim(pv: &PersistentVolume) -> &str {
+    pv.spec
+        .as_ref()
+        .and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
+        .unwrap_or("Delete")
+}
+
+fn pv_phase(pv: &PersistentVolume) -> &str {
+    pv.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("Pending")
+}
+
+/// Checks every invariant of `phase`.
+#[must_use]
+pub fn check(snapshot: &Snapshot, records: &Records, phase: Phase) -> Findings {
+    let mut findings = Findings::default();
+    terminating(snapshot, &mut findings);
+    volumes(snapshot, records, phase, &mut findings);
+    metadata(snapshot, records, phase, &mut findings);
+    if phase != Phase::Quiescent {
+        for name in snapshot.metadata.keys() {
+            findings.violation(format!(
+                "cnsvolumemetadata {name} still exists after it was deleted"
+            ));
+        }
+    }
+    if phase == Phase::Final {
+        teardown(snapshot, &mut findings);
+    }
+    findings
+}
+
+/// Nothing stays Terminating because of our finalizers.
+fn terminating(snapshot: &Snapshot, findings: &mut Findings) {
+    let stuck = |meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+                 ours: &[&str]| {
+        meta.deletion_timestamp.as_ref()?;
+        let held: Vec<&str> = meta
+            .finalizers
+            .iter()
+            .flatten()
+            .map(String::as_str)
+            .filter(|f| ours.contains(f))
+            .collect();
+        (!held.is_empty()).then(|| held.join(", "))
+    };
+    for (name, claim) in &snapshot.claims {
+        if let Some(held) = stuck(&claim.metadata, &[FINALIZER_PV, FINALIZER_PROVISIONING]) {
+            findings.violation(format!(
+                "claim {name} stays Terminating, held by our finalizer {held}"
+            ));
+        }
+    }
+    for (name, pv) in &snapshot.volumes {
+        if let Some(held) = stuck(&pv.metadata, &[FINALIZER_PV]) {
+            findings.violation(format!(
+                "PV {name} ({}, {}) stays Terminating, held by our finalizer {held}",
+                pv_phase(pv),
+                reclaim(pv)
+            ));
+        }
+    }
+    for (name, object) in &snapshot.metadata {
+        if let Some(held) = stuck(&object.metadata, &[cnsmetadata::FINALIZER]) {
+            findings.violation(format!(
+                "cnsvolumemetadata {name} stays Terminating, held by our finalizer {held}"
+            ));
+        }
+    }
+}
+
+/// The claim record with `uid`.
+fn claim_by_uid<'a>(records: &'a Records, uid: &str) -> Option<&'a super::world::ClaimRecord> {
+    records
+        .claims
+        .values()
+        .find(|c| c.uid.as_deref() == Some(uid))
+}
+
+/// Whether a replica was disrupted while a stripped claim could still be cleaned up.
+fn out_of_reach(records: &Records, created: Option<Duration>, stripped: Option<Duration>) -> bool {
+    let (Some(created), Some(stripped)) = (created, stripped) else {
+        return false;
+    };
+    records
+        .disruptions
+        .iter()
+        .any(|&d| d >= created && d <= stripped + DISRUPTION_MARGIN)
+}
+
+/// PVs name existing volumes, handles are unique, every volume is named by a PV.
+fn volumes(snapshot: &Snapshot, records: &Records, phase: Phase, findings: &mut Findings) {
+    let mut by_handle: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (name, pv) in &snapshot.volumes {
+        let Some(handle) = is_ours(pv) else { continue };
+        by_handle.entry(handle).or_default().push(name);
+        if !snapshot.cns.contains_key(handle) {
+            let claim = pv
+                .spec
+                .as_ref()
+                .and_then(|s| s.claim_ref.as_ref())
+                .and_then(|r| r.name.clone())
+                .unwrap_or_default();
+            findings.violation(format!(
+                "PV {name} ({}, {}, claim {claim}) names CNS volume {handle}, which does not exist",
+                pv_phase(pv),
+                reclaim(pv)
+            ));
+        }
+    }
+    for (handle, pvs) in &by_handle {
+        if pvs.len() > 1 {
+            findings.violation(format!("PVs {} share CNS volume {handle}", pvs.join(", ")));
+        }
+    }
+    for (name, claim) in &snapshot.claims {
+        let Some(pv) = bound_to(claim) else { continue };
+        if claim.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
+            continue;
+        }
+        match snapshot.volumes.get(pv) {
+            None => findings.violation(format!(
+                "claim {name} is Bound to PV {pv}, which does not exist"
+            )),
+            Some(volume) => {
+                let ref_uid = volume
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.claim_ref.as_ref())
+                    .and_then(|r| r.uid.as_deref());
+                if ref_uid.is_some() && ref_uid != claim.metadata.uid.as_deref() {
+                    findings.violation(format!(
+                        "claim {name} is Bound to PV {pv}, whose claimRef names another claim"
+                    ));
+                }
+            }
+        }
+    }
+    for claim in records.claims.values() {
+        if let Some(pv) = &claim.retained_pv
+            && claim.deleted
+            && !snapshot.volumes.contains_key(pv)
+        {
+            findings.violation(format!(
+                "PV {pv} was switched to Retain before claim {} was deleted, yet it was deleted",
+                claim.name
+            ));
+        }
+    }
+    let named: BTreeSet<&str> = by_handle.keys().copied().collect();
+    for (id, volume) in &snapshot.cns {
+        if !of_cluster(volume) || named.contains(id.as_str()) {
+            continue;
+        }
+        unexplained(snapshot, records, phase, id, volume, findings);
+    }
+}
+
+/// Classifies a CNS volume of the cluster that no PV names.
+fn unexplained(
+    snapshot: &Snapshot,
+    records: &Records,
+    phase: Phase,
+    id: &str,
+    volume: &SimVolume,
+    findings: &mut Findings,
+) {
+    let name = &volume.name;
+    let inserted = records
+        .inserted
+        .get(id)
+        .map(|why| format!(" (inserted by the harness as {why})"))
+        .unwrap_or_default();
+    if let Some(pv) = snapshot.volumes.get(name) {
+        let line = format!(
+            "CNS volume {id} is a leftover duplicate of PV {name} (which names {}){inserted}",
+            is_ours(pv).unwrap_or("no CNS volume")
+        );
+        if phase == Phase::Final {
+            findings.violation(line);
+        } else {
+            findings.note(line);
+        }
+        return;
+    }
+    let Some(record) = name
+        .strip_prefix("pvc-")
+        .and_then(|uid| claim_by_uid(records, uid))
+    else {
+        findings.violation(format!(
+            "CNS volume {id} named {name} is named by no PV: leaked{inserted}"
+        ));
+        return;
+    };
+    let claim = &record.name;
+    let live = snapshot
+        .claims
+        .get(claim)
+        .filter(|c| c.metadata.uid == record.uid);
+    match live {
+        Some(live) => match bound_to(live) {
+            Some(other) => findings.violation(format!(
+                "claim {claim} is bound to PV {other}, but its own CNS volume {id} ({name}) \
+                 was left behind{inserted}"
+            )),
+            None => findings.note(format!(
+                "claim {claim} (class {}) is not bound, but its CNS volume {id} exists \
+                 (provisioning still in progress){inserted}",
+                record.class
+            )),
+        },
+        None => {
+            let stripped = if record.stripped_at.is_some() {
+                ", its finalizers stripped by hand"
+            } else {
+                ""
+            };
+            let line = format!(
+                "CNS volume {id} of deleted claim {claim} (class {}{stripped}) was left \
+                 behind{inserted}",
+                record.class
+            );
+            if out_of_reach(records, record.created_at, record.stripped_at) {
+                findings.note(format!(
+                    "out of reach: {line}; a replica was disrupted while its finalizers were \
+                     gone, so nothing remembers the volume"
+                ));
+            } else {
+                findings.violation(line);
+            }
+        }
+    }
+}
+
+/// An entity as the checks compare it: type, name, namespace, cluster, labels, references.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct EntityView {
+    key: (String, String, Option<String>),
+    cluster: Option<String>,
+    labels: BTreeSet<(String, String)>,
+    references: Vec<(String, String, Option<String>, Option<String>)>,
+}
+
+fn non_empty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_owned())
+}
+
+fn expected(spec: &CnsVolumeMetadataSpec, reference: usize) -> Option<EntityView> {
+    let config = cnsmetadata::Config::default().cluster_id(names::CLUSTER_ID);
+    let reference = cnsmetadata::referred_entities(spec, &config)
+        .into_iter()
+        .nth(reference)?;
+    Some(EntityView {
+        key: (
+            spec.entity_type.as_str().to_owned(),
+            spec.entity_name.clone(),
+            non_empty(&spec.namespace),
+        ),
+        cluster: non_empty(&spec.guest_cluster_id),
+        labels: spec
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        references: vec![(
+            reference.entity_type.as_str().to_owned(),
+            reference.entity_name,
+            non_empty(&reference.namespace),
+            non_empty(&reference.cluster_id),
+        )],
+    })
+}
+
+fn actual(entity: &vsphere_cns::EntityMetadata) -> EntityView {
+    EntityView {
+        key: (
+            entity.entity_type.as_str().to_owned(),
+            entity.entity_name.clone(),
+            entity.namespace.clone(),
+        ),
+        cluster: entity.cluster_id.clone(),
+        labels: entity
+            .labels
+            .iter()
+            .map(|kv| (kv.key.clone(), kv.value.clone()))
+            .collect(),
+        references: entity
+            .referred_entity
+            .iter()
+            .map(|r| {
+                (
+                    r.entity_type.as_str().to_owned(),
+                    r.entity_name.clone(),
+                    r.namespace.clone(),
+                    r.cluster_id.clone(),
+                )
+            })
+            .collect(),
+    }
+}
+
+/// The key of the entity object `object` describes (the harness never changes it).
+fn key_of(object: &str, entity: Entity) -> (String, String, Option<String>) {
+    let spec = super::objects::metadata_spec(object, "", entity, 0, true);
+    (
+        spec.entity_type.as_str().to_owned(),
+        spec.entity_name,
+        non_empty(&spec.namespace),
+    )
+}
+
+/// Every object's CNS entries equal its spec; deleted objects left no entries.
+fn metadata(snapshot: &Snapshot, records: &Records, phase: Phase, findings: &mut Findings) {
+    for (name, object) in &snapshot.metadata {
+        if object.metadata.deletion_timestamp.is_some() || cnsmetadata::validate(object).is_err() {
+            continue;
+        }
+        for (i, claim_name) in object.spec.volume_names.iter().enumerate() {
+            let Some(claim) = snapshot.claims.get(claim_name) else {
+                findings.note(format!(
+                    "cnsvolumemetadata {name} cannot be synced: claim {claim_name} does not exist"
+                ));
+                continue;
+            };
+            let Some(pv_name) = bound_to(claim) else {
+                findings.note(format!(
+                    "cnsvolumemetadata {name} cannot be synced: claim {claim_name} is not bound"
+                ));
+                continue;
+            };
+            let Some(handle) = snapshot.volumes.get(pv_name).and_then(is_ours) else {
+                continue;
+            };
+            let Some(volume) = snapshot.cns.get(handle) else {
+                continue;
+            };
+            let Some(want) = expected(&object.spec, i) else {
+                continue;
+            };
+            let found: Vec<EntityView> = volume
+                .metadata
+                .entity_metadata
+                .iter()
+                .map(actual)
+                .filter(|e| e.key == want.key)
+                .collect();
+            match found.as_slice() {
+                [] => findings.violation(format!(
+                    "cnsvolumemetadata {name}: CNS volume {handle} (claim {claim_name}, PV \
+                     {pv_name}) has no entry for {} {}",
+                    want.key.0, want.key.1
+                )),
+                [one] if *one == want => {}
+                other => findings.violation(format!(
+                    "cnsvolumemetadata {name}: CNS volume {handle} (claim {claim_name}) holds \
+                     {other:?}, the spec says {want:?}"
+                )),
+            }
+        }
+    }
+    for (object, record) in &records.metadata {
+        let gone = !snapshot.metadata.contains_key(object);
+        if !(gone && (record.deleted || phase != Phase::Quiescent)) {
+            continue;
+        }
+        let key = key_of(object, record.entity);
+        let claim = records
+            .claims
+            .get(&record.claim)
+            .map(|c| c.name.clone())
+            .unwrap_or_default();
+        for (id, volume) in &snapshot.cns {
+            if !volume
+                .metadata
+                .entity_metadata
+                .iter()
+                .any(|e| actual(e).key == key)
+            {
+                continue;
+            }
+            let claim_gone = !snapshot.claims.contains_key(&claim);
+            let line = format!(
+                "deleted cnsvolumemetadata {object} left its entry {} {} on CNS volume {id} \
+                 ({}; claim {claim}{})",
+                key.0,
+                key.1,
+                volume.name,
+                if record.valid {
+                    ""
+                } else {
+                    ", its last spec was invalid"
+                }
+            );
+            if claim_gone {
+                findings.note(format!(
+                    "out of reach: {line}, deleted before the object, so the reconciler \
+                     cannot find the volume"
+                ));
+            } else {
+                findings.violation(line);
+            }
+        }
+    }
+}
+
+/// After teardown: no claim remains, and every PV left is a Retain PV.
+fn teardown(snapshot: &Snapshot, findings: &mut Findings) {
+    for (name, claim) in &snapshot.claims {
+        findings.violation(format!(
+            "claim {name} still exists after it was deleted (finalizers {:?}, phase {:?})",
+            claim.metadata.finalizers.clone().unwrap_or_default(),
+            claim.status.as_ref().and_then(|s| s.phase.clone())
+        ));
+    }
+    for (name, pv) in &snapshot.volumes {
+        if reclaim(pv) != "Retain" {
+            findings.violation(format!(
+                "PV {name} ({}, reclaim {}) outlived its claim",
+                pv_phase(pv),
+                reclaim(pv)
+            ));
+        }
+    }
+}

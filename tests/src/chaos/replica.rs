@@ -1,0 +1,239 @@
+//! One replica of the vSphere application: its own OS thread and Tokio runtime, its own
+//! kube client (through a [`Partition`] layer) and CNS session, running
+//! [`vsphere_controllers::start_controllers`].
+//!
+//! A death drops the runtime mid-call ([`Runtime::shutdown_background`]): no task gets to
+//! clean up, a CNS call in flight may still land in the simulator. A graceful stop lets
+//! `run_until` drain. A replica whose controllers fail (a lost lease) exits, and the
+//! harness restarts it, as a kubelet would.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use kube_client::client::ClientBuilder;
+use tokio::runtime::Runtime;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use vsphere_cns::{ClusterFlavor, CnsClient, CnsMetadataBackend, CnsProvisioner, MoRef, VcConfig};
+use vsphere_controllers::Settings;
+
+use super::names;
+use super::partition::Partition;
+
+/// What every replica is built from.
+#[derive(Clone, Debug)]
+pub struct ReplicaSpec {
+    /// The kube-sim connection.
+    pub kube: kube_client::Config,
+    /// The CNS simulator connection.
+    pub vc: VcConfig,
+    /// The controllers' settings.
+    pub settings: Settings,
+}
+
+/// How long a graceful stop may take before the replica is killed (as a kubelet's
+/// SIGKILL after the grace period).
+const STOP_GRACE: Duration = Duration::from_secs(5);
+/// How long a replica that exited on its own stays down before it is restarted.
+const RESTART_DELAY: Duration = Duration::from_millis(300);
+
+enum State {
+    /// Not running; with `restart_at`, the harness brings it back then.
+    Down { restart_at: Option<Instant> },
+    /// Running (or stopping, with `stopping` set).
+    Up {
+        runtime: Runtime,
+        stop: Option<oneshot::Sender<()>>,
+        exit: oneshot::Receiver<anyhow::Result<()>>,
+        stopping: Option<Instant>,
+    },
+}
+
+/// One replica.
+pub struct Replica {
+    index: usize,
+    spec: Arc<ReplicaSpec>,
+    partition: Partition,
+    state: State,
+    starts: u32,
+}
+
+impl std::fmt::Debug for Replica {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replica")
+            .field("index", &self.index)
+            .field("up", &self.is_up())
+            .field("partitioned", &self.partition.is_cut())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Replica {
+    /// A replica that is down.
+    #[must_use]
+    pub fn new(index: usize, spec: Arc<ReplicaSpec>) -> Self {
+        Self {
+            index,
+            spec,
+            partition: Partition::default(),
+            state: State::Down { restart_at: None },
+            starts: 0,
+        }
+    }
+
+    /// Whether its runtime exists (running or stopping).
+    #[must_use]
+    pub fn is_up(&self) -> bool {
+        matches!(self.state, State::Up { .. })
+    }
+
+    /// Its partition switch.
+    #[must_use]
+    pub fn partition(&self) -> &Partition {
+        &self.partition
+    }
+
+    /// Starts it on a new runtime; nothing if it is up.
+    ///
+    /// # Errors
+    /// When the runtime cannot be built.
+    pub fn start(&mut self) -> anyhow::Result<()> {
+        if self.is_up() {
+            return Ok(());
+        }
+        self.starts += 1;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name(format!("replica-{}.{}", self.index, self.starts))
+            .enable_all()
+            .build()
+            .context("cannot build a replica runtime")?;
+        let (stop, stopped) = oneshot::channel();
+        let (exited, exit) = oneshot::channel();
+        let spec = self.spec.clone();
+        let partition = self.partition.clone();
+        runtime.spawn(async move {
+            let result = run(spec, partition, stopped).await;
+            let _ = exited.send(result);
+        });
+        self.state = State::Up {
+            runtime,
+            stop: Some(stop),
+            exit,
+            stopping: None,
+        };
+        Ok(())
+    }
+
+    /// Kills it: the runtime is dropped with every task in the middle of what it was
+    /// doing. Returns whether it was up.
+    pub fn kill(&mut self) -> bool {
+        let state = std::mem::replace(&mut self.state, State::Down { restart_at: None });
+        match state {
+            State::Up { runtime, .. } => {
+                runtime.shutdown_background();
+                true
+            }
+            down @ State::Down { .. } => {
+                self.state = down;
+                false
+            }
+        }
+    }
+
+    /// Asks it to stop gracefully; [`Replica::poll`] sees it exit.
+    pub fn stop(&mut self) {
+        if let State::Up { stop, stopping, .. } = &mut self.state {
+            if let Some(stop) = stop.take() {
+                let _ = stop.send(());
+            }
+            stopping.get_or_insert_with(Instant::now);
+        }
+    }
+
+    /// Notices an exit: a stop that finished (down, no restart), a stop that takes too
+    /// long (killed), or controllers that failed (down, restarted after a pause). Starts
+    /// a replica whose restart is due. Returns a line for the log when something happened.
+    ///
+    /// # Errors
+    /// When a restart cannot build its runtime.
+    pub fn poll(&mut self, now: Instant) -> anyhow::Result<Option<String>> {
+        let index = self.index;
+        match &mut self.state {
+            State::Down {
+                restart_at: Some(at),
+            } if *at <= now => {
+                self.start()?;
+                Ok(Some(format!("replica {index} restarted after it exited")))
+            }
+            State::Down { .. } => Ok(None),
+            State::Up { exit, stopping, .. } => match exit.try_recv() {
+                Ok(result) => {
+                    let graceful = stopping.is_some();
+                    let line = match (&result, graceful) {
+                        (Ok(()), true) => format!("replica {index} stopped"),
+                        (Err(e), true) => format!("replica {index} stopped with an error: {e:#}"),
+                        (Ok(()), false) => format!("replica {index} exited"),
+                        (Err(e), false) => format!("replica {index} exited: {e:#}"),
+                    };
+                    self.kill();
+                    if !graceful {
+                        self.state = State::Down {
+                            restart_at: Some(now + RESTART_DELAY),
+                        };
+                    }
+                    Ok(Some(line))
+                }
+                Err(oneshot::error::TryRecvError::Empty) => match stopping {
+                    Some(since) if now.duration_since(*since) > STOP_GRACE => {
+                        self.kill();
+                        Ok(Some(format!(
+                            "replica {index} did not stop within {STOP_GRACE:?}: killed"
+                        )))
+                    }
+                    _ => Ok(None),
+                },
+                Err(oneshot::error::TryRecvError::Closed) => {
+                    self.kill();
+                    self.state = State::Down {
+                        restart_at: Some(now + RESTART_DELAY),
+                    };
+                    Ok(Some(format!("replica {index} vanished (task panicked?)")))
+                }
+            },
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The replica's process: connect, start the controllers, run until stopped or failed.
+async fn run(
+    spec: Arc<ReplicaSpec>,
+    partition: Partition,
+    stopped: oneshot::Receiver<()>,
+) -> anyhow::Result<()> {
+    let kube = ClientBuilder::try_from(spec.kube.clone())
+        .context("cannot build the kube client")?
+        .with_layer(&partition.layer())
+        .build();
+    let cns = CnsClient::connect(&spec.vc)
+        .await
+        .context("cannot log in to the CNS simulator")?;
+    let provisioner = CnsProvisioner::new(cns.clone(), names::CLUSTER_ID, ClusterFlavor::Workload)
+        .context("cannot build the provisioner")?
+        .datastore_url(names::DATASTORE_URL, MoRef::datastore(names::DATASTORE_ID));
+    let backend = CnsMetadataBackend::new(cns);
+    let running =
+        vsphere_controllers::start_controllers(kube, provisioner, backend, &spec.settings);
+    running
+        .run_until(async {
+            let _ = stopped.await;
+        })
+        .await
+}

@@ -1,0 +1,213 @@
+//! One run: the schedule, then quiescence and the checks, then teardown and the strict
+//! checks.
+
+use std::time::Duration;
+
+use kube_client::ResourceExt;
+use kube_client::api::{DeleteParams, ListParams};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::actions::{global_action, run_chain};
+use super::checks::{Findings, Phase, Snapshot, check};
+use super::report::SeedReport;
+use super::schedule::{Schedule, Step};
+use super::world::{RESYNC, World, cns_methods, is_not_found, retry};
+
+/// How long nothing may change before the checks run.
+const QUIET: Duration = Duration::from_secs(2);
+/// How long nothing may change before violations are final (longer than the resync).
+const LONG_QUIET: Duration = Duration::from_secs(RESYNC.as_secs() + 3);
+/// The most a phase waits for quiet (metadata retries back off for long).
+const PHASE_LIMIT: Duration = Duration::from_secs(60);
+/// How often the harness looks.
+const TICK: Duration = Duration::from_millis(50);
+/// How often a snapshot is taken while settling.
+const SAMPLE: Duration = Duration::from_millis(250);
+
+/// Runs seed `seed` with `claims` claims and reports what the checks found.
+pub async fn run_seed(seed: u64, claims: usize) -> SeedReport {
+    let schedule = Schedule::generate(seed, claims);
+    let started = std::time::Instant::now();
+    let mut report = SeedReport::new(seed, claims);
+    match World::start(&schedule).await {
+        Err(e) => report.error = Some(format!("{e:#}")),
+        Ok(mut world) => {
+            match drive(&mut world, &schedule).await {
+                Ok(phases) => report.phases = phases,
+                Err(e) => report.error = Some(format!("{e:#}")),
+            }
+            report.log = std::mem::take(&mut world.shared.records().log);
+            world.shutdown().await;
+        }
+    }
+    report.elapsed = started.elapsed();
+    report
+}
+
+/// Looks at the replicas: restarts what exited, logs what happened.
+fn poll_replicas(world: &mut World) -> anyhow::Result<()> {
+    let now = Instant::now();
+    for replica in &mut world.replicas {
+        if let Some(line) = replica.poll(now)? {
+            if line.contains("exited") || line.contains("vanished") {
+                world.shared.disrupted();
+            }
+            world.shared.log(format!("* {line}"));
+        }
+    }
+    Ok(())
+}
+
+/// Sleeps until `until`, looking at the replicas meanwhile.
+async fn wait_until(world: &mut World, until: Instant) -> anyhow::Result<()> {
+    loop {
+        poll_replicas(world)?;
+        let now = Instant::now();
+        if now >= until {
+            return Ok(());
+        }
+        tokio::time::sleep(TICK.min(until - now)).await;
+    }
+}
+
+async fn drive(world: &mut World, schedule: &Schedule) -> anyhow::Result<Vec<(Phase, Findings)>> {
+    let mut chains = JoinSet::new();
+    for claim in 0..schedule.claims {
+        let steps: Vec<Step> = schedule.chain(claim).cloned().collect();
+        chains.spawn(run_chain(world.shared.clone(), claim, steps));
+    }
+    for step in schedule.global() {
+        wait_until(world, world.shared.started + step.at).await?;
+        global_action(world, &step.action)?;
+    }
+    while !chains.is_empty() {
+        tokio::select! {
+            joined = chains.join_next() => {
+                if let Some(Err(e)) = joined {
+                    world.shared.log(format!("a claim chain panicked: {e}"));
+                }
+            }
+            () = tokio::time::sleep(TICK) => poll_replicas(world)?,
+        }
+    }
+    calm(world)?;
+    let mut phases = Vec::new();
+    phases.push((Phase::Quiescent, settle(world, Phase::Quiescent).await?));
+
+    let shared = world.shared.clone();
+    let objects = retry(|| async { shared.metadata().list(&ListParams::default()).await }).await?;
+    for object in objects.items {
+        let name = object.name_any();
+        let result = retry(|| async {
+            shared
+                .metadata()
+                .delete(&name, &DeleteParams::default())
+                .await
+        })
+        .await;
+        if !is_not_found(&result) {
+            result?;
+        }
+    }
+    shared.log("teardown: every cnsvolumemetadata deleted");
+    phases.push((
+        Phase::MetadataDeleted,
+        settle(world, Phase::MetadataDeleted).await?,
+    ));
+
+    let claims = retry(|| async { shared.claims().list(&ListParams::default()).await }).await?;
+    for claim in claims.items {
+        let name = claim.name_any();
+        let result = retry(|| async {
+            shared
+                .claims()
+                .delete(&name, &DeleteParams::default())
+                .await
+        })
+        .await;
+        if !is_not_found(&result) {
+            result?;
+        }
+        if let Some(record) = shared
+            .records()
+            .claims
+            .values_mut()
+            .find(|c| c.name == name)
+        {
+            record.deleted = true;
+        }
+    }
+    shared.log("teardown: every claim deleted");
+    phases.push((Phase::Final, settle(world, Phase::Final).await?));
+    Ok(phases)
+}
+
+/// Ends the chaos: no API faults, CNS at full speed, partitions healed, both replicas up.
+fn calm(world: &mut World) -> anyhow::Result<()> {
+    world.kube.clear_faults();
+    for method in cns_methods() {
+        world.shared.cns.delay(method, Duration::ZERO);
+    }
+    for replica in &mut world.replicas {
+        replica.partition().heal();
+        replica.start()?;
+    }
+    world
+        .shared
+        .log("chaos over: faults cleared, partitions healed, both replicas up");
+    Ok(())
+}
+
+/// Waits until nothing changes for [`QUIET`] and the checks pass, or nothing changes for
+/// [`LONG_QUIET`] (only metadata violations wait for [`PHASE_LIMIT`]: the reconciler's
+/// retries back off for minutes), then returns the checks' findings.
+async fn settle(world: &mut World, phase: Phase) -> anyhow::Result<Findings> {
+    let shared = world.shared.clone();
+    let started = Instant::now();
+    let mut last = None;
+    let mut stable_since = started;
+    loop {
+        wait_until(world, Instant::now() + SAMPLE).await?;
+        let now = Instant::now();
+        let snapshot = match Snapshot::take(&shared).await {
+            Ok(snapshot) => snapshot,
+            Err(e) if now - started < PHASE_LIMIT => {
+                shared.log(format!("settling: cannot take a snapshot: {e}"));
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let fingerprint = snapshot.fingerprint();
+        if last != Some(fingerprint) {
+            last = Some(fingerprint);
+            stable_since = now;
+        }
+        let stable = now - stable_since;
+        let over = now - started >= PHASE_LIMIT;
+        if stable < QUIET && !over {
+            continue;
+        }
+        let mut findings = check(&snapshot, &shared.records(), phase);
+        let only_metadata = findings
+            .violations
+            .iter()
+            .all(|v| v.starts_with("cnsvolumemetadata") || v.starts_with("deleted cnsvolume"));
+        let done =
+            findings.violations.is_empty() || over || (stable >= LONG_QUIET && !only_metadata);
+        if done {
+            if over && stable < QUIET {
+                findings.notes.push(format!(
+                    "{phase:?}: the system never stayed unchanged for {QUIET:?} within \
+                     {PHASE_LIMIT:?}"
+                ));
+            }
+            shared.log(format!(
+                "{phase:?}: checked after {:.1}s ({} violations)",
+                (now - started).as_secs_f64(),
+                findings.violations.len()
+            ));
+            return Ok(findings);
+        }
+    }
+}
