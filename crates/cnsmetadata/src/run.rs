@@ -89,9 +89,13 @@ async fn watch_objects(
             }
         };
         async move {
-            if let Some((mut queue, object)) = next {
-                // Fails only when the term ended meanwhile; the next one reconciles all.
-                let _ = queue.send(object).await;
+            if let Some((mut queue, objects)) = next {
+                for object in objects {
+                    // Fails only when the term ended meanwhile; the next one reconciles all.
+                    if queue.send(object).await.is_err() {
+                        break;
+                    }
+                }
             }
         }
     })

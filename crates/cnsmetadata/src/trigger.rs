@@ -38,11 +38,23 @@ pub(crate) fn trigger_hash(object: &CnsVolumeMetadata) -> u64 {
 struct State {
     /// UID and trigger hash of every object the watch holds.
     seen: HashMap<Key, (Option<String>, u64)>,
-    /// Objects listed since the watch restarted (`Init`), until the list is complete.
-    relisted: Option<HashSet<Key>>,
+    /// While the watch lists again (from `Init` to `InitDone`).
+    relist: Option<Relist>,
     /// The controller of the current leadership term.
     subscriber: Option<mpsc::Sender<CnsVolumeMetadata>>,
 }
+
+/// A list in progress. The reflector's store still holds the previous list until
+/// `InitDone`, so a reconcile started earlier would not find an object created meanwhile:
+/// the objects to reconcile wait for the end of the list.
+#[derive(Default)]
+struct Relist {
+    listed: HashSet<Key>,
+    changed: Vec<CnsVolumeMetadata>,
+}
+
+/// Objects to reconcile, and the queue of the term they go to.
+pub(crate) type Triggered = (mpsc::Sender<CnsVolumeMetadata>, Vec<CnsVolumeMetadata>);
 
 /// Per-object trigger state and the current term's queue; see the module docs.
 #[derive(Default)]
@@ -77,28 +89,25 @@ impl Triggers {
     }
 
     /// Records one watch event; deleted objects (and objects a relist no longer shows)
-    /// are forgotten here and in `backoff`. Returns the object to reconcile with the queue
-    /// to send it to, when a term is running and the event triggers a reconcile.
+    /// are forgotten here and in `backoff`. Returns the objects to reconcile with the
+    /// queue to send them to, when a term is running and the event triggers reconciles.
     pub(crate) fn observe(
         &self,
         event: &watcher::Event<CnsVolumeMetadata>,
         backoff: &PerObjectBackoff,
-    ) -> Option<(mpsc::Sender<CnsVolumeMetadata>, CnsVolumeMetadata)> {
+    ) -> Option<Triggered> {
         let mut state = self.state();
-        match event {
-            watcher::Event::Apply(object) | watcher::Event::InitApply(object) => {
-                let key = ObjectRef::from_obj(object);
-                if let (watcher::Event::InitApply(_), Some(relisted)) =
-                    (event, state.relisted.as_mut())
-                {
-                    relisted.insert(key.clone());
+        let changed = match event {
+            watcher::Event::Apply(object) => state.changed(object).then(|| vec![object.clone()]),
+            watcher::Event::InitApply(object) => {
+                let changed = state.changed(object);
+                if let Some(relist) = state.relist.as_mut() {
+                    relist.listed.insert(ObjectRef::from_obj(object));
+                    if changed {
+                        relist.changed.push(object.clone());
+                    }
                 }
-                let now = (object.metadata.uid.clone(), trigger_hash(object));
-                if state.seen.insert(key, now.clone()).as_ref() == Some(&now) {
-                    return None;
-                }
-                let sender = state.subscriber.clone()?;
-                Some((sender, object.clone()))
+                None
             }
             watcher::Event::Delete(object) => {
                 let key = ObjectRef::from_obj(object);
@@ -107,17 +116,25 @@ impl Triggers {
                 None
             }
             watcher::Event::Init => {
-                state.relisted = Some(HashSet::new());
+                state.relist = Some(Relist::default());
                 None
             }
-            watcher::Event::InitDone => {
-                if let Some(relisted) = state.relisted.take() {
-                    state.seen.retain(|key, _| relisted.contains(key));
-                    backoff.retain(|key| relisted.contains(key));
-                }
-                None
-            }
-        }
+            watcher::Event::InitDone => state.relist.take().map(|relist| {
+                state.seen.retain(|key, _| relist.listed.contains(key));
+                backoff.retain(|key| relist.listed.contains(key));
+                relist.changed
+            }),
+        };
+        let changed = changed.filter(|c| !c.is_empty())?;
+        Some((state.subscriber.clone()?, changed))
+    }
+}
+
+impl State {
+    /// Remembers what reconciles `object`; whether that changed.
+    fn changed(&mut self, object: &CnsVolumeMetadata) -> bool {
+        let now = (object.metadata.uid.clone(), trigger_hash(object));
+        self.seen.insert(ObjectRef::from_obj(object), now.clone()) != Some(now)
     }
 }
 
@@ -184,7 +201,10 @@ mod tests {
         let (mut sender, sent) = triggers
             .observe(&watcher::Event::Apply(renamed.clone()), &backoff)
             .expect("a spec change triggers");
-        futures::SinkExt::send(&mut sender, sent).await.unwrap();
+        assert_eq!(sent, vec![renamed.clone()]);
+        futures::SinkExt::send(&mut sender, renamed.clone())
+            .await
+            .unwrap();
         assert_eq!(queue.next().await, Some(renamed.clone()));
         // Same name and spec, another object (new UID): triggers.
         let recreated = object("gc-1-a", "u2");
@@ -205,6 +225,39 @@ mod tests {
                 .is_none(),
             "the term ended"
         );
+    }
+
+    #[test]
+    fn objects_changed_during_a_relist_are_reconciled_once_it_is_complete() {
+        let triggers = Triggers::default();
+        let backoff = PerObjectBackoff::default();
+        let a = object("gc-1-a", "u1");
+        triggers.observe(&watcher::Event::Apply(a.clone()), &backoff);
+        let _queue = triggers.subscribe();
+        let b = object("gc-1-b", "u2");
+        let mut a_edited = a.clone();
+        a_edited.spec.entity_name = "edited".into();
+        for event in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(a_edited.clone()),
+            watcher::Event::InitApply(b.clone()),
+        ] {
+            assert!(triggers.observe(&event, &backoff).is_none());
+        }
+        let (_, changed) = triggers
+            .observe(&watcher::Event::InitDone, &backoff)
+            .expect("the changes of the list");
+        assert_eq!(changed, vec![a_edited.clone(), b.clone()]);
+        // Listing again what is known triggers nothing.
+        for event in [watcher::Event::Init, watcher::Event::InitApply(b)] {
+            assert!(triggers.observe(&event, &backoff).is_none());
+        }
+        assert!(
+            triggers
+                .observe(&watcher::Event::InitDone, &backoff)
+                .is_none()
+        );
+        assert_eq!(triggers.tracked(), 1, "a was not listed again");
     }
 
     #[test]

@@ -561,3 +561,54 @@ async fn malformed_objects_get_an_event_and_do_not_hold_up_the_others() {
     );
     stop(trigger, handle).await;
 }
+
+#[tokio::test]
+async fn changes_missed_while_the_watch_was_down_are_reconciled_after_the_relist() {
+    use kube_sim::{FaultRule, Verb};
+
+    let h = harness().await;
+    h.vsphere_volume("tenant", "gc-1-vol-a").await;
+    h.vsphere_volume("tenant", "gc-1-vol-b").await;
+    let (trigger, handle) = start(&h, config());
+    h.create("tenant", "gc-1-old", pvc_spec()).await;
+    wait_for("gc-1-old pushed", || async {
+        let object = h.get("tenant", "gc-1-old").await?;
+        (!object.status.volume_status.is_empty()).then_some(())
+    })
+    .await;
+
+    // The watch goes down; meanwhile one object is created and another deleted.
+    h.sim
+        .add_fault(FaultRule::new(Verb::Watch, "cnsvolumemetadatas").always());
+    h.sim.cut_watches();
+    let mut spec = pvc_spec();
+    spec.volume_names = vec!["gc-1-vol-b".into()];
+    spec.entity_name = "new".into();
+    h.create("tenant", "gc-1-new", spec).await;
+    h.delete("tenant", "gc-1-old").await;
+    // Its history gone, the watch must list again when it comes back.
+    h.sim.compact();
+    h.sim.clear_faults();
+
+    wait_for("gc-1-old to be gone", || async {
+        h.get("tenant", "gc-1-old").await.is_none().then_some(())
+    })
+    .await;
+    let new = wait_for("gc-1-new pushed", || async {
+        let object = h.get("tenant", "gc-1-new").await?;
+        (!object.status.volume_status.is_empty()).then_some(object)
+    })
+    .await;
+    assert_eq!(
+        new.status.volume_status,
+        vec![VolumeStatus::updated("gc-1-vol-b")]
+    );
+    let lists = h
+        .sim
+        .requests()
+        .iter()
+        .filter(|r| r.verb == "list" && r.resource == "cnsvolumemetadatas")
+        .count();
+    assert!(lists >= 2, "the watch listed again ({lists} lists)");
+    stop(trigger, handle).await;
+}
