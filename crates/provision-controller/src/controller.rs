@@ -53,8 +53,18 @@ use crate::{
 ///   keep their caches synced and answer probes and scrapes.
 /// - With [`Config::crash_safe_provisioning`] (the default), a claim whose asset may exist
 ///   without a saved PV carries
-///   [`FINALIZER_PROVISIONING`](crate::annotations::FINALIZER_PROVISIONING), so any later
-///   controller finishes it, or deletes the asset when the claim was deleted meanwhile.
+///   [`FINALIZER_PROVISIONING`](crate::annotations::FINALIZER_PROVISIONING) and
+///   [`ANN_PROVISIONING_OWNER`](crate::annotations::ANN_PROVISIONING_OWNER), so any later
+///   controller of that owner finishes it, or deletes the asset when the claim will not
+///   get it (deleted, bound to another PV, now asking another provisioner), whatever the
+///   claim's annotation or class say now. A claim that vanishes while its provisioning
+///   runs in the background (finalizers stripped by hand) has its asset deleted too.
+/// - An asset is never deleted while a PV of its name exists (the PV may name it): not
+///   after a failed save, not in a cleanup. A PV saved first under the same name by
+///   another replica is kept, and the driver releases ours
+///   ([`Provisioner::delete_duplicate`]).
+/// - [`Provisioner::delete`] is called only after a fresh read of the PV shows the same
+///   object still Released with reclaim policy Delete.
 #[doc(alias = "NewProvisionController")]
 pub struct ProvisionController {
     client: Client,

@@ -33,7 +33,9 @@ pub const PROVISIONING: &str = "Provisioning";
 pub const PROVISIONING_FAILED: &str = "ProvisioningFailed";
 /// On a claim: the PV was saved.
 pub const PROVISIONING_SUCCEEDED: &str = "ProvisioningSucceeded";
-/// On a claim: the PV could not be saved and the asset could not be deleted either.
+/// On a claim: an asset that must go could not be deleted (the PV could not be saved and
+/// the asset not deleted either; the duplicate of a PV another replica saved first could
+/// not be released; the asset of a claim that will not get our PV could not be deleted).
 pub const PROVISIONING_CLEANUP_FAILED: &str = "ProvisioningCleanupFailed";
 /// On a PV: deleting its asset failed.
 pub const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";

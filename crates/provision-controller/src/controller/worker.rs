@@ -52,9 +52,14 @@ pub(crate) async fn claim_worker(ctx: Arc<Context>) {
 /// PV, or asks another provisioner now): it keeps our finalizer until then, so giving
 /// up would leave it Terminating or leak the asset.
 fn cleaning_up(ctx: &Context, uid: &str) -> bool {
-    ctx.caches
-        .claim_by_uid(uid)
-        .is_some_and(|c| claim::intent_plan(ctx, &c) == super::intent::Plan::CleanUp)
+    let Some(claim) = ctx.caches.claim_by_uid(uid) else {
+        return false;
+    };
+    // The plan calls the volume-name hook, whose panic must not end the worker.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        claim::intent_plan(ctx, &claim) == super::intent::Plan::CleanUp
+    }))
+    .unwrap_or(false)
 }
 
 pub(crate) async fn volume_worker(ctx: Arc<Context>) {
