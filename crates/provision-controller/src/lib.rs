@@ -55,9 +55,10 @@
 //!   arrived before its class is provisioned at once instead of after its backoff.
 //! - **The qualifier is asked only about claims that name this provisioner** (same
 //!   decisions as Go, fewer calls).
-//! - **Finalizers are written with a merge patch** guarded by the resourceVersion; the
-//!   finalizer is put only on PVs with reclaim policy Delete at provisioning time (Go adds
-//!   it and removes it again on the next sync for Retain volumes).
+//! - **Finalizers are written with a strategic-merge patch** that names only ours and
+//!   carries no resourceVersion (Go v13), so a stale cache or another writer's finalizer
+//!   never makes it conflict; the PV finalizer is put only on Bound PVs with reclaim
+//!   policy Delete, and removed from a PV being deleted that will never be reclaimed.
 //! - **Which volumes are ours** follows newer upstream (`isProvisionerForVolume`): with a
 //!   provisioned-by annotation, that or migrated-to must name us; a statically
 //!   provisioned CSI volume is ours when its driver is; a static in-tree one when

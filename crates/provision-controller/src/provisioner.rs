@@ -26,8 +26,9 @@ pub struct ProvisionOptions {
     #[doc(alias = "PVC")]
     pub claim: Arc<PersistentVolumeClaim>,
     /// The node the scheduler chose (`volume.kubernetes.io/selected-node`), for
-    /// `WaitForFirstConsumer` classes; the node is known to exist, except when a
-    /// provisioning that runs in the background is driven on after its node was deleted.
+    /// `WaitForFirstConsumer` classes. Passed by name, unchecked (as Go v13): the node
+    /// may have been deleted since; answer [`ProvisionError::Reschedule`] to have the
+    /// scheduler choose again.
     #[doc(alias = "SelectedNode")]
     pub selected_node_name: Option<String>,
 }
@@ -70,12 +71,19 @@ impl ProvisionOptions {
 ///   asset. The name is deterministic (`pvc-<claim uid>` by default), so it can be the
 ///   backend's idempotency key or the asset's name.
 /// - **Errors tell the truth about the backend.** [`ProvisionError::Final`],
-///   [`ProvisionError::Reschedule`] and [`ProvisionError::Ignored`] mean that no asset
+///   [`ProvisionError::Infeasible`], [`ProvisionError::Reschedule`] and
+///   [`ProvisionError::Ignored`] mean that no asset
 ///   exists for this name (none was created, or it was removed again); anything that may
 ///   have left an asset behind is [`ProvisionError::InBackground`] or
 ///   [`ProvisionError::NoChange`].
 /// - **`delete` accepts the PV that `provision` returned** (plus the fields the
 ///   controller adds) and succeeds when the asset is already gone.
+/// - **Two replicas may provision one claim at once** (a failover, a replica cut off
+///   from the API server whose calls still finish): both must end up describing one
+///   asset (for example the oldest, or the lowest id, of those found by name), or the
+///   loser's is released by [`delete_duplicate`](Provisioner::delete_duplicate). A
+///   driver must never delete, while provisioning, an asset another replica may have
+///   returned: a PV may already name it.
 ///
 /// With [crash-safe provisioning](crate::Config::crash_safe_provisioning) these rules are
 /// what lets a new controller clean up a claim deleted while an earlier one was

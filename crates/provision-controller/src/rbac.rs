@@ -21,7 +21,8 @@ pub struct Permission {
 ///   (reschedule: remove the selected node);
 /// - volumes: `list`/`watch` (cache), `create` (save), `get`+`delete` (delete),
 ///   `patch` (protection finalizer);
-/// - storage classes: `list`/`watch` (cache); nodes: `get` (selected node);
+/// - storage classes: `list`/`watch` (cache); no nodes: the selected node is passed by
+///   name, never read (Go v13);
 /// - events: `create` and `patch` on `events.k8s.io` (kube-runtime's recorder; no core events).
 pub const CLUSTER_PERMISSIONS: &[Permission] = &[
     Permission {
@@ -38,11 +39,6 @@ pub const CLUSTER_PERMISSIONS: &[Permission] = &[
         group: "storage.k8s.io",
         resource: "storageclasses",
         verbs: &["list", "watch"],
-    },
-    Permission {
-        group: "",
-        resource: "nodes",
-        verbs: &["get"],
     },
     Permission {
         group: "events.k8s.io",
