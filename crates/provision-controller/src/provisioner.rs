@@ -158,6 +158,24 @@ pub trait Provisioner: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Called once the PV `saved` is stored (by this replica, or by another one first):
+    /// from now on it is the one record of the claim's asset.
+    ///
+    /// A driver whose assets are not identified by the PV name alone may hold others made
+    /// for the same claim by replicas that raced (a create that timed out and landed
+    /// later, the loser of a race whose replica died before it could release its own):
+    /// release them here. No PV can name them any more: a PV of this name exists, and PV
+    /// names are unique. **Never touch the asset `saved` names.** The default does
+    /// nothing.
+    ///
+    /// # Errors
+    /// A failure is logged; the asset `saved` names is kept whatever happens, and the
+    /// leftovers are tried again when the PV is deleted.
+    async fn volume_saved(&self, saved: &PersistentVolume) -> Result<(), DeleteError> {
+        let _ = saved;
+        Ok(())
+    }
+
     /// Whether `volumeMode: Block` claims are supported. Default `false`.
     #[doc(alias = "BlockProvisioner")]
     #[doc(alias = "SupportsBlock")]
@@ -183,6 +201,9 @@ impl<P: Provisioner + ?Sized> Provisioner for Arc<P> {
         saved: &PersistentVolume,
     ) -> Result<(), DeleteError> {
         (**self).delete_duplicate(duplicate, saved).await
+    }
+    async fn volume_saved(&self, saved: &PersistentVolume) -> Result<(), DeleteError> {
+        (**self).volume_saved(saved).await
     }
     fn supports_block(&self) -> bool {
         (**self).supports_block()

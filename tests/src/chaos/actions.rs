@@ -215,6 +215,9 @@ async fn claim_action(shared: &Shared, claim: usize, action: &Action) {
     shared.log(format!("{name}: {action}: {line}"));
 }
 
+/// How the records call a volume the harness inserted and then had no use for.
+pub const UNUSED: &str = "an unused";
+
 /// Inserts a CNS volume and a Retain PV pre-bound to the claim.
 async fn bind_static(shared: &Shared, claim: usize, name: &str) -> String {
     let entry = record(shared, claim);
@@ -241,10 +244,17 @@ async fn bind_static(shared: &Shared, claim: usize, name: &str) -> String {
         }
     })
     .await;
-    if result.is_ok()
-        && let Some(entry) = shared.records().claims.get_mut(&claim)
-    {
-        entry.static_pv = Some(pv_name.clone());
+    let mut records = shared.records();
+    if result.is_ok() {
+        if let Some(entry) = records.claims.get_mut(&claim) {
+            entry.static_pv = Some(pv_name.clone());
+        }
+    } else {
+        // The user gave up: the volume stays, named by nothing, the user's own leak.
+        records.inserted.insert(
+            id.to_string(),
+            format!("{UNUSED} static volume (creating PV {pv_name} failed)"),
+        );
     }
     format!("{pv_name} -> cns volume {id}: {}", describe(&result))
 }

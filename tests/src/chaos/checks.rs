@@ -323,9 +323,14 @@ fn unexplained(
     findings: &mut Findings,
 ) {
     let name = &volume.name;
-    let inserted = records
-        .inserted
-        .get(id)
+    let why = records.inserted.get(id);
+    if let Some(why) = why.filter(|why| why.starts_with(super::actions::UNUSED)) {
+        findings.note(format!(
+            "CNS volume {id} ({name}) is {why}: the harness's own leftover"
+        ));
+        return;
+    }
+    let inserted = why
         .map(|why| format!(" (inserted by the harness as {why})"))
         .unwrap_or_default();
     if let Some(pv) = snapshot.volumes.get(name) {

@@ -134,14 +134,17 @@ fn join(names: &BTreeSet<String>) -> String {
     names.iter().cloned().collect::<Vec<_>>().join(", ")
 }
 
-/// The `claim-NNN` names in a line.
+/// The claims a line is about: `claim-NNN`, and `meta-NNN`, `static-NNN`,
+/// `static-volume-NNN` (made for claim `NNN`).
 fn claim_names(line: &str) -> Vec<String> {
     line.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
-        .filter(|w| {
-            w.strip_prefix("claim-")
-                .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+        .filter_map(|w| {
+            ["claim-", "meta-", "static-volume-", "static-"]
+                .iter()
+                .find_map(|prefix| w.strip_prefix(prefix))
+                .filter(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+                .map(|n| format!("claim-{n}"))
         })
-        .map(str::to_owned)
         .collect()
 }
 
@@ -197,6 +200,10 @@ mod tests {
         assert_eq!(
             claim_names("claim claim-007 is Bound to PV pvc-1 (claim-012)"),
             ["claim-007", "claim-012"]
+        );
+        assert_eq!(
+            claim_names("cnsvolumemetadata meta-003, static-volume-004 of static-005"),
+            ["claim-003", "claim-004", "claim-005"]
         );
         assert!(claim_names("claim-x and claim- are not names").is_empty());
     }

@@ -314,17 +314,21 @@ async fn install(client: &Client) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long the user keeps retrying a request (longer than any fault window, shorter
+/// than a claim's life).
+const USER_PATIENCE: Duration = Duration::from_secs(6);
+
 /// Retries a user request that failed for a reason other than the answer itself: an
-/// injected 5xx, 429 or 409, or a broken connection. Returns the last result.
+/// injected 5xx, 429 or 409, or a broken connection, for up to 6 s. Returns the last
+/// result.
 pub async fn retry<T, F, Fut>(mut attempt: F) -> kube_client::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = kube_client::Result<T>>,
 {
-    let mut tries = 0;
+    let deadline = Instant::now() + USER_PATIENCE;
     loop {
         let result = attempt().await;
-        tries += 1;
         let again = match &result {
             Ok(_) => false,
             Err(kube_client::Error::Api(status)) => {
@@ -332,7 +336,7 @@ where
             }
             Err(_) => true,
         };
-        if !again || tries >= 8 {
+        if !again || Instant::now() >= deadline {
             return result;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
