@@ -129,9 +129,17 @@ pub enum ProvisionerError {
 ///   on the lookup right after it alike, so replicas that race converge on one volume.
 ///   Volumes of other clusters sharing the vCenter are never reused nor deleted.
 /// - **`provision` never deletes a volume**, as a PV saved by another replica may name any
-///   of them. The other volumes of that name are released by
-///   [`Provisioner::delete_duplicate`] (when a replica's PV lost the race to be saved) and
-///   by `delete` of the PV.
+///   of them. The other volumes of that name (leftovers) are released later, never the one
+///   a PV names:
+///   - by [`Provisioner::volume_saved`], once a PV of that name is saved (by any replica):
+///     the other volumes of this cluster with the PV's name are deleted;
+///   - by [`Provisioner::delete_duplicate`], when a replica's PV lost the race to be saved:
+///     the volume that PV names is deleted;
+///   - by `delete`, when the PV is deleted: the PV's volume and every other one of its name.
+///
+///   A create that lands after all of these (sent by a replica cut off from everything,
+///   answered after the PV was saved and the sweep ran) stays until the PV is deleted with
+///   reclaim policy `Delete`; under `Retain` it stays, as the PV's own volume does.
 /// - **Errors say what runs in the background.** A timeout or a broken connection after the
 ///   create was sent is [`ProvisionError::InBackground`] (the controller keeps retrying,
 ///   and the lookup then finds the volume); a failure before anything was sent is
@@ -151,6 +159,12 @@ pub enum ProvisionerError {
 ///   [`DeleteError::Ignored`].
 /// - **`delete_duplicate` deletes only the duplicate PV's volume**, and only when it is a
 ///   `csi.vsphere.vmware.com` handle other than the saved PV's; it never deletes by name.
+/// - **`volume_saved` deletes only leftovers of a PV we provisioned**: for a
+///   `csi.vsphere.vmware.com` PV with a non-empty handle and the
+///   `pv.kubernetes.io/provisioned-by` annotation, the volumes of this cluster named like
+///   the PV whose ID is not the handle (already gone counts as deleted). It never deletes
+///   the saved PV's volume; a static PV or another driver's deletes nothing. Every leftover
+///   is tried; a failed CNS call is [`DeleteError::Failed`] naming the volume.
 ///
 /// ```no_run
 /// # async fn doc() -> Result<(), Box<dyn std::error::Error>> {
@@ -281,7 +295,7 @@ impl CnsProvisioner {
         let volumes = self.find_by_name(name).await?;
         if volumes.len() > 1 {
             info!(volume = name, count = volumes.len(), winner = %volumes[0].volume_id,
-                "several cns volumes have this name; the lowest id is used, the others are released with the PV");
+                "several cns volumes have this name; the lowest id is used, the others are released once the PV is saved");
         }
         Ok(volumes.into_iter().next().map(|v| v.volume_id))
     }
@@ -295,7 +309,7 @@ impl CnsProvisioner {
             Ok(volumes) => match volumes.into_iter().next() {
                 Some(lowest) if lowest.volume_id < created => {
                     info!(volume = name, volume_id = %lowest.volume_id, created = %created,
-                        "another cns volume of this name has a lower id; using it, the created one is released with the PV");
+                        "another cns volume of this name has a lower id; using it, the created one is released once the PV is saved");
                     lowest.volume_id
                 }
                 _ => created,
@@ -307,20 +321,31 @@ impl CnsProvisioner {
         }
     }
 
-    /// Deletes every volume named `name` except `keep`.
+    /// Deletes every volume of this cluster named `name` except `keep` (leftovers of
+    /// timed-out or racing creates). Every leftover is tried; the first failure is
+    /// returned, the others are logged.
     async fn delete_leftovers(
         &self,
         name: &str,
         keep: &CnsVolumeId,
     ) -> Result<(), ProvisionerError> {
+        let mut failed = None;
         for volume in self.find_by_name(name).await? {
             if &volume.volume_id == keep {
                 continue;
             }
-            warn!(volume = name, volume_id = %volume.volume_id, kept = %keep, "deleting a leftover cns volume of a deleted PV");
-            self.delete_id(&volume.volume_id).await?;
+            warn!(volume = name, volume_id = %volume.volume_id, kept = %keep,
+                "deleting a leftover cns volume of this name");
+            if let Err(e) = self.delete_id(&volume.volume_id).await {
+                match failed {
+                    None => failed = Some(e),
+                    Some(_) => {
+                        warn!(error = %error_chain(&e), "could not delete a leftover cns volume")
+                    }
+                }
+            }
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// Deletes volume `id` and its disk; a volume already gone counts as deleted.
@@ -398,6 +423,22 @@ fn our_handle(volume: &PersistentVolume) -> Option<CnsVolumeId> {
     (csi.driver == CSI_DRIVER).then(|| CnsVolumeId::new(csi.volume_handle.clone()))
 }
 
+/// The name of `volume` when a provisioner made it (it carries
+/// `pv.kubernetes.io/provisioned-by`), so that its CNS volume is named after it; `None`
+/// for a static PV, whose name says nothing about CNS names.
+fn provisioned_name(volume: &PersistentVolume) -> Option<&str> {
+    let provisioned = volume
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(ANN_PROVISIONED_BY));
+    volume
+        .metadata
+        .name
+        .as_deref()
+        .filter(|name| provisioned && !name.is_empty())
+}
+
 #[async_trait]
 impl Provisioner for CnsProvisioner {
     #[instrument(skip_all, fields(pv = %options.pv_name))]
@@ -466,18 +507,28 @@ impl Provisioner for CnsProvisioner {
         let failed = |e| DeleteError::Failed(Box::new(e));
         self.delete_id(&id).await.map_err(failed)?;
         // Volumes of the same name are leftovers of timed-out or racing creates, released
-        // with the PV we provisioned; a static PV's name says nothing about CNS names.
-        let provisioned = volume
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(ANN_PROVISIONED_BY));
-        if let Some(name) = volume.metadata.name.as_deref().filter(|n| !n.is_empty())
-            && provisioned
-        {
+        // with the PV we provisioned.
+        if let Some(name) = provisioned_name(volume) {
             self.delete_leftovers(name, &id).await.map_err(failed)?;
         }
         Ok(())
+    }
+
+    #[instrument(skip_all, fields(pv = saved.metadata.name.as_deref().unwrap_or_default()))]
+    async fn volume_saved(&self, saved: &PersistentVolume) -> Result<(), DeleteError> {
+        let Some(id) = our_handle(saved).filter(|id| !id.as_str().is_empty()) else {
+            debug!("the saved PV names no cns volume; nothing to release");
+            return Ok(());
+        };
+        let Some(name) = provisioned_name(saved) else {
+            debug!(volume_id = %id, "a static PV; cns names say nothing about it, nothing to release");
+            return Ok(());
+        };
+        // The saved PV is the one record of the claim's volume: no PV can name another
+        // volume of its name any more.
+        self.delete_leftovers(name, &id)
+            .await
+            .map_err(|e| DeleteError::Failed(Box::new(e)))
     }
 
     #[instrument(skip_all, fields(pv = duplicate.metadata.name.as_deref().unwrap_or_default()))]

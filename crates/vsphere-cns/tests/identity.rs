@@ -16,7 +16,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use provision_controller::annotations::ANN_PROVISIONED_BY;
 use provision_controller::{DeleteError, ProvisionError, ProvisionOptions, Provisioner};
 use vsphere_cns::simulator::{CnsSimulator, SimFault};
-use vsphere_cns::{ClusterFlavor, CnsClient, CnsProvisioner, MoRef, ProvisionerError, VcConfig};
+use vsphere_cns::{
+    CSI_DRIVER, ClusterFlavor, CnsClient, CnsProvisioner, CnsVolumeId, MoRef, ProvisionerError,
+    VcConfig,
+};
 
 const DS_URL: &str = "ds:///vmfs/volumes/test-ds/";
 const DS_ID: &str = "datastore-7";
@@ -337,5 +340,99 @@ async fn an_empty_cluster_id_is_refused_by_the_constructor() {
     }
     let provisioner = CnsProvisioner::new(client, CLUSTER, ClusterFlavor::Vanilla).unwrap();
     assert_eq!(provisioner.container_cluster().cluster_id, CLUSTER);
+    sim.shutdown().await;
+}
+
+/// `ids` sorted.
+fn sorted(mut ids: Vec<String>) -> Vec<String> {
+    ids.sort();
+    ids
+}
+
+/// The PV of name [`PV`] the controller saved for volume `id`.
+fn saved_pv(id: &CnsVolumeId) -> PersistentVolume {
+    provisioned(csi_pv(PV, CSI_DRIVER, id.as_str()))
+}
+
+#[tokio::test]
+async fn volume_saved_deletes_the_leftovers_of_its_name_and_keeps_its_own_volume() {
+    let sim = sim().await;
+    let provisioner = provisioner(&sim).await;
+    // The saved PV names neither the lowest nor the highest volume of its name.
+    let lower = sim.insert_volume(PV, CLUSTER);
+    let kept = sim.insert_volume(PV, CLUSTER);
+    let higher = sim.insert_volume(PV, CLUSTER);
+    let neighbours = sim.insert_volume(PV, "cluster-2");
+    let unrelated = sim.insert_volume("pvc-other", CLUSTER);
+    let saved = saved_pv(&kept);
+    provisioner.volume_saved(&saved).await.unwrap();
+    assert_eq!(
+        ids(&sim),
+        sorted(vec![
+            kept.to_string(),
+            neighbours.to_string(),
+            unrelated.to_string()
+        ]),
+        "the leftovers {lower} and {higher} go, the saved volume {kept} stays"
+    );
+    assert_eq!(count(&sim, "CnsDeleteVolume"), 2);
+    // Called again (another replica, a retried save): nothing left to delete.
+    provisioner.volume_saved(&saved).await.unwrap();
+    assert_eq!(count(&sim, "CnsDeleteVolume"), 2);
+    assert_eq!(ids(&sim).len(), 3);
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn volume_saved_deletes_nothing_for_a_static_pv_another_driver_or_an_empty_handle() {
+    let sim = sim().await;
+    let provisioner = provisioner(&sim).await;
+    let kept = sim.insert_volume(PV, CLUSTER);
+    let leftover = sim.insert_volume(PV, CLUSTER);
+    let mut no_csi = saved_pv(&kept);
+    no_csi.spec.as_mut().unwrap().csi = None;
+    for nothing in [
+        // A static PV: its name says nothing about CNS names.
+        csi_pv(PV, "csi.vsphere.vmware.com", kept.as_str()),
+        provisioned(csi_pv(PV, "nfs.csi.k8s.io", kept.as_str())),
+        provisioned(csi_pv(PV, "csi.vsphere.vmware.com", "")),
+        no_csi,
+    ] {
+        provisioner.volume_saved(&nothing).await.unwrap();
+        assert_eq!(ids(&sim).len(), 2, "{nothing:?}");
+    }
+    assert_eq!(count(&sim, "CnsDeleteVolume"), 0);
+    // The same PV, provisioned by us, does release the leftover.
+    let saved = saved_pv(&kept);
+    provisioner.volume_saved(&saved).await.unwrap();
+    assert_eq!(ids(&sim), vec![kept.to_string()], "{leftover} goes");
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn volume_saved_reports_a_failed_leftover_delete_and_keeps_the_saved_volume() {
+    let sim = sim().await;
+    let provisioner = provisioner(&sim).await;
+    let kept = sim.insert_volume(PV, CLUSTER);
+    let leftovers = sorted(vec![
+        sim.insert_volume(PV, CLUSTER).to_string(),
+        sim.insert_volume(PV, CLUSTER).to_string(),
+    ]);
+    let saved = saved_pv(&kept);
+    // Leftovers are deleted in ID order: the first delete faults.
+    sim.fail_next("CnsDeleteVolume", SimFault::call("CnsFault"));
+    let err = provisioner.volume_saved(&saved).await.unwrap_err();
+    assert!(
+        matches!(&err, DeleteError::Failed(e) if e.to_string().contains(&leftovers[0])),
+        "{err:?}"
+    );
+    assert_eq!(
+        ids(&sim),
+        sorted(vec![kept.to_string(), leftovers[0].clone()]),
+        "the saved volume stays, the other leftover is still deleted"
+    );
+    // Tried again, the leftover goes.
+    provisioner.volume_saved(&saved).await.unwrap();
+    assert_eq!(ids(&sim), vec![kept.to_string()]);
     sim.shutdown().await;
 }
