@@ -13,14 +13,22 @@
 //!   `pv.kubernetes.io/bind-completed`, `pv.kubernetes.io/bound-by-controller` (when the binder
 //!   set the volume name), and a `Bound` status with the PV's capacity and access modes;
 //! - a PV without claimRef becomes `Available`;
-//! - a PV whose claim (by uid) is gone becomes `Released`; the claimRef stays.
+//! - a PV whose claim (by uid) is gone becomes `Released`; the claimRef stays;
+//! - a PV whose claim (by uid) is bound to another PV becomes `Released` when it was
+//!   dynamically provisioned (`pv.kubernetes.io/provisioned-by`) with reclaim policy `Delete`,
+//!   so its provisioner deletes it; any other such PV is unbound and becomes `Available` (its
+//!   claimRef is removed when `pv.kubernetes.io/bound-by-controller` says the controller set
+//!   it, else only the claimRef's uid, as kube-controller-manager does);
+//! - a PV being deleted is still released as above (a provisioner's finalizer may wait for
+//!   that), but never bound, unbound or made `Available`.
 //!
 //! # Caveats
 //! - Claims without `spec.storageClassName` are left alone: the default StorageClass
 //!   (`storageclass.kubernetes.io/is-default-class`) is not applied.
 //! - Binding is driven by the PV's claimRef only: the binder never picks a matching PV for a
 //!   claim, and never binds a PV named by a claim's `spec.volumeName` that lacks a claimRef.
-//! - Claims whose PV disappears are not marked `Lost`, and reclaim policies are not acted on.
+//! - Claims whose PV disappears are not marked `Lost`, and reclaim policies are not acted on
+//!   (deleting a `Released` PV is its provisioner's job; `Recycle` is not simulated).
 //! - Writes are JSON merge patches without resourceVersion preconditions; a failed write
 //!   (a 409 or any other error but 404) is retried with a per-object backoff from 50 ms to 5 s,
 //!   and every new event for the object re-evaluates it at once.
@@ -338,6 +346,27 @@ async fn execute(client: Client, action: Action) -> Result<Vec<Written>, kube_cl
             )])
         }
         Action::Bind(bind) => bind_volume(client, *bind).await,
+        Action::Unbind {
+            volume,
+            clear_claim_ref,
+        } => {
+            debug!(pv = %volume, clear_claim_ref, "claim is bound to another volume; unbinding volume");
+            let patch = if clear_claim_ref {
+                json!({
+                    "metadata": {"annotations": {plan::ANN_BOUND_BY_CONTROLLER: null}},
+                    "spec": {"claimRef": null},
+                })
+            } else {
+                json!({"spec": {"claimRef": {"uid": null}}})
+            };
+            let api = Api::<PersistentVolume>::all(client);
+            let unbound = api.patch(&volume, &params, &Patch::Merge(patch)).await?;
+            let status = json!({"status": {"phase": "Available"}});
+            let available = api
+                .patch_status(&volume, &params, &Patch::Merge(status))
+                .await?;
+            Ok(vec![Written::volume(unbound), Written::volume(available)])
+        }
     }
 }
 

@@ -69,6 +69,34 @@ async fn create_volume(sim: &KubeSim, name: &str, claim_ref: Option<serde_json::
         .unwrap();
 }
 
+/// Creates a volume whose claimRef names the claim `claim` with its `uid`, with reclaim
+/// policy `policy` and the volume annotations `annotations`.
+async fn create_volume_for(
+    sim: &KubeSim,
+    name: &str,
+    claim: &str,
+    uid: &str,
+    policy: &str,
+    annotations: serde_json::Value,
+) {
+    let volume: PersistentVolume = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": policy,
+            "csi": {"driver": PROVISIONER, "volumeHandle": format!("handle-{name}")},
+            "claimRef": {"namespace": "default", "name": claim, "uid": uid},
+        },
+    }))
+    .unwrap();
+    volumes(sim)
+        .create(&PostParams::default(), &volume)
+        .await
+        .unwrap();
+}
+
 fn claims(sim: &KubeSim) -> Api<PersistentVolumeClaim> {
     Api::namespaced(sim.client(), "default")
 }
@@ -252,6 +280,121 @@ async fn pre_bound_volume_gets_claim_uid_and_is_released_later() {
         volume_phase(v) == Some("Released")
     })
     .await;
+}
+
+// kube-controller-manager: a volume made for a claim that got bound to another volume is
+// released when it was dynamically provisioned with reclaim policy Delete (its provisioner
+// then deletes it), and unbound otherwise.
+#[tokio::test]
+async fn volumes_of_a_claim_bound_elsewhere_are_released_or_unbound() {
+    let sim = sim().await;
+    // No class "manual" exists: nothing provisions the claim.
+    let claim = create_claim(&sim, "data", "manual").await;
+    let uid = claim.metadata.uid.unwrap();
+    create_volume(
+        &sim,
+        "pv-static",
+        Some(json!({"namespace": "default", "name": "data"})),
+    )
+    .await;
+    wait_for(claims(&sim), "data", "bound", |c| {
+        claim_phase(c) == Some("Bound")
+    })
+    .await;
+
+    let dynamic = json!({"pv.kubernetes.io/provisioned-by": PROVISIONER});
+    create_volume_for(&sim, "pv-dynamic", "data", &uid, "Delete", dynamic.clone()).await;
+    create_volume_for(&sim, "pv-retained", "data", &uid, "Retain", dynamic).await;
+    let by_controller = json!({"pv.kubernetes.io/bound-by-controller": "yes"});
+    create_volume_for(
+        &sim,
+        "pv-bound-by-us",
+        "data",
+        &uid,
+        "Delete",
+        by_controller,
+    )
+    .await;
+
+    let released = wait_for(volumes(&sim), "pv-dynamic", "released", |v| {
+        volume_phase(v) == Some("Released")
+    })
+    .await;
+    let kept = released.spec.unwrap().claim_ref.unwrap();
+    assert_eq!(kept.uid.as_deref(), Some(uid.as_str()), "claimRef kept");
+
+    let retained = wait_for(volumes(&sim), "pv-retained", "available", |v| {
+        volume_phase(v) == Some("Available")
+    })
+    .await;
+    let reserved = retained.spec.unwrap().claim_ref.unwrap();
+    assert_eq!(
+        (reserved.name.as_deref(), reserved.uid),
+        (Some("data"), None),
+        "only the uid is removed from a claimRef the creator set"
+    );
+
+    let unbound = wait_for(volumes(&sim), "pv-bound-by-us", "available", |v| {
+        volume_phase(v) == Some("Available")
+    })
+    .await;
+    assert!(unbound.spec.unwrap().claim_ref.is_none());
+    assert!(
+        !unbound
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key("pv.kubernetes.io/bound-by-controller")
+    );
+
+    let data = claims(&sim).get("data").await.unwrap();
+    assert_eq!(
+        data.spec.unwrap().volume_name.as_deref(),
+        Some("pv-static"),
+        "the claim stays bound to its volume"
+    );
+}
+
+// A PV whose deletion waits for a finalizer is still released when its claim goes.
+#[tokio::test]
+async fn a_volume_being_deleted_is_released_when_its_claim_is_gone() {
+    let sim = sim().await;
+    let claim = create_claim(&sim, "data", "manual").await;
+    let uid = claim.metadata.uid.unwrap();
+    let mut volume: PersistentVolume = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": "pv-1", "finalizers": ["example.com/keep"]},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Delete",
+            "csi": {"driver": PROVISIONER, "volumeHandle": "handle-1"},
+            "claimRef": {"namespace": "default", "name": "data", "uid": uid},
+        },
+    }))
+    .unwrap();
+    volume = volumes(&sim)
+        .create(&PostParams::default(), &volume)
+        .await
+        .unwrap();
+    wait_for(volumes(&sim), "pv-1", "bound", |v| {
+        volume_phase(v) == Some("Bound")
+    })
+    .await;
+    volumes(&sim)
+        .delete("pv-1", &DeleteParams::default())
+        .await
+        .unwrap();
+    claims(&sim)
+        .delete("data", &DeleteParams::default())
+        .await
+        .unwrap();
+    let released = wait_for(volumes(&sim), "pv-1", "released", |v| {
+        volume_phase(v) == Some("Released")
+    })
+    .await;
+    assert!(released.metadata.deletion_timestamp.is_some());
+    assert_eq!(released.metadata.uid, volume.metadata.uid);
 }
 
 #[tokio::test]

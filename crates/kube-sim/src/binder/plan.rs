@@ -20,6 +20,8 @@ pub(super) const ANN_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 pub(super) const ANN_BIND_COMPLETED: &str = "pv.kubernetes.io/bind-completed";
 /// Claim annotation marking that the controller (not a user) set `spec.volumeName`.
 pub(super) const ANN_BOUND_BY_CONTROLLER: &str = "pv.kubernetes.io/bound-by-controller";
+/// Volume annotation naming the provisioner that created it: a dynamically provisioned volume.
+const ANN_PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
 /// Provisioner name of classes for statically created volumes; never annotated.
 const NO_PROVISIONER: &str = "kubernetes.io/no-provisioner";
 
@@ -99,6 +101,13 @@ pub(super) enum Action {
     },
     /// Bind the volume and its claim.
     Bind(Box<BindPlan>),
+    /// The volume's claim is bound to another volume: make the volume `Available` again,
+    /// removing its claimRef (`clear_claim_ref`, when the controller had set it) or only the
+    /// claimRef's uid (a volume pre-bound by its creator stays reserved for the claim).
+    Unbind {
+        volume: String,
+        clear_claim_ref: bool,
+    },
 }
 
 /// The writes that finish binding a volume to its claim; `None` fields are already done.
@@ -358,11 +367,12 @@ impl Cache {
         })
     }
 
+    /// A volume being deleted is only ever released (kube-controller-manager keeps syncing
+    /// it, so a volume whose deletion waits for a provisioner's finalizer gets reclaimed);
+    /// it is never bound, unbound or made `Available`.
     fn plan_volume(&self, name: &str) -> Option<Action> {
         let volume = self.volumes.get(name)?;
-        if volume.metadata.deletion_timestamp.is_some() {
-            return None;
-        }
+        let deleting = volume.metadata.deletion_timestamp.is_some();
         let phase = volume
             .status
             .as_ref()
@@ -373,7 +383,7 @@ impl Cache {
             phase: "Available",
         };
         let Some(claim_key) = ClaimKey::referenced_by(volume) else {
-            return (!matches!(phase, "Available" | "Failed")).then(available);
+            return (!deleting && !matches!(phase, "Available" | "Failed")).then(available);
         };
         let ref_uid = claim_ref_uid(volume);
         let claim = self
@@ -381,9 +391,15 @@ impl Cache {
             .get(&claim_key)
             .filter(|claim| ref_uid.is_none() || claim.uid().as_deref() == ref_uid.as_deref());
         match (claim, ref_uid) {
+            (Some(claim), ref_uid) if bound_elsewhere(claim, name) => {
+                plan_bound_elsewhere(name, volume, phase, ref_uid.is_some(), deleting)
+            }
+            (Some(_), _) if deleting => None,
             (Some(claim), ref_uid) => plan_bind(name, volume, phase, claim_key, claim, ref_uid),
             // Pre-bound to a claim that does not exist yet.
-            (None, None) => (!matches!(phase, "Available" | "Released" | "Failed")).then(available),
+            (None, None) => {
+                (!deleting && !matches!(phase, "Available" | "Released" | "Failed")).then(available)
+            }
             (None, Some(uid)) => {
                 (!matches!(phase, "Released" | "Failed")).then(|| Action::ReleaseIfGone {
                     volume: name.to_owned(),
@@ -400,6 +416,56 @@ fn claim_ref_uid(volume: &PersistentVolume) -> Option<String> {
     claim_ref.uid.clone().filter(|uid| !uid.is_empty())
 }
 
+/// Whether the claim's `spec.volumeName` names another volume than `name`.
+fn bound_elsewhere(claim: &PersistentVolumeClaim, name: &str) -> bool {
+    claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .is_some_and(|v| !v.is_empty() && v != name)
+}
+
+/// The volume names a claim that is bound to another volume (kube-controller-manager's
+/// `syncVolume`): a dynamically provisioned volume with reclaim policy `Delete` is not
+/// needed and becomes `Released` (then its provisioner reclaims it); any other one is
+/// unbound and becomes `Available`. A volume pre-bound without the claim's uid only
+/// becomes `Available`.
+fn plan_bound_elsewhere(
+    name: &str,
+    volume: &PersistentVolume,
+    phase: &str,
+    has_uid: bool,
+    deleting: bool,
+) -> Option<Action> {
+    let dynamic = volume.annotations().contains_key(ANN_PROVISIONED_BY);
+    let delete = volume
+        .spec
+        .as_ref()
+        .and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
+        == Some("Delete");
+    if has_uid && dynamic && delete {
+        return (!matches!(phase, "Released" | "Failed")).then(|| Action::SetVolumePhase {
+            volume: name.to_owned(),
+            phase: "Released",
+        });
+    }
+    if deleting {
+        return None;
+    }
+    if !has_uid {
+        return (!matches!(phase, "Available" | "Released" | "Failed")).then(|| {
+            Action::SetVolumePhase {
+                volume: name.to_owned(),
+                phase: "Available",
+            }
+        });
+    }
+    Some(Action::Unbind {
+        volume: name.to_owned(),
+        clear_claim_ref: volume.annotations().contains_key(ANN_BOUND_BY_CONTROLLER),
+    })
+}
+
 fn plan_bind(
     name: &str,
     volume: &PersistentVolume,
@@ -410,10 +476,6 @@ fn plan_bind(
 ) -> Option<Action> {
     let volume_name = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref());
     let volume_name = volume_name.filter(|v| !v.is_empty());
-    if volume_name.is_some_and(|v| v != name) {
-        // The claim is bound to another volume; leave both alone.
-        return None;
-    }
     let set_volume_name = volume_name.is_none();
     let annotations = claim.annotations();
     let claim_patch = (set_volume_name
@@ -667,6 +729,119 @@ mod tests {
             Some(Action::AnnotateClaim { .. })
         ));
         assert!(cache.plan(&Key::Volume("pv".into())).is_none());
+    }
+
+    /// A claim `c` bound to the volume `other`.
+    fn claim_bound_to_other() -> PersistentVolumeClaim {
+        let mut c = claim("c", "fast", "1");
+        c.spec.as_mut().unwrap().volume_name = Some("other".into());
+        c
+    }
+
+    fn with_annotation(mut v: PersistentVolume, key: &str) -> PersistentVolume {
+        v.annotations_mut().insert(key.into(), "yes".into());
+        v
+    }
+
+    fn deleting(mut v: PersistentVolume) -> PersistentVolume {
+        v.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+        v
+    }
+
+    fn with_policy(mut v: PersistentVolume, policy: &str) -> PersistentVolume {
+        v.spec.as_mut().unwrap().persistent_volume_reclaim_policy = Some(policy.into());
+        v
+    }
+
+    #[test]
+    fn volume_of_a_claim_bound_elsewhere_is_released_or_unbound() {
+        let named = || volume("pv", Some(("c", Some("uid-c"))), "Bound");
+        let phase = |phase| {
+            Some(Action::SetVolumePhase {
+                volume: "pv".into(),
+                phase,
+            })
+        };
+        let unbind = |clear_claim_ref| {
+            Some(Action::Unbind {
+                volume: "pv".into(),
+                clear_claim_ref,
+            })
+        };
+        let dynamic = |v| with_policy(with_annotation(v, ANN_PROVISIONED_BY), "Delete");
+        let cases = [
+            (
+                "a dynamically provisioned Delete volume is released",
+                dynamic(named()),
+                phase("Released"),
+            ),
+            (
+                "also while it is being deleted",
+                deleting(dynamic(named())),
+                phase("Released"),
+            ),
+            (
+                "a released one needs nothing",
+                dynamic(volume("pv", Some(("c", Some("uid-c"))), "Released")),
+                None,
+            ),
+            (
+                "a dynamically provisioned Retain volume is unbound",
+                with_policy(with_annotation(named(), ANN_PROVISIONED_BY), "Retain"),
+                unbind(false),
+            ),
+            (
+                "a static Delete volume is unbound, keeping its claimRef",
+                with_policy(named(), "Delete"),
+                unbind(false),
+            ),
+            (
+                "a volume the controller bound loses its claimRef",
+                with_annotation(named(), ANN_BOUND_BY_CONTROLLER),
+                unbind(true),
+            ),
+            (
+                "a volume pre-bound without uid only becomes available",
+                dynamic(volume("pv", Some(("c", None)), "Pending")),
+                phase("Available"),
+            ),
+            (
+                "and then needs nothing",
+                dynamic(volume("pv", Some(("c", None)), "Available")),
+                None,
+            ),
+        ];
+        for (case, v, want) in cases {
+            let mut cache = Cache::default();
+            cache.apply_claim(claim_bound_to_other());
+            cache.apply_volume(v);
+            assert_eq!(cache.plan(&Key::Volume("pv".into())), want, "case: {case}");
+        }
+    }
+
+    #[test]
+    fn a_volume_being_deleted_is_released_but_never_bound() {
+        let mut cache = Cache::default();
+        cache.apply_claim(claim("c", "fast", "1"));
+        cache.apply_volume(deleting(volume("pv", Some(("c", None)), "Pending")));
+        cache.apply_volume(deleting(volume(
+            "gone",
+            Some(("x", Some("uid-x"))),
+            "Available",
+        )));
+        cache.apply_volume(deleting(volume("free", None, "Pending")));
+        assert_eq!(cache.plan(&Key::Volume("pv".into())), None, "not bound");
+        assert_eq!(cache.plan(&Key::Volume("free".into())), None);
+        assert_eq!(
+            cache.plan(&Key::Volume("gone".into())),
+            Some(Action::ReleaseIfGone {
+                volume: "gone".into(),
+                claim: key("x"),
+                uid: "uid-x".into()
+            })
+        );
     }
 
     #[test]
