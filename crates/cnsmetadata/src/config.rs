@@ -49,6 +49,7 @@ pub struct Config {
     vsphere_user: String,
     csi_driver: String,
     backend_timeout: Duration,
+    settle_margin: Duration,
     reporting_instance: Option<String>,
 }
 
@@ -63,6 +64,7 @@ impl Default for Config {
             vsphere_user: String::new(),
             csi_driver: VSPHERE_CSI_DRIVER.to_owned(),
             backend_timeout: Self::DEFAULT_BACKEND_TIMEOUT,
+            settle_margin: Self::DEFAULT_SETTLE_MARGIN,
             reporting_instance: None,
         }
     }
@@ -75,6 +77,8 @@ impl Config {
     pub const MAX_WORKER_THREADS: u16 = 3;
     /// Default for [`Config::backend_timeout`].
     pub const DEFAULT_BACKEND_TIMEOUT: Duration = Duration::from_secs(120);
+    /// Default for [`Config::settle_margin`]: four default leader lease durations (15 s).
+    pub const DEFAULT_SETTLE_MARGIN: Duration = Duration::from_secs(60);
 
     /// Reads the environment through `lookup` (`std::env::var(..).ok()` in a binary):
     ///
@@ -190,6 +194,21 @@ impl Config {
         self
     }
 
+    /// Margin added to [`backend_timeout`](Self::backend_timeout()) to give the
+    /// [settle period](Self::get_settle_period) of removed entries. Default 60 s.
+    ///
+    /// An update sent to CNS may still take effect after the call timed out, or after the
+    /// replica that sent it lost its lease. So when a spec edit removes an entity from CNS,
+    /// the record keeps it as a tombstone with the time of its removal; once the settle
+    /// period has passed, the removal is sent once more (undoing an update that landed
+    /// late) and the tombstone goes. Make the margin at least the leader election lease
+    /// duration (15 s by default); a longer one only keeps tombstones longer.
+    #[must_use]
+    pub fn settle_margin(mut self, margin: Duration) -> Self {
+        self.settle_margin = margin;
+        self
+    }
+
     /// Reporting instance of published events (usually the pod name). Default none.
     #[must_use]
     pub fn reporting_instance(mut self, instance: impl Into<String>) -> Self {
@@ -237,6 +256,20 @@ impl Config {
         self.backend_timeout
     }
 
+    /// See [`Config::settle_margin`](Self::settle_margin()).
+    #[must_use]
+    pub fn get_settle_margin(&self) -> Duration {
+        self.settle_margin
+    }
+
+    /// How long after removing an entity from CNS its removal is sent again: the
+    /// [backend timeout](Self::backend_timeout()) plus the
+    /// [settle margin](Self::settle_margin()) (3 min by default).
+    #[must_use]
+    pub fn get_settle_period(&self) -> Duration {
+        self.backend_timeout.saturating_add(self.settle_margin)
+    }
+
     /// See [`Config::reporting_instance`](Self::reporting_instance()).
     #[must_use]
     pub fn get_reporting_instance(&self) -> Option<&str> {
@@ -264,6 +297,12 @@ mod tests {
         assert_eq!(config.get_worker_threads().get(), 3);
         assert_eq!(config.get_cluster_flavor(), ClusterFlavor::Workload);
         assert_eq!(config.get_csi_driver(), "csi.vsphere.vmware.com");
+        assert_eq!(config.get_settle_period(), Duration::from_secs(180));
+        let short = config
+            .backend_timeout(Duration::from_secs(5))
+            .settle_margin(Duration::from_secs(15));
+        assert_eq!(short.get_settle_margin(), Duration::from_secs(15));
+        assert_eq!(short.get_settle_period(), Duration::from_secs(20));
         let empty = Config::from_lookup(lookup(&[(ENV_WORKER_THREADS, "")])).unwrap();
         assert_eq!(empty.get_worker_threads().get(), 3);
     }

@@ -1,6 +1,10 @@
 //! `reconcile` and `error_policy` for `CnsVolumeMetadata` (Go: `ReconcileCnsVolumeMetadata`).
 
-use std::{fmt::Write as _, sync::Arc, time::Duration};
+use std::{
+    fmt::Write as _,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube_client::{Client, Resource, ResourceExt};
@@ -15,7 +19,7 @@ use crate::{
     backoff::PerObjectBackoff,
     config::Config,
     events::{EventType, EventWriter},
-    record::{self, PUSHED_ANNOTATION, PushedEntry},
+    record::{self, Edit, PUSHED_ANNOTATION, PushedEntry, Settle},
     resource::{CnsVolumeMetadata, VolumeStatus},
     sync::{Resolved, Target, best_effort_entries, push, targets},
     validate::{InvalidSpec, validate},
@@ -32,6 +36,8 @@ pub const REASON_UPDATE_SUCCEEDED: &str = "UpdateSucceeded";
 pub const REPORTING_CONTROLLER: &str = "cns.vmware.com";
 /// Retry delay of a deletion that found entries recorded while it ran.
 const RECORDED_MEANWHILE_RETRY: Duration = Duration::from_secs(1);
+/// Longest requeue of an object waiting for tombstones to settle; it checks again then.
+const MAX_SETTLE_WAIT: Duration = Duration::from_secs(3600);
 /// Events notes are limited to 1 kB.
 const MAX_NOTE_BYTES: usize = 1024;
 
@@ -80,6 +86,7 @@ pub struct Context {
     pub(crate) volumes: Store<PersistentVolume>,
     events: EventWriter,
     backoff: Arc<PerObjectBackoff>,
+    clock: Arc<dyn Fn() -> SystemTime + Send + Sync>,
 }
 
 impl Context {
@@ -105,7 +112,22 @@ impl Context {
             claims,
             volumes,
             backoff: Arc::default(),
+            clock: Arc::new(SystemTime::now),
         }
+    }
+
+    /// Reads the time from `clock` instead of the system clock (`SystemTime::now`). The
+    /// record stores when entities were removed from CNS, to remove them once more after
+    /// the [settle period](Config::get_settle_period); tests and simulations pass a clock
+    /// that follows tokio's paused time, like `testing::tokio_clock` (feature `testing`).
+    #[must_use]
+    pub fn with_clock(mut self, clock: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    pub(crate) fn now(&self) -> SystemTime {
+        (self.clock)()
     }
 
     /// Uses `backoff` (shared with the watch, which forgets deleted objects in it).
@@ -147,6 +169,12 @@ impl Context {
 /// deletion removes every recorded entity, whatever the spec has become. A deletion never
 /// waits on the spec (valid or not) or on supervisor claims and volumes (missing,
 /// unbound): only on CNS failing to remove a recorded entry.
+///
+/// An entity removed because the spec changed stays in the record as a tombstone: after
+/// the [settle period](Config::get_settle_period) its removal is sent once more (a push
+/// that timed out, or that a replica which lost its lease sent, may land on CNS after the
+/// removal), then it leaves the record. The returned [`Action`] requeues the object for
+/// that; a deletion removes tombstoned entities again without waiting.
 ///
 /// # Errors
 /// [`ReconcileError`]; every failure has also been published as an `UpdateFailed` event.
@@ -258,7 +286,8 @@ async fn recorded(object: &CnsVolumeMetadata, ctx: &Context) -> Option<Vec<Pushe
 }
 
 /// Pushes the entity of a valid, finalized object to every volume it names, after
-/// removing what an earlier spec pushed and this one no longer describes.
+/// removing what an earlier spec pushed and this one no longer describes (and, once their
+/// settle period passed, removing again the entities removed earlier).
 async fn update(
     object: &CnsVolumeMetadata,
     ctx: &Context,
@@ -272,14 +301,39 @@ async fn update(
         .filter(|t| matches!(t.resolved, Resolved::Missing(_)))
         .map(|t| t.volume_name.as_str())
         .collect();
-    // Recorded entries that are neither pushed again now nor on a volume that cannot be
-    // resolved at the moment (its entry may still be right).
+    let wanted = |e: &PushedEntry| desired.iter().any(|d| d.key() == e.key());
+    // Live recorded entries that are neither pushed again now nor on a volume that cannot
+    // be resolved at the moment (its entry may still be right).
     let stale: Vec<PushedEntry> = recorded
         .iter()
-        .filter(|e| !desired.iter().any(|d| d.key() == e.key()))
+        .filter(|e| !e.is_tombstone() && !wanted(e))
         .filter(|e| !(e.is_entity_of(spec) && unresolved.contains(&e.volume_name.as_str())))
         .cloned()
         .collect();
+    // Tombstones of entities pushed again now are revived by the intent below.
+    let settle = ctx.config.get_settle_period();
+    let now = ctx.now();
+    let mut due = Vec::new();
+    let mut next_wake: Option<Duration> = None;
+    for entry in recorded.iter().filter(|e| e.is_tombstone() && !wanted(e)) {
+        match entry.settle(now, settle) {
+            Settle::Due => due.push(entry.clone()),
+            Settle::Wait(left) => next_wake = Some(next_wake.map_or(left, |w| w.min(left))),
+            Settle::Odd(why) => {
+                let note = format!(
+                    "Removing entity {:?} from volume {:?} ({}) again now, as recorded in \
+                     the annotation {PUSHED_ANNOTATION:?} of {:?}: {why}.",
+                    entry.entity_name,
+                    entry.volume_id,
+                    entry.volume_name,
+                    object.name_any()
+                );
+                ctx.publish(object, EventType::Warning, "ReadRecord", note)
+                    .await;
+                due.push(entry.clone());
+            }
+        }
+    }
     let intent = record::union(recorded, desired);
     let written;
     let mut current = object;
@@ -296,12 +350,12 @@ async fn update(
         current = &written;
     }
     // Stale entries go first: CNS may identify an entity by fewer fields than the record
-    // does, and must not lose the one pushed next.
-    let mut removed = Vec::new();
+    // does, and must not lose the one pushed next. The same holds for settled tombstones.
+    let mut edit = Edit::default();
     let mut errors = String::new();
     for entry in &stale {
         match push(ctx, entry, true).await {
-            Ok(()) => removed.push(entry.clone()),
+            Ok(()) => edit.entomb.push(entry.clone()),
             Err(message) => {
                 let _ = write!(
                     errors,
@@ -310,6 +364,26 @@ async fn update(
                 );
             }
         }
+    }
+    for entry in &due {
+        match push(ctx, entry, true).await {
+            Ok(()) => {
+                debug!(entity = %entry.entity_name, volume_id = %entry.volume_id, "removed again after settling");
+                edit.forget.push(entry.clone());
+            }
+            Err(message) => {
+                let _ = write!(
+                    errors,
+                    " entity {:?} removed earlier from volume {:?} ({}), removing it again: {message}.",
+                    entry.entity_name, entry.volume_id, entry.volume_name
+                );
+            }
+        }
+    }
+    if !edit.entomb.is_empty() {
+        // Counted from CNS's confirmation: any push that could still land was sent before.
+        edit.at = record::timestamp(ctx.now());
+        next_wake = Some(next_wake.map_or(settle, |w| w.min(settle)));
     }
     let mut status = Vec::with_capacity(targets.len());
     for target in targets {
@@ -323,7 +397,8 @@ async fn update(
             (None, _) => VolumeStatus::updated(volume),
         });
     }
-    let failed = count_failed(&status) + stale.len() - removed.len();
+    let removals = stale.len() + due.len();
+    let failed = count_failed(&status) + removals - edit.entomb.len() - edit.forget.len();
     if failed > 0 {
         let note = format!(
             "Failed to update entry in CNS for instance {}. Requeueing request.{}{errors}",
@@ -332,8 +407,8 @@ async fn update(
         );
         ctx.publish(object, EventType::Warning, "UpdateVolumeMetadata", note)
             .await;
-        write_status(current, ctx, status, &removed).await?;
-        return Err(volumes_failed(object, failed, targets.len() + stale.len()));
+        write_status(current, ctx, status, &edit).await?;
+        return Err(volumes_failed(object, failed, targets.len() + removals));
     }
     let note = format!(
         "Successfully updated entry in CNS for instance {}.",
@@ -341,13 +416,19 @@ async fn update(
     );
     ctx.publish(object, EventType::Normal, "UpdateVolumeMetadata", note)
         .await;
-    write_status(current, ctx, status, &removed).await?;
-    Ok(Action::await_change())
+    write_status(current, ctx, status, &edit).await?;
+    Ok(match next_wake {
+        Some(wait) => {
+            debug!(?wait, "removed entities settling; removing them again then");
+            Action::requeue(wait.min(MAX_SETTLE_WAIT))
+        }
+        None => Action::await_change(),
+    })
 }
 
 /// Removes from CNS everything the object may have put there, then lets it go.
 ///
-/// What is removed: every recorded entry, plus what the spec describes when it is valid
+/// What is removed: every recorded entry (tombstones too), plus what the spec describes when it is valid
 /// (objects last written by a version that kept no record). A volume whose claim or PV is
 /// gone, or whose claim is unbound, has nothing on CNS that the record does not list. For
 /// an invalid spec without a record, the entries it plausibly stands for are removed once,
@@ -425,7 +506,11 @@ async fn finish_deletion(
         );
         ctx.publish(object, EventType::Warning, "DeleteVolumeMetadata", note)
             .await;
-        write_status(object, ctx, status, &removed).await?;
+        let edit = Edit {
+            drop: removed,
+            ..Edit::default()
+        };
+        write_status(object, ctx, status, &edit).await?;
         return Err(volumes_failed(object, failures.len(), removals.len()));
     }
     let written = write(object, ctx, "remove finalizer", |o| {

@@ -7,9 +7,21 @@
 //! volume ID it was sent to. It is written *before* the push (intent), so a crash between
 //! the push and the status write cannot lose an entry; entries leave the record only once
 //! CNS confirmed their removal.
+//!
+//! An update may still take effect on CNS after its call timed out, or after the replica
+//! that sent it lost its lease. So an entity that a spec edit removed stays in the record as
+//! a tombstone (the entry with the time of its removal, `removed`) for the settle period
+//! ([`Config::get_settle_period`]); then its removal is sent once more and the tombstone
+//! goes. Deleting the object removes tombstoned entries too. Records written before
+//! tombstones existed have no `removed` field and read as live entries; a version that
+//! knows no tombstones reads them as live entries (and removes them again).
 
-use std::collections::BTreeMap;
+use std::{
+    collections::BTreeMap,
+    time::{Duration, SystemTime},
+};
 
+use k8s_openapi::jiff::Timestamp;
 use kube_client::ResourceExt;
 use serde::{Deserialize, Serialize};
 
@@ -21,7 +33,9 @@ use crate::{
 
 /// Annotation in which the reconciler records, as a JSON list, every entity it may have
 /// pushed to CNS for the object (with the CNS volume ID), so that deleting the object or
-/// changing its spec removes exactly those entries. Written and read only by the
+/// changing its spec removes exactly those entries. Entries removed because the spec
+/// changed stay for a while as tombstones (with a `removed` time), to be removed once more
+/// after the settle period ([`Config::get_settle_period`]). Written and read only by the
 /// reconciler; objects without it (written by an older version) are cleaned up from their
 /// current spec.
 pub const PUSHED_ANNOTATION: &str = "cns.vmware.com/pushed-entities";
@@ -54,6 +68,22 @@ pub(crate) struct PushedEntry {
     /// The referred entity sent with it; `None` when none could be paired with the volume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) reference: Option<EntityReference>,
+    /// For a tombstone, when CNS confirmed the removal (RFC 3339); `None` for an entry that
+    /// may be on CNS. Kept as text so that a malformed time spoils only its own entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) removed: Option<String>,
+}
+
+/// What to do with a tombstone now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Settle {
+    /// Send the removal again now: the settle period has passed.
+    Due,
+    /// Not yet: the settle period ends in this long.
+    Wait(Duration),
+    /// Its removal time is unreadable, or further in the future than a settle period (a
+    /// hand edit or a clock far off): sent again now; the text says why.
+    Odd(String),
 }
 
 /// What identifies an entry: the CNS volume and the entity on it.
@@ -77,6 +107,44 @@ impl PushedEntry {
             cluster_distribution: spec.cluster_distribution.clone(),
             labels: spec.labels.clone(),
             reference,
+            removed: None,
+        }
+    }
+
+    /// Whether the entry is a tombstone (removed from CNS, waiting to be removed again).
+    pub(crate) fn is_tombstone(&self) -> bool {
+        self.removed.is_some()
+    }
+
+    /// When the removal of a tombstone removed at `self.removed` is due, at `now`, for a
+    /// settle period of `period`. A live entry is never due.
+    pub(crate) fn settle(&self, now: SystemTime, period: Duration) -> Settle {
+        let Some(text) = &self.removed else {
+            return Settle::Wait(Duration::MAX);
+        };
+        let removed = match text.parse::<Timestamp>() {
+            Ok(time) => SystemTime::from(time),
+            Err(error) => {
+                return Settle::Odd(format!("its removal time {text:?} is invalid: {error}"));
+            }
+        };
+        match removed.duration_since(now) {
+            Ok(ahead) if ahead > period => {
+                return Settle::Odd(format!(
+                    "its removal time {text} is {ahead:?} ahead of this replica's clock"
+                ));
+            }
+            Ok(ahead) => return Settle::Wait(ahead.saturating_add(period)),
+            Err(_) => {}
+        }
+        match removed
+            .checked_add(period)
+            .map(|end| end.duration_since(now))
+        {
+            // A period too long for the clock never ends.
+            None => Settle::Wait(period),
+            Some(Ok(left)) if !left.is_zero() => Settle::Wait(left),
+            Some(_) => Settle::Due,
         }
     }
 
@@ -146,6 +214,52 @@ pub(crate) fn store(object: &mut CnsVolumeMetadata, mut entries: Vec<PushedEntry
         // A list of plain strings and maps always serializes.
         let text = serde_json::to_string(&entries).unwrap_or_default();
         annotations.insert(PUSHED_ANNOTATION.to_owned(), text);
+    }
+}
+
+/// `time` as the record writes it (RFC 3339, UTC); a time outside what RFC 3339 can say
+/// (a clock gone mad) is written as the epoch, which reads as long past.
+pub(crate) fn timestamp(time: SystemTime) -> String {
+    Timestamp::try_from(time)
+        .unwrap_or(Timestamp::UNIX_EPOCH)
+        .to_string()
+}
+
+/// A change of the record once CNS confirmed removals.
+#[derive(Debug, Default)]
+pub(crate) struct Edit {
+    /// Live entries removed as stale: they become tombstones removed at `at`.
+    pub(crate) entomb: Vec<PushedEntry>,
+    /// Tombstones whose removal was sent again: dropped (a live entry with the same key,
+    /// recorded meanwhile, stays).
+    pub(crate) forget: Vec<PushedEntry>,
+    /// Entries removed for good (the object is being deleted): dropped, live or not.
+    pub(crate) drop: Vec<PushedEntry>,
+    /// The removal time given to new tombstones ([`timestamp`]).
+    pub(crate) at: String,
+}
+
+impl Edit {
+    /// Whether the edit changes nothing.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.entomb.is_empty() && self.forget.is_empty() && self.drop.is_empty()
+    }
+
+    /// `base` with the edit applied.
+    pub(crate) fn apply(&self, base: &[PushedEntry]) -> Vec<PushedEntry> {
+        let has =
+            |list: &[PushedEntry], entry: &PushedEntry| list.iter().any(|e| e.key() == entry.key());
+        base.iter()
+            .filter(|e| !has(&self.drop, e))
+            .filter(|e| !(e.is_tombstone() && has(&self.forget, e)))
+            .map(|e| {
+                let mut entry = e.clone();
+                if !entry.is_tombstone() && has(&self.entomb, e) {
+                    entry.removed = Some(self.at.clone());
+                }
+                entry
+            })
+            .collect()
     }
 }
 
@@ -235,5 +349,102 @@ mod tests {
         let merged = union(&[old.clone(), renamed.clone()], &[relabelled.clone()]);
         assert!(same(&merged, &[renamed.clone(), relabelled]));
         assert_eq!(without(&merged, &[old]), vec![renamed]);
+    }
+
+    fn at(seconds: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(seconds)
+    }
+
+    #[test]
+    fn tombstones_settle_after_the_period_and_odd_times_are_due_at_once() {
+        let period = Duration::from_secs(180);
+        let mut entry = PushedEntry::new(&pvc_spec(), "gc-1-vol-a", "fcd-1", None);
+        assert!(!entry.is_tombstone());
+        entry.removed = Some(timestamp(at(1_000_000)));
+        assert_eq!(entry.removed.as_deref(), Some("1970-01-12T13:46:40Z"));
+        assert!(entry.is_tombstone());
+        let settle = |now| entry.settle(at(now), period);
+        assert_eq!(settle(1_000_000), Settle::Wait(period));
+        assert_eq!(settle(1_000_100), Settle::Wait(Duration::from_secs(80)));
+        assert_eq!(settle(1_000_180), Settle::Due);
+        assert_eq!(settle(2_000_000), Settle::Due);
+        // A replica whose clock is a little behind waits a little longer.
+        assert_eq!(settle(999_990), Settle::Wait(Duration::from_secs(190)));
+        // Further ahead than a period: a clock far off or a hand edit; not waited for.
+        assert!(matches!(settle(999_000), Settle::Odd(why) if why.contains("ahead")));
+        entry.removed = Some("yesterday".into());
+        let unreadable = entry.settle(at(1_000_000), period);
+        assert!(matches!(unreadable, Settle::Odd(why) if why.contains("\"yesterday\"")));
+    }
+
+    #[test]
+    fn edits_entomb_live_entries_forget_tombstones_and_drop_anything() {
+        let spec = pod_spec();
+        let a = PushedEntry::new(&spec, "gc-1-vol-a", "fcd-a", None);
+        let b = PushedEntry::new(&spec, "gc-1-vol-b", "fcd-b", None);
+        let entomb = Edit {
+            entomb: vec![a.clone()],
+            at: timestamp(at(10)),
+            ..Edit::default()
+        };
+        let after = entomb.apply(&[a.clone(), b.clone()]);
+        assert_eq!(after[0].removed.as_deref(), Some("1970-01-01T00:00:10Z"));
+        assert_eq!(after[1], b);
+        // Entombing again keeps the first removal time.
+        let later = Edit {
+            at: timestamp(at(99)),
+            ..entomb
+        };
+        assert_eq!(later.apply(&after), after);
+        // Forgetting drops only tombstones: a live entry recorded meanwhile stays.
+        let forget = Edit {
+            forget: vec![a.clone(), b.clone()],
+            ..Edit::default()
+        };
+        assert_eq!(forget.apply(&after), vec![b.clone()]);
+        let drop = Edit {
+            drop: vec![a.clone(), b.clone()],
+            ..Edit::default()
+        };
+        assert!(drop.apply(&after).is_empty());
+        assert!(Edit::default().is_empty());
+        assert!(!forget.is_empty());
+    }
+
+    #[test]
+    fn records_without_tombstones_still_read_and_unknown_fields_are_ignored() {
+        // As written before tombstones existed.
+        let old = r#"[{"volumename":"gc-1-vol-a","volumeid":"fcd-1","entitytype":"PERSISTENT_VOLUME_CLAIM","entityname":"data","namespace":"shop","guestclusterid":"gc-1"}]"#;
+        let mut object = CnsVolumeMetadata::new("gc-1-data", pvc_spec());
+        object
+            .annotations_mut()
+            .insert(PUSHED_ANNOTATION.into(), old.into());
+        let entries = read(&object).unwrap().unwrap();
+        assert_eq!(entries.len(), 1);
+        assert!(!entries[0].is_tombstone());
+        assert_eq!(entries[0].volume_id, "fcd-1");
+        // A later version's fields do not spoil the record.
+        let newer = old.replace(
+            r#""guestclusterid":"gc-1""#,
+            r#""guestclusterid":"gc-1","future":{"x":1}"#,
+        );
+        object
+            .annotations_mut()
+            .insert(PUSHED_ANNOTATION.into(), newer);
+        assert_eq!(read(&object).unwrap().unwrap(), entries);
+        // A tombstone round-trips.
+        let mut tombstone = entries[0].clone();
+        tombstone.removed = Some(timestamp(at(5)));
+        store(&mut object, vec![tombstone.clone()]);
+        assert!(
+            object.annotations()[PUSHED_ANNOTATION].contains(r#""removed":"1970-01-01T00:00:05Z""#)
+        );
+        assert_eq!(read(&object), Ok(Some(vec![tombstone])));
+        for junk in ["{}", "[1]", r#"[{"volumeid":"fcd-1"}]"#, "null"] {
+            object
+                .annotations_mut()
+                .insert(PUSHED_ANNOTATION.into(), junk.into());
+            assert!(read(&object).is_err(), "{junk}");
+        }
     }
 }

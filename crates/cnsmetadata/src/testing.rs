@@ -1,8 +1,10 @@
-//! Test helpers (feature `testing`): an in-memory backend and object builders.
+//! Test helpers (feature `testing`): an in-memory backend, a clock that follows tokio's
+//! paused time, and object builders.
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
     sync::{Arc, Mutex, MutexGuard},
+    time::SystemTime,
 };
 
 use async_trait::async_trait;
@@ -27,6 +29,10 @@ pub enum Failure {
     NotFound,
     /// Fail with [`BackendError::Other`] carrying this message.
     Error(String),
+    /// Never answer (the caller's timeout gives up), but take effect later: the update is
+    /// held until [`InMemoryBackend::land_late`], as a CNS call that timed out (or that a
+    /// replica which lost its lease sent) may still be carried out.
+    LandsLate,
 }
 
 impl Failure {
@@ -40,6 +46,7 @@ impl Failure {
         match self {
             Self::NotFound => BackendError::not_found(volume_id),
             Self::Error(message) => BackendError::other(message.clone()),
+            Self::LandsLate => BackendError::other("no answer"),
         }
     }
 }
@@ -53,15 +60,46 @@ pub struct Call {
     pub failure: Option<Failure>,
 }
 
+/// What identifies an entity on a CNS volume here: volume, entity type, name, namespace
+/// and cluster ID.
+type EntityKey = (String, String, String, String, String);
+
+fn entity_key(update: &VolumeMetadataUpdate) -> EntityKey {
+    let entity = &update.entity_metadata;
+    (
+        update.volume_id.clone(),
+        entity.entity_type.as_str().to_owned(),
+        entity.entity_name.clone(),
+        entity.namespace.clone(),
+        entity.cluster_id.clone(),
+    )
+}
+
 #[derive(Debug, Default)]
 struct State {
     calls: Vec<Call>,
     next: VecDeque<Failure>,
     always: Option<Failure>,
     per_volume: HashMap<String, Failure>,
+    /// The entity metadata on "CNS": the last add of each entity not removed since.
+    entities: BTreeMap<EntityKey, VolumeMetadataUpdate>,
+    /// Updates that get no answer and take effect at [`InMemoryBackend::land_late`].
+    late: Vec<VolumeMetadataUpdate>,
 }
 
-/// A [`VolumeMetadataBackend`] that records every call and fails on demand.
+impl State {
+    fn apply(&mut self, update: &VolumeMetadataUpdate) {
+        let key = entity_key(update);
+        if update.entity_metadata.delete {
+            self.entities.remove(&key);
+        } else {
+            self.entities.insert(key, update.clone());
+        }
+    }
+}
+
+/// A [`VolumeMetadataBackend`] that records every call, fails on demand, and keeps the
+/// entity metadata that successful updates leave on CNS ([`entities`](Self::entities)).
 ///
 /// Failures are chosen in this order: a failure scripted for the volume
 /// ([`fail_volume`](Self::fail_volume)), then the queue of [`fail_next`](Self::fail_next),
@@ -134,9 +172,28 @@ impl InMemoryBackend {
         ok.map(|c| c.update.clone()).collect()
     }
 
-    /// Forgets the recorded calls (scripted failures stay).
+    /// Forgets the recorded calls (scripted failures and entities stay).
     pub fn clear_calls(&self) {
         self.state().calls.clear();
+    }
+
+    /// The entity metadata on CNS now: of each entity (volume, entity type, name,
+    /// namespace, cluster ID), the last update that added it, unless a removal followed.
+    /// Sorted by volume, then entity.
+    #[must_use]
+    pub fn entities(&self) -> Vec<VolumeMetadataUpdate> {
+        self.state().entities.values().cloned().collect()
+    }
+
+    /// Carries out, in the order received, the updates held by [`Failure::LandsLate`]
+    /// (their callers got no answer); returns how many there were.
+    pub fn land_late(&self) -> usize {
+        let mut state = self.state();
+        let late = std::mem::take(&mut state.late);
+        for update in &late {
+            state.apply(update);
+        }
+        late.len()
     }
 }
 
@@ -146,20 +203,42 @@ impl VolumeMetadataBackend for InMemoryBackend {
         &self,
         update: &VolumeMetadataUpdate,
     ) -> Result<(), BackendError> {
-        let mut state = self.state();
-        let failure = match state.per_volume.get(&update.volume_id) {
-            Some(failure) => Some(failure.clone()),
-            None => state.next.pop_front().or_else(|| state.always.clone()),
+        let answer = {
+            let mut state = self.state();
+            let failure = match state.per_volume.get(&update.volume_id) {
+                Some(failure) => Some(failure.clone()),
+                None => state.next.pop_front().or_else(|| state.always.clone()),
+            };
+            state.calls.push(Call {
+                update: update.clone(),
+                failure: failure.clone(),
+            });
+            match failure {
+                Some(Failure::LandsLate) => {
+                    state.late.push(update.clone());
+                    None
+                }
+                Some(failure) => Some(Err(failure.to_error(&update.volume_id))),
+                None => {
+                    state.apply(update);
+                    Some(Ok(()))
+                }
+            }
         };
-        state.calls.push(Call {
-            update: update.clone(),
-            failure: failure.clone(),
-        });
-        match failure {
-            Some(failure) => Err(failure.to_error(&update.volume_id)),
-            None => Ok(()),
+        match answer {
+            Some(answer) => answer,
+            None => std::future::pending().await,
         }
     }
+}
+
+/// A wall clock for [`Context::with_clock`](crate::Context::with_clock): the system time
+/// when it is made, then advancing with tokio's clock, so that `tokio::time::pause` and
+/// `advance` (or `#[tokio::test(start_paused = true)]`) move it too.
+pub fn tokio_clock() -> impl Fn() -> SystemTime + Send + Sync + 'static {
+    let start = SystemTime::now();
+    let anchor = tokio::time::Instant::now();
+    move || start.checked_add(anchor.elapsed()).unwrap_or(start)
 }
 
 /// Guest cluster ID used by the spec builders.
@@ -324,6 +403,40 @@ mod tests {
         assert_eq!(backend.updates().len(), 4);
         assert_eq!(backend.successful_updates(), vec![update("vol-1")]);
         assert_eq!(backend.calls()[1].failure, Some(Failure::NotFound));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn updates_leave_entities_and_late_ones_land_only_when_told() {
+        let backend = InMemoryBackend::new();
+        backend.update_volume_metadata(&update("v1")).await.unwrap();
+        backend.update_volume_metadata(&update("v2")).await.unwrap();
+        assert_eq!(backend.entities(), vec![update("v1"), update("v2")]);
+        let mut removal = update("v1");
+        removal.entity_metadata.delete = true;
+        backend.fail_next(1, Failure::LandsLate);
+        let late = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            backend.update_volume_metadata(&removal),
+        )
+        .await;
+        assert!(late.is_err(), "a late update never answers");
+        assert_eq!(backend.entities(), vec![update("v1"), update("v2")]);
+        assert_eq!(backend.calls()[2].failure, Some(Failure::LandsLate));
+        assert_eq!(backend.land_late(), 1);
+        assert_eq!(backend.entities(), vec![update("v2")]);
+        assert_eq!(backend.land_late(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_tokio_clock_follows_paused_time() {
+        let clock = tokio_clock();
+        let before = clock();
+        tokio::time::advance(std::time::Duration::from_secs(600)).await;
+        let after = clock();
+        assert_eq!(
+            after.duration_since(before).unwrap(),
+            std::time::Duration::from_secs(600)
+        );
     }
 
     #[tokio::test]

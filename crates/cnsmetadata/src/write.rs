@@ -8,7 +8,7 @@ use crate::{
     backend::error_chain,
     events::EventType,
     reconciler::{Context, ReconcileError, describe},
-    record::{self, PushedEntry},
+    record::{self, Edit},
     resource::{CnsVolumeMetadata, VolumeStatus},
 };
 
@@ -75,22 +75,22 @@ pub(crate) async fn write(
     Err(fail(conflict))
 }
 
-/// Writes `status` and drops the `removed` entries from the record, unless neither
-/// changes anything; a failure is also published as an `UpdateFailed` event.
+/// Writes `status` and applies `edit` to the record, unless neither changes anything; a
+/// failure is also published as an `UpdateFailed` event.
 pub(crate) async fn write_status(
     object: &CnsVolumeMetadata,
     ctx: &Context,
     status: Vec<VolumeStatus>,
-    removed: &[PushedEntry],
+    edit: &Edit,
 ) -> Result<(), ReconcileError> {
-    if object.status.volume_status == status && removed.is_empty() {
+    if object.status.volume_status == status && edit.is_empty() {
         return Ok(());
     }
     let result = write(object, ctx, "update status", |o| {
         o.status.volume_status.clone_from(&status);
-        if !removed.is_empty() {
+        if !edit.is_empty() {
             let recorded = record::read(o).ok().flatten().unwrap_or_default();
-            record::store(o, record::without(&recorded, removed));
+            record::store(o, edit.apply(&recorded));
         }
     })
     .await;

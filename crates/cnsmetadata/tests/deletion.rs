@@ -3,6 +3,9 @@
 
 mod support;
 
+use std::time::Duration;
+
+use cnsmetadata::VolumeMetadataBackend as _;
 use cnsmetadata::{
     CnsVolumeMetadata, EntityReference, EntityType, FINALIZER, PUSHED_ANNOTATION,
     REASON_UPDATE_FAILED, ReconcileError, VolumeMetadataUpdate, VolumeStatus,
@@ -13,7 +16,7 @@ use kube_client::{Api, api::PostParams};
 use kube_runtime::{controller::Action, reflector::ObjectRef};
 use support::{Direct, Harness, config, created_and_synced, harness, step, wait_for};
 
-/// The CNS volume IDs in the object's record, sorted.
+/// The CNS volume IDs of the live entries (not tombstones) in the object's record, sorted.
 fn recorded_volumes(object: &CnsVolumeMetadata) -> Vec<String> {
     let Some(text) = object
         .metadata
@@ -26,6 +29,7 @@ fn recorded_volumes(object: &CnsVolumeMetadata) -> Vec<String> {
     let entries: Vec<serde_json::Value> = serde_json::from_str(text).expect("record is JSON");
     let mut ids: Vec<String> = entries
         .iter()
+        .filter(|e| e.get("removed").is_none())
         .map(|e| e["volumeid"].as_str().expect("volumeid").to_owned())
         .collect();
     ids.sort();
@@ -209,13 +213,18 @@ async fn renaming_the_entity_removes_the_old_entry_before_pushing_the_new_one() 
     let object = h.get("tenant", "gc-1-data").await.unwrap();
     assert_eq!(recorded_volumes(&object), ["fcd-gc-1-vol-a"]);
 
+    assert_eq!(
+        record_entries(&object)[0].0,
+        "data",
+        "the old entity is kept as a tombstone"
+    );
+
     delete_and_finish(&h, &d, "tenant", "gc-1-data").await;
     assert_eq!(
-        h.backend.updates().last(),
-        Some(&removal_of(&new)),
-        "only the current entity is left to remove"
+        h.backend.updates()[3..],
+        [removal_of(&old), removal_of(&new)],
+        "the current entity is removed, and the old one once more"
     );
-    assert_eq!(h.backend.updates().len(), 4);
 }
 
 #[tokio::test]
@@ -381,4 +390,240 @@ async fn pv_references_recorded_keep_the_cluster_id_they_were_sent_with() {
     delete_and_finish(&h, &d, "tenant", "gc-1-pv").await;
     let updates = h.backend.updates();
     assert_eq!(updates[1], removal_of(&updates[0]));
+}
+
+/// `(entity name, volume id)` of every entity on the in-memory CNS.
+fn on_cns(h: &Harness) -> Vec<(String, String)> {
+    h.backend
+        .entities()
+        .into_iter()
+        .map(|u| (u.entity_metadata.entity_name, u.volume_id))
+        .collect()
+}
+
+/// `(entity name, removal time)` of every entry of the object's record.
+fn record_entries(object: &CnsVolumeMetadata) -> Vec<(String, Option<String>)> {
+    let text = &object.metadata.annotations.as_ref().expect("annotations")[PUSHED_ANNOTATION];
+    let entries: Vec<serde_json::Value> = serde_json::from_str(text).expect("record is JSON");
+    entries
+        .iter()
+        .map(|e| {
+            let name = e["entityname"].as_str().expect("entityname").to_owned();
+            (name, e["removed"].as_str().map(str::to_owned))
+        })
+        .collect()
+}
+
+fn entity(name: &str) -> (String, String) {
+    (name.to_owned(), "fcd-gc-1-vol-a".to_owned())
+}
+
+/// Backend timeout 10 s, settle margin 20 s: removals are sent again after 30 s.
+const SETTLE: Duration = Duration::from_secs(30);
+
+fn settling_config() -> cnsmetadata::Config {
+    config()
+        .backend_timeout(Duration::from_secs(10))
+        .settle_margin(Duration::from_secs(20))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_push_that_lands_after_its_stale_removal_is_removed_once_the_removal_settled() {
+    let h = harness().await;
+    h.vsphere_volume("tenant", "gc-1-vol-a").await;
+    let d = h.direct(settling_config()).await;
+    h.create("tenant", "gc-1-data", pvc_spec()).await;
+    step(&h, &d, "tenant", "gc-1-data").await.unwrap();
+    // The push of "data" gets no answer within the backend timeout...
+    h.backend.fail_next(1, Failure::LandsLate);
+    assert!(step(&h, &d, "tenant", "gc-1-data").await.is_err());
+    assert!(on_cns(&h).is_empty());
+
+    // ...the entity is renamed, so "data" is removed as stale...
+    h.edit("tenant", "gc-1-data", |spec| {
+        spec.entity_name = "data-renamed".into();
+    })
+    .await;
+    let action = step(&h, &d, "tenant", "gc-1-data").await.unwrap();
+    assert_eq!(
+        action,
+        Action::requeue(SETTLE),
+        "the removal of \"data\" is sent again once it settled"
+    );
+    let object = h.get("tenant", "gc-1-data").await.unwrap();
+    let record = record_entries(&object);
+    assert_eq!(record.len(), 2, "{record:?}");
+    assert_eq!(record[0].0, "data");
+    assert!(record[0].1.is_some(), "a tombstone: {record:?}");
+    assert_eq!(record[1], ("data-renamed".to_owned(), None));
+    assert_eq!(on_cns(&h), [entity("data-renamed")]);
+
+    // ...and then the first push lands on CNS.
+    assert_eq!(h.backend.land_late(), 1);
+    assert_eq!(on_cns(&h), [entity("data"), entity("data-renamed")]);
+
+    // Before the settle period ends, nothing is sent again.
+    tokio::time::sleep(SETTLE / 3).await;
+    let early = step(&h, &d, "tenant", "gc-1-data").await.unwrap();
+    assert_ne!(early, Action::await_change());
+    assert_eq!(on_cns(&h), [entity("data"), entity("data-renamed")]);
+
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(
+        step(&h, &d, "tenant", "gc-1-data").await.unwrap(),
+        Action::await_change()
+    );
+    assert_eq!(on_cns(&h), [entity("data-renamed")]);
+    let object = h.get("tenant", "gc-1-data").await.unwrap();
+    assert_eq!(
+        record_entries(&object),
+        [("data-renamed".to_owned(), None)],
+        "the tombstone is gone"
+    );
+
+    delete_and_finish(&h, &d, "tenant", "gc-1-data").await;
+    assert!(on_cns(&h).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn deleting_the_object_removes_tombstoned_entries_again_without_waiting() {
+    let h = harness().await;
+    h.vsphere_volume("tenant", "gc-1-vol-a").await;
+    let d = h.direct(settling_config()).await;
+    created_and_synced(&h, &d, "tenant", "gc-1-data", pvc_spec()).await;
+    let old = h.backend.updates()[0].clone();
+    h.edit("tenant", "gc-1-data", |spec| {
+        spec.entity_name = "data-renamed".into();
+    })
+    .await;
+    assert_eq!(
+        step(&h, &d, "tenant", "gc-1-data").await.unwrap(),
+        Action::requeue(SETTLE)
+    );
+    assert_eq!(on_cns(&h), [entity("data-renamed")]);
+    // A push of "data" still in flight (another replica's) lands after its removal.
+    h.backend.update_volume_metadata(&old).await.unwrap();
+    assert_eq!(on_cns(&h), [entity("data"), entity("data-renamed")]);
+
+    delete_and_finish(&h, &d, "tenant", "gc-1-data").await;
+    assert!(on_cns(&h).is_empty(), "{:?}", on_cns(&h));
+    assert!(h.backend.updates().contains(&removal_of(&old)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_record_written_before_tombstones_existed_still_works() {
+    let h = harness().await;
+    h.vsphere_volume("tenant", "gc-1-vol-a").await;
+    let d = h.direct(settling_config()).await;
+    // "data" was pushed by the previous version, which recorded it in the old format.
+    let legacy = r#"[{"volumename":"gc-1-vol-a","volumeid":"fcd-gc-1-vol-a","entitytype":"PERSISTENT_VOLUME_CLAIM","entityname":"data","namespace":"shop","guestclusterid":"gc-1","clusterdistribution":"TKGService","labels":{"app":"db"},"reference":{"EntityType":"PERSISTENT_VOLUME","EntityName":"pvc-guest-a","Namespace":"","ClusterID":"gc-1"}}]"#;
+    let mut spec = pvc_spec();
+    spec.entity_name = "data-renamed".into();
+    let mut object = CnsVolumeMetadata::new("gc-1-data", spec);
+    object.metadata.finalizers = Some(vec![FINALIZER.to_owned()]);
+    object.metadata.annotations = Some([(PUSHED_ANNOTATION.to_owned(), legacy.to_owned())].into());
+    h.objects("tenant")
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap();
+
+    assert_eq!(
+        step(&h, &d, "tenant", "gc-1-data").await.unwrap(),
+        Action::requeue(SETTLE)
+    );
+    let updates = h.backend.updates();
+    assert_eq!(updates.len(), 2, "{updates:?}");
+    assert!(updates[0].entity_metadata.delete);
+    assert_eq!(updates[0].entity_metadata.entity_name, "data");
+    assert_eq!(updates[1].entity_metadata.entity_name, "data-renamed");
+    let record = record_entries(&h.get("tenant", "gc-1-data").await.unwrap());
+    assert_eq!(record[0].0, "data");
+    assert!(record[0].1.is_some(), "{record:?}");
+    // The old version's push lands late.
+    let mut late = updates[0].clone();
+    late.entity_metadata.delete = false;
+    h.backend.update_volume_metadata(&late).await.unwrap();
+
+    tokio::time::sleep(SETTLE).await;
+    step(&h, &d, "tenant", "gc-1-data").await.unwrap();
+    assert_eq!(on_cns(&h), [entity("data-renamed")]);
+    delete_and_finish(&h, &d, "tenant", "gc-1-data").await;
+    assert!(on_cns(&h).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_malformed_record_is_reported_by_name_and_never_blocks() {
+    let h = harness().await;
+    h.vsphere_volume("tenant", "gc-1-vol-a").await;
+    let d = h.direct(settling_config()).await;
+    // A tombstone whose removal time was edited by hand: removed again at once.
+    let odd = r#"[{"volumename":"gc-1-vol-a","volumeid":"fcd-gc-1-vol-a","entitytype":"PERSISTENT_VOLUME_CLAIM","entityname":"old","namespace":"shop","guestclusterid":"gc-1","removed":"last tuesday"}]"#;
+    // Not a record at all.
+    let junk = r#"{"entries": "?"}"#;
+    for (name, text) in [("gc-1-odd", odd), ("gc-1-junk", junk)] {
+        let mut object = CnsVolumeMetadata::new(name, pvc_spec());
+        object.metadata.finalizers = Some(vec![FINALIZER.to_owned()]);
+        object.metadata.annotations =
+            Some([(PUSHED_ANNOTATION.to_owned(), text.to_owned())].into());
+        h.objects("tenant")
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap();
+    }
+
+    assert_eq!(
+        step(&h, &d, "tenant", "gc-1-odd").await.unwrap(),
+        Action::await_change()
+    );
+    let removal = &h.backend.updates()[0];
+    assert!(removal.entity_metadata.delete);
+    assert_eq!(removal.entity_metadata.entity_name, "old");
+    let record = record_entries(&h.get("tenant", "gc-1-odd").await.unwrap());
+    assert_eq!(record, [("data".to_owned(), None)]);
+    let warnings = warning_notes(&h, "gc-1-odd").await;
+    assert!(
+        warnings
+            .iter()
+            .any(|n| n.contains("\"gc-1-odd\"") && n.contains("\"last tuesday\"")),
+        "{warnings:?}"
+    );
+
+    assert_eq!(
+        step(&h, &d, "tenant", "gc-1-junk").await.unwrap(),
+        Action::await_change()
+    );
+    let warnings = warning_notes(&h, "gc-1-junk").await;
+    assert!(
+        warnings
+            .iter()
+            .any(|n| n.contains("\"gc-1-junk\"") && n.contains(PUSHED_ANNOTATION)),
+        "{warnings:?}"
+    );
+    // The junk was replaced by a record of what was pushed.
+    let record = record_entries(&h.get("tenant", "gc-1-junk").await.unwrap());
+    assert_eq!(record, [("data".to_owned(), None)]);
+
+    // Junk put back by hand does not hold the deletion either.
+    let mut object = h.get("tenant", "gc-1-junk").await.unwrap();
+    object
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(PUSHED_ANNOTATION.to_owned(), junk.to_owned());
+    h.objects("tenant")
+        .replace("gc-1-junk", &PostParams::default(), &object)
+        .await
+        .unwrap();
+    delete_and_finish(&h, &d, "tenant", "gc-1-junk").await;
+    delete_and_finish(&h, &d, "tenant", "gc-1-odd").await;
+    assert!(on_cns(&h).is_empty(), "{:?}", on_cns(&h));
+}
+
+async fn warning_notes(h: &Harness, name: &str) -> Vec<String> {
+    h.events("tenant", name)
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(REASON_UPDATE_FAILED))
+        .filter_map(|e| e.note)
+        .collect()
 }

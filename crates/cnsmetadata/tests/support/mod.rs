@@ -7,7 +7,7 @@ use std::{future::Future, sync::Arc, time::Duration};
 use cnsmetadata::{
     CnsVolumeMetadata, CnsVolumeMetadataSpec, Config, Context, FINALIZER, ReconcileError,
     VSPHERE_CSI_DRIVER, crd, reconcile,
-    testing::{InMemoryBackend, bound_claim, csi_volume},
+    testing::{InMemoryBackend, bound_claim, csi_volume, tokio_clock},
 };
 use futures::StreamExt;
 use k8s_openapi::{
@@ -154,13 +154,15 @@ impl Harness {
         claims.wait_until_ready().await.expect("claims cache");
         volumes.wait_until_ready().await.expect("volumes cache");
         let backend = Arc::new(self.backend.clone());
+        // The tokio clock is the wall clock unless a test pauses time.
         let ctx = Context::new(
             self.client.clone(),
             backend,
             config,
             claims.clone(),
             volumes.clone(),
-        );
+        )
+        .with_clock(tokio_clock());
         Direct {
             ctx: Arc::new(ctx),
             claims,
