@@ -26,8 +26,9 @@ pub const FINALIZER_PV: &str = "external-provisioner.volume.kubernetes.io/finali
 
 /// Claim finalizer of crash-safe provisioning
 /// ([`Config::crash_safe_provisioning`](crate::Config::crash_safe_provisioning)): put on a
-/// claim before the driver is asked for its asset, removed once the PV is saved or the
-/// asset of a deleted claim is deleted. No Go counterpart (kubernetes-csi/external-provisioner#486).
+/// claim before the driver is asked for its asset, removed once a PV records the asset (or
+/// the driver answered that none exists). No Go counterpart
+/// (kubernetes-csi/external-provisioner#486).
 pub const FINALIZER_PROVISIONING: &str = "external-provisioner.volume.kubernetes.io/provisioning";
 
 /// On a claim, next to [`FINALIZER_PROVISIONING`]: the provisioner that put the finalizer
@@ -36,6 +37,14 @@ pub const FINALIZER_PROVISIONING: &str = "external-provisioner.volume.kubernetes
 /// finalizer. No Go counterpart.
 pub const ANN_PROVISIONING_OWNER: &str =
     "external-provisioner.volume.kubernetes.io/provisioning-owner";
+
+/// On a claim, next to [`FINALIZER_PROVISIONING`]: the StorageClass the provisioning started
+/// with, as JSON (its name, uid, provisioner, parameters, reclaim policy, mount options,
+/// binding mode and allowed topologies), so that the claim is finished or cleaned up with
+/// that class even after the class was deleted or changed. Written and removed together
+/// with the finalizer; left out for a class whose JSON exceeds 16 KiB. No Go counterpart.
+pub const ANN_PROVISIONING_CLASS: &str =
+    "external-provisioner.volume.kubernetes.io/provisioning-class";
 
 fn annotation<'a>(
     meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
@@ -55,6 +64,12 @@ pub fn storage_provisioner(claim: &PersistentVolumeClaim) -> Option<&str> {
 #[must_use]
 pub fn provisioning_owner(claim: &PersistentVolumeClaim) -> Option<&str> {
     annotation(&claim.metadata, ANN_PROVISIONING_OWNER)
+}
+
+/// The class snapshot [`ANN_PROVISIONING_CLASS`] on the claim, as written (JSON).
+#[must_use]
+pub fn provisioning_class(claim: &PersistentVolumeClaim) -> Option<&str> {
+    annotation(&claim.metadata, ANN_PROVISIONING_CLASS)
 }
 
 /// The node the scheduler chose: [`ANN_SELECTED_NODE`], else its alpha form.

@@ -56,7 +56,9 @@ pub enum ProvisionStep {
 }
 
 /// What the next [`FakeProvisioner::delete`] (or, with
-/// [`FakeProvisioner::script_delete_duplicate`], `delete_duplicate`) call does.
+/// [`FakeProvisioner::script_delete_duplicate`] and
+/// [`FakeProvisioner::script_volume_saved`], `delete_duplicate` and `volume_saved`) call
+/// does.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum DeleteStep {
@@ -76,6 +78,8 @@ struct State {
     delete_calls: Vec<String>,
     duplicate_script: VecDeque<DeleteStep>,
     duplicate_calls: Vec<(PersistentVolume, PersistentVolume)>,
+    saved_script: VecDeque<DeleteStep>,
+    saved_calls: Vec<PersistentVolume>,
     assets: BTreeSet<String>,
 }
 
@@ -138,6 +142,18 @@ impl FakeProvisioner {
     #[must_use]
     pub fn duplicate_calls(&self) -> Vec<(PersistentVolume, PersistentVolume)> {
         self.lock().duplicate_calls.clone()
+    }
+    /// Appends steps for the next `volume_saved` calls (`Succeed` and `Ignored` change
+    /// nothing: the fake holds one asset per PV name).
+    #[must_use]
+    pub fn script_volume_saved(self, steps: impl IntoIterator<Item = DeleteStep>) -> Self {
+        self.lock().saved_script.extend(steps);
+        self
+    }
+    /// Every `volume_saved` call so far, in order: the saved PV as the controller passed it.
+    #[must_use]
+    pub fn volume_saved_calls(&self) -> Vec<PersistentVolume> {
+        self.lock().saved_calls.clone()
     }
     /// Every `provision` call so far, in order.
     #[must_use]
@@ -262,6 +278,24 @@ impl Provisioner for FakeProvisioner {
             DeleteStep::Succeed => Ok(()),
             DeleteStep::Fail => Err(DeleteError::Failed(
                 "fake: deleting the duplicate failed".into(),
+            )),
+            DeleteStep::Ignored => Err(DeleteError::Ignored {
+                reason: "fake: not mine".into(),
+            }),
+        }
+    }
+
+    async fn volume_saved(&self, saved: &PersistentVolume) -> Result<(), DeleteError> {
+        let mut state = self.lock();
+        state.saved_calls.push(saved.clone());
+        match state
+            .saved_script
+            .pop_front()
+            .unwrap_or(DeleteStep::Succeed)
+        {
+            DeleteStep::Succeed => Ok(()),
+            DeleteStep::Fail => Err(DeleteError::Failed(
+                "fake: releasing other assets failed".into(),
             )),
             DeleteStep::Ignored => Err(DeleteError::Ignored {
                 reason: "fake: not mine".into(),

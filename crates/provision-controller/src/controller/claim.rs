@@ -143,6 +143,26 @@ pub(crate) fn intent_plan(ctx: &Context, claim: &PersistentVolumeClaim) -> inten
     intent::plan(claim, facts)
 }
 
+/// The class to provision (or clean up) the claim with: the class its provisioning
+/// started with, as remembered in memory (`entry`) or recorded on the claim with our
+/// crash-safety finalizer (see [`intent::recorded_class`]), else its class as cached now.
+/// A claim in progress must not depend on a class that may have been deleted or changed
+/// since its asset was asked for.
+fn provisioning_class(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    entry: Option<&InProgress>,
+) -> Option<Arc<StorageClass>> {
+    entry
+        .and_then(|e| e.class.clone())
+        .or_else(|| {
+            intent::owns_intent(claim, ctx.names())
+                .then(|| intent::recorded_class(claim))
+                .flatten()
+        })
+        .or_else(|| ctx.caches.class(annotations::claim_class(claim)))
+}
+
 /// Processes the claim with this UID; an error requeues it (Go `syncClaimHandler` + `syncClaim`).
 pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> {
     let entry = ctx.in_progress_entry(uid);
@@ -150,14 +170,11 @@ pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> 
         (Some(claim), _) => claim,
         // The claim object vanished (its finalizers stripped by hand) while its
         // provisioning runs in the background: with crash-safe provisioning nothing would
-        // delete a PV saved for it, so its asset is cleaned up now.
+        // record its asset, so it is cleaned up now.
         (None, Some(entry)) if ctx.config.crash_safe_provisioning => {
             tracing::info!(pvc = %claim_key(&entry.claim), "claim vanished while its provisioning runs in the background; cleaning up");
-            let class = entry
-                .class
-                .clone()
-                .or_else(|| ctx.caches.class(annotations::claim_class(&entry.claim)));
-            return intent::clean_up(ctx, &entry.claim, class, true).await;
+            let class = provisioning_class(ctx, &entry.claim, Some(entry));
+            return Box::pin(intent::clean_up(ctx, &entry.claim, class, true)).await;
         }
         (None, Some(entry)) => Arc::clone(&entry.claim),
         (None, None) => {
@@ -165,7 +182,6 @@ pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> 
             return Ok(());
         }
     };
-    let remembered_class = entry.and_then(|e| e.class);
     match intent_plan(ctx, &claim) {
         intent::Plan::Continue => {}
         intent::Plan::Remove => {
@@ -173,15 +189,14 @@ pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> 
                 // The cache has not caught up with our removal yet.
                 return Ok(());
             }
-            return intent::set_claim_intent(ctx, &claim, false).await;
+            return intent::set_claim_intent(ctx, &claim, intent::Intent::Remove).await;
         }
         intent::Plan::CleanUp => {
             if ctx.wrote_intent_removed(uid) {
                 return Ok(());
             }
-            let class =
-                remembered_class.or_else(|| ctx.caches.class(annotations::claim_class(&claim)));
-            return intent::clean_up(ctx, &claim, class, false).await;
+            let class = provisioning_class(ctx, &claim, entry.as_ref());
+            return Box::pin(intent::clean_up(ctx, &claim, class, false)).await;
         }
     }
     let class_name = annotations::claim_class(&claim).to_owned();
@@ -190,10 +205,7 @@ pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> 
     // answers, whatever the claim, its class or the qualifier say now: forgetting it
     // would leak the asset being created (Go forgets it here).
     let in_progress = ctx.is_in_progress(uid);
-    let class = match remembered_class {
-        Some(class) if in_progress => Some(class),
-        _ => ctx.caches.class(&class_name),
-    };
+    let class = provisioning_class(ctx, &claim, entry.as_ref());
     if !in_progress && let Some(wait) = ctx.infeasible_wait(uid, class.as_deref()) {
         return Err(OpError::Delayed {
             uid: uid.to_owned(),
@@ -206,7 +218,7 @@ pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> 
     } else {
         // The qualifier is asked only about claims that are ours (same answers as Go,
         // which asks it first, without calling a possibly costly qualifier for every claim).
-        match should_provision(&claim, ctx.names(), |c| ctx.caches.class(c)) {
+        match should_provision(&claim, ctx.names(), |_| class.clone()) {
             Ok(false) => Ok(false),
             decision if ctx.qualified(&claim).await => decision,
             _ => Ok(false),
@@ -223,7 +235,9 @@ pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> 
         Ok(true) => {}
     }
     let start = Instant::now();
-    let attempt = provision_claim(ctx, &claim, in_progress, class.clone()).await;
+    // Boxed, as the cleanups above: the flows are large futures, and inline they make
+    // each poll's stack frames large enough to overflow a thread's stack in debug builds.
+    let attempt = Box::pin(provision_claim(ctx, &claim, in_progress, class.clone())).await;
     let elapsed = start.elapsed();
     match attempt {
         Ok(Outcome::Provisioned) => {
@@ -317,11 +331,13 @@ async fn provision_claim(
         .await;
 
     let crash_safe = ctx.config.crash_safe_provisioning;
-    if crash_safe && !intent::has_intent(claim) {
+    let uid = claim.metadata.uid.as_deref().unwrap_or_default();
+    // A cached claim that shows our finalizer may predate our own removal of it.
+    if crash_safe && (!intent::has_intent(claim) || ctx.wrote_intent_removed(uid)) {
         if claim.metadata.deletion_timestamp.is_some() {
             return Ok(Outcome::Stopped("claim is being deleted"));
         }
-        intent::set_claim_intent(ctx, claim, true)
+        intent::set_claim_intent(ctx, claim, intent::Intent::Add(&class))
             .await
             .map_err(|e| (State::NoChange, e))?;
     }
@@ -341,7 +357,6 @@ async fn provision_claim(
             if crash_safe {
                 intent::drop_intent(ctx, claim).await;
             }
-            let uid = claim.metadata.uid.as_deref().unwrap_or_default();
             ctx.mark_infeasible(uid, Some(&class));
             let note = format!(
                 "Volume provisioning failed with infeasible error. Retries will be delayed. {}",

@@ -5,26 +5,45 @@
 //! have created (or be creating) an asset that no saved PV describes yet:
 //!
 //! - added right before [`Provisioner::provision`](crate::Provisioner::provision) is
-//!   called (and only when [`Config::crash_safe_provisioning`](crate::Config) is on),
-//!   together with [`ANN_PROVISIONING_OWNER`] naming this controller;
-//! - removed once the PV is saved, once the driver answered that nothing exists
-//!   (`Final`, `Reschedule`, `Ignored`, `Infeasible`), or once the asset of a claim that
-//!   will not get our PV is deleted.
+//!   called (and only when [`Config::crash_safe_provisioning`](crate::Config) is on), in
+//!   one patch with [`ANN_PROVISIONING_OWNER`] naming this controller and
+//!   [`ANN_PROVISIONING_CLASS`], a snapshot of the class the provisioning starts with;
+//! - removed (with both annotations) once a saved PV records the asset, or once the driver
+//!   answered that nothing exists (`Final`, `Reschedule`, `Ignored`, `Infeasible`).
 //!
 //! Because the API server keeps a claim with a finalizer, a controller that starts (or
 //! restarts) finds every claim with unfinished provisioning in its cache. The claim is
-//! the owner's, whatever its storage-provisioner annotation or class say now. A live
-//! claim that still asks for our volume is simply provisioned again; any other claim
-//! (being deleted, bound to another PV, now asking another provisioner) is cleaned up:
-//! `provision` is called again (idempotent by `pv_name`, so it finds the asset or tells
-//! that none exists), the volume it returns is passed to `delete` unless a PV of that
-//! name exists, and the finalizer is removed. A claim that vanished while its
-//! provisioning ran in the background (its finalizers stripped by hand) is cleaned up
-//! the same way from the copy the controller kept.
+//! the owner's, whatever its storage-provisioner annotation or class say now, and it is
+//! driven with the class its provisioning started with (the one remembered in memory,
+//! else the snapshot, else the class as it is now). A live claim that still asks for our
+//! volume is simply provisioned again.
+//!
+//! Any other claim (being deleted, bound to another PV, now asking another provisioner)
+//! is cleaned up **by saving, not by deleting**: `provision` is called again (idempotent
+//! by `pv_name`, so it finds the asset or tells that none exists), and the volume it
+//! returns is saved as a PV, decorated as usual (claimRef to the claim and its uid,
+//! provisioned-by, class, and the class's reclaim policy). The PV name is the one arbiter
+//! every replica agrees on: if a PV of that name exists already, the save counts as done
+//! (and the driver releases ours when it names another asset,
+//! [`Provisioner::delete_duplicate`](crate::Provisioner::delete_duplicate)). Then the
+//! finalizer is removed. Deleting the asset instead would race with another replica
+//! saving a PV that names that very asset.
+//!
+//! The saved PV is then reclaimed by the normal volume flow once the PV controller
+//! releases it: a deleted (or vanished) claim makes it `Released`, and so does a claim
+//! bound to another PV (kube-controller-manager releases a dynamically provisioned PV
+//! with reclaim policy `Delete` whose claim is bound elsewhere; with `Retain` it is
+//! unbound and kept, as the class asks). A live, unbound claim that now asks another
+//! provisioner simply gets our PV bound: a real volume, not a leak. A claim that vanished
+//! while its provisioning ran in the background (its finalizers stripped by hand) is
+//! cleaned up the same way from the copy the controller kept.
 
 use std::sync::Arc;
 
-use k8s_openapi::api::{core::v1::PersistentVolumeClaim, storage::v1::StorageClass};
+use k8s_openapi::{
+    api::{core::v1::PersistentVolumeClaim, storage::v1::StorageClass},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
 use kube_client::{
     Api,
     api::{Patch, PatchParams},
@@ -33,13 +52,16 @@ use kube_client::{
 use super::{
     Context, InProgress,
     claim::claim_key,
-    op::{Names, OpError, api, call, chain, get_volume, is_api},
+    op::{Names, OpError, api, call, chain, is_api},
 };
 use crate::{
-    DeleteError, ProvisionError, ProvisionOptions,
-    annotations::{self, ANN_PROVISIONING_OWNER, FINALIZER_PROVISIONING},
+    ProvisionError, ProvisionOptions,
+    annotations::{self, ANN_PROVISIONING_CLASS, ANN_PROVISIONING_OWNER, FINALIZER_PROVISIONING},
     events,
 };
+
+/// The largest class snapshot written to a claim, in bytes of JSON.
+const MAX_CLASS_SNAPSHOT: usize = 16 * 1024;
 
 /// Whether the claim carries the crash-safety finalizer.
 pub(crate) fn has_intent(claim: &PersistentVolumeClaim) -> bool {
@@ -65,6 +87,57 @@ fn is_deleting(claim: &PersistentVolumeClaim) -> bool {
     claim.metadata.deletion_timestamp.is_some()
 }
 
+/// The JSON of [`ANN_PROVISIONING_CLASS`]: the fields of `class` a driver reads. `None`
+/// (logged) when it exceeds [`MAX_CLASS_SNAPSHOT`]: the claim then depends on the class
+/// as it is at each sync, as claims written by older versions do.
+pub(crate) fn class_snapshot(class: &StorageClass) -> Option<String> {
+    let snapshot = StorageClass {
+        metadata: ObjectMeta {
+            name: class.metadata.name.clone(),
+            uid: class.metadata.uid.clone(),
+            ..ObjectMeta::default()
+        },
+        provisioner: class.provisioner.clone(),
+        parameters: class.parameters.clone(),
+        reclaim_policy: class.reclaim_policy.clone(),
+        mount_options: class.mount_options.clone(),
+        volume_binding_mode: class.volume_binding_mode.clone(),
+        allowed_topologies: class.allowed_topologies.clone(),
+        ..StorageClass::default()
+    };
+    let class_name = class.metadata.name.as_deref().unwrap_or_default();
+    match serde_json::to_string(&snapshot) {
+        Ok(json) if json.len() <= MAX_CLASS_SNAPSHOT => Some(json),
+        Ok(json) => {
+            tracing::warn!(
+                storageclass = class_name,
+                bytes = json.len(),
+                limit = MAX_CLASS_SNAPSHOT,
+                "the class is too large to be recorded on the claim; its provisioning will need the class to exist until it is done"
+            );
+            None
+        }
+        Err(err) => {
+            tracing::warn!(storageclass = class_name, error = %err, "the class cannot be recorded on the claim");
+            None
+        }
+    }
+}
+
+/// The class snapshot [`ANN_PROVISIONING_CLASS`] the claim carries; `None` when it has
+/// none or it is no StorageClass (logged: an annotation edited by hand is ignored).
+pub(crate) fn recorded_class(claim: &PersistentVolumeClaim) -> Option<Arc<StorageClass>> {
+    let json = annotations::provisioning_class(claim)?;
+    match serde_json::from_str::<StorageClass>(json) {
+        Ok(class) => Some(Arc::new(class)),
+        Err(err) => {
+            tracing::warn!(pvc = %claim_key(claim), error = %err, annotation = ANN_PROVISIONING_CLASS,
+                "the class recorded on the claim is not a StorageClass; ignoring it");
+            None
+        }
+    }
+}
+
 /// What to do with a claim that carries our finalizer, before the normal claim flow.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Plan {
@@ -72,9 +145,9 @@ pub(crate) enum Plan {
     Continue,
     /// Our PV exists (or the claim is bound to it): the finalizer has served its purpose.
     Remove,
-    /// The claim will not get our PV (it is being deleted, bound to another PV, or asks
-    /// another provisioner now) and our PV does not exist: delete the asset, then the
-    /// finalizer.
+    /// The claim will not get our PV the normal way (it is being deleted, bound to another
+    /// PV, or asks another provisioner now) and our PV does not exist: save a PV for the
+    /// asset, if any, then remove the finalizer ([`clean_up`]).
     CleanUp,
 }
 
@@ -114,8 +187,17 @@ pub(crate) fn plan(claim: &PersistentVolumeClaim, facts: Facts<'_>) -> Plan {
     }
 }
 
-/// Adds (`present`) or removes our finalizer on the claim `namespace/name` with one
-/// strategic-merge patch and no read.
+/// What [`set_intent`] writes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Intent<'a> {
+    /// The finalizer, the owner, and a snapshot of the class the provisioning starts with.
+    Add(&'a StorageClass),
+    /// Removes the finalizer, the owner and the class snapshot.
+    Remove,
+}
+
+/// Adds or removes our finalizer on the claim `namespace/name` with one strategic-merge
+/// patch and no read.
 ///
 /// `metadata.finalizers` has the patch strategy `merge` on the API server (a set of
 /// strings): `{"metadata":{"finalizers":[ours]}}` adds ours and keeps every other one,
@@ -124,14 +206,16 @@ pub(crate) fn plan(claim: &PersistentVolumeClaim, facts: Facts<'_>) -> Plan {
 /// claim's `uid`, when given, is a precondition: a claim re-created under the same name
 /// is never touched (409), and counts as gone.
 ///
-/// Removing from a claim that is gone succeeds. Adding fails when the claim is gone or
-/// being deleted (the API server refuses new finalizers then).
+/// Removing from a claim that is gone succeeds; a 409 counts as gone only when a read
+/// shows another claim under the name (or none), else it is an error and retried. Adding
+/// fails when the claim is gone or being deleted (the API server refuses new finalizers
+/// then).
 pub(crate) async fn set_intent(
     ctx: &Context,
     namespace: &str,
     name: &str,
     uid: Option<&str>,
-    present: bool,
+    intent: Intent<'_>,
 ) -> Result<(), OpError> {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
     let limit = ctx.config.provision_timeout;
@@ -139,7 +223,11 @@ pub(crate) async fn set_intent(
     let gone = || OpError::ClaimGone {
         claim: format!("{namespace}/{name}"),
     };
-    let patch = intent_patch(uid, &ctx.name, present);
+    let (present, snapshot) = match intent {
+        Intent::Add(class) => (true, class_snapshot(class)),
+        Intent::Remove => (false, None),
+    };
+    let patch = intent_patch(uid, &ctx.name, present, snapshot.as_deref());
     let written = api(
         limit,
         what,
@@ -157,14 +245,29 @@ pub(crate) async fn set_intent(
             tracing::debug!(pvc = %format!("{namespace}/{name}"), present, "crash-safety finalizer updated");
             Ok(())
         }
-        // Gone (404), or another claim under the name (409 on the uid precondition).
-        Err(OpError::Api { source, .. })
-            if is_api(&source, |s| s.is_not_found() || s.is_conflict()) =>
-        {
-            if present {
-                Err(gone())
-            } else {
-                Ok(())
+        Err(OpError::Api { source, .. }) if present && is_api(&source, |s| s.is_not_found()) => {
+            Err(gone())
+        }
+        Err(OpError::Api { source, .. }) if is_api(&source, |s| s.is_not_found()) => Ok(()),
+        // Another claim under the name (the uid precondition), or a conflict of another
+        // kind; adding is retried by the caller either way.
+        Err(OpError::Api { source, .. }) if present && is_api(&source, |s| s.is_conflict()) => {
+            Err(gone())
+        }
+        Err(OpError::Api { source, what }) if is_api(&source, |s| s.is_conflict()) => {
+            // Our finalizer must not stay behind on the claim after a conflict of another
+            // kind: only a read tells that the claim is gone.
+            let read = api(
+                limit,
+                || format!("get claim {namespace}/{name}"),
+                claims.get_opt(name),
+            )
+            .await?;
+            match read {
+                Some(found) if uid.is_none_or(|u| found.metadata.uid.as_deref() == Some(u)) => {
+                    Err(OpError::Api { what, source })
+                }
+                _ => Ok(()),
             }
         }
         // The API server refuses new finalizers on a claim being deleted.
@@ -175,26 +278,34 @@ pub(crate) async fn set_intent(
     }
 }
 
-/// The strategic-merge patch that adds or removes our finalizer and its owner
-/// annotation (pure).
-fn intent_patch(uid: Option<&str>, owner: &str, present: bool) -> serde_json::Value {
+/// The strategic-merge patch that adds (with the class snapshot `class`, when given) or
+/// removes our finalizer and its annotations (pure).
+fn intent_patch(
+    uid: Option<&str>,
+    owner: &str,
+    present: bool,
+    class: Option<&str>,
+) -> serde_json::Value {
     let mut meta = serde_json::Map::new();
     if let Some(uid) = uid.filter(|u| !u.is_empty()) {
         meta.insert("uid".into(), uid.into());
     }
-    let (key, owner) = if present {
-        ("finalizers", serde_json::Value::from(owner))
+    let key = if present {
+        "finalizers"
     } else {
-        (
-            "$deleteFromPrimitiveList/finalizers",
-            serde_json::Value::Null,
-        )
+        "$deleteFromPrimitiveList/finalizers"
     };
     meta.insert(key.into(), serde_json::json!([FINALIZER_PROVISIONING]));
-    meta.insert(
-        "annotations".into(),
-        serde_json::json!({ ANN_PROVISIONING_OWNER: owner }),
-    );
+    let annotations = if present {
+        let mut added = serde_json::json!({ ANN_PROVISIONING_OWNER: owner });
+        if let Some(class) = class {
+            added[ANN_PROVISIONING_CLASS] = class.into();
+        }
+        added
+    } else {
+        serde_json::json!({ ANN_PROVISIONING_OWNER: null, ANN_PROVISIONING_CLASS: null })
+    };
+    meta.insert("annotations".into(), annotations);
     serde_json::json!({ "metadata": meta })
 }
 
@@ -202,34 +313,36 @@ fn intent_patch(uid: Option<&str>, owner: &str, present: bool) -> serde_json::Va
 pub(crate) async fn set_claim_intent(
     ctx: &Context,
     claim: &PersistentVolumeClaim,
-    present: bool,
+    intent: Intent<'_>,
 ) -> Result<(), OpError> {
     let namespace = claim.metadata.namespace.as_deref().unwrap_or("default");
     let name = claim.metadata.name.as_deref().unwrap_or_default();
-    set_intent(ctx, namespace, name, claim.metadata.uid.as_deref(), present).await
+    set_intent(ctx, namespace, name, claim.metadata.uid.as_deref(), intent).await
 }
 
 /// Removes our finalizer from `claim`; a failure is logged (the next sync of the claim
 /// retries: it then has a PV or a final answer, and the finalizer is removed).
 pub(crate) async fn drop_intent(ctx: &Context, claim: &PersistentVolumeClaim) {
-    if let Err(err) = set_claim_intent(ctx, claim, false).await {
+    if let Err(err) = set_claim_intent(ctx, claim, Intent::Remove).await {
         tracing::warn!(pvc = %claim_key(claim), error = %chain(&err), "failed to remove the crash-safety finalizer; retried at the next sync");
     }
 }
 
-/// Finishes a claim that will not get our PV while its asset may exist (see [`Plan::CleanUp`]),
-/// or one that vanished while its provisioning ran in the background (`claim_gone`: the
-/// copy the controller kept): asks the driver for the asset again (with `class`, the
-/// class the provisioning started with when known), deletes it unless a PV of its name
-/// exists, and removes the finalizer so the claim is released.
+/// Finishes a claim that will not get our PV the normal way while its asset may exist
+/// (see [`Plan::CleanUp`]), or one that vanished while its provisioning ran in the
+/// background (`claim_gone`: the copy the controller kept): asks the driver for the asset
+/// again (with `class`, the class the provisioning started with when known), saves a PV
+/// for it (see the module docs: the PV controller releases it and the volume flow
+/// reclaims it), and removes the finalizer so the claim is released.
 ///
 /// A claim not in progress here is cleaned up only when the qualifier accepts it (with
-/// distributed provisioning, another controller may own it).
+/// distributed provisioning, another controller may own it); a refusal is asked again
+/// after [`Config::resync_period`](crate::Config).
 ///
 /// # Errors
-/// An error requeues the claim (the driver still works, deleting failed, the class is
-/// missing, the PV could not be read): the finalizer stays until the asset is known to
-/// be gone or named by a PV.
+/// An error requeues the claim (the driver still works, the PV could not be saved, the
+/// class is missing): the finalizer stays until a PV records the asset or the driver
+/// answers that none exists.
 #[tracing::instrument(skip_all, fields(pvc = %claim_key(claim)))]
 pub(crate) async fn clean_up(
     ctx: &Context,
@@ -239,13 +352,28 @@ pub(crate) async fn clean_up(
 ) -> Result<(), OpError> {
     let uid = claim.metadata.uid.clone().unwrap_or_default();
     if !ctx.is_in_progress(&uid) && !ctx.qualified(claim).await {
-        tracing::debug!("the qualifier refuses the claim: not ours to clean up");
-        return Ok(());
+        tracing::debug!("the qualifier refuses the claim: not ours to clean up now");
+        return Err(OpError::Refused {
+            claim: claim_key(claim),
+            wait: ctx.config.resync_period,
+        });
     }
     let class_name = annotations::claim_class(claim).to_owned();
     let Some(class) = class else {
         let err = OpError::ClassNotFound { name: class_name };
-        tracing::warn!(error = %chain(&err), "cannot clean up a claim without its class; remove the finalizer by hand once the asset is deleted");
+        tracing::warn!(error = %chain(&err), "cannot look for the asset of a claim without its class; retried until the class exists again");
+        if !claim_gone {
+            let note = format!(
+                "Cannot look for the volume provisioned for claim {}: {}, and the claim records no class. \
+                 The claim keeps finalizer {FINALIZER_PROVISIONING} until the class exists again; \
+                 remove the finalizer by hand only once no volume exists for it.",
+                claim_key(claim),
+                chain(&err)
+            );
+            ctx.events
+                .warning(&**claim, events::PROVISIONING_CLEANUP_FAILED, note)
+                .await;
+        }
         return Err(err);
     };
     let pv_name = ctx.config.volume_namer.name(claim);
@@ -255,7 +383,7 @@ pub(crate) async fn clean_up(
         Arc::clone(claim),
         annotations::selected_node(claim).map(str::to_owned),
     );
-    tracing::info!(pv = %pv_name, claim_gone, "the claim will not get our PV; looking for its asset");
+    tracing::info!(pv = %pv_name, claim_gone, "the claim will not get our PV the normal way; looking for its asset");
     let limit = ctx.config.provision_timeout;
     let in_background = || {
         ctx.set_in_progress(
@@ -289,48 +417,40 @@ pub(crate) async fn clean_up(
     };
     if let Some(mut volume) = volume {
         super::decorate::ensure_name(&mut volume, &pv_name, claim);
+        // The class decides what happens to the asset once the PV is released.
+        let policy = class.reclaim_policy.as_deref().unwrap_or("Delete");
+        volume
+            .spec
+            .get_or_insert_with(Default::default)
+            .persistent_volume_reclaim_policy = Some(policy.to_owned());
         super::decorate::decorate(ctx, claim, &class, &mut volume);
         let name = volume.metadata.name.clone().unwrap_or_default();
-        // Never delete an asset a PV may name: only a confirmed 404 allows it.
-        match get_volume(&ctx.client, limit, &name).await? {
-            Some(saved) => {
-                tracing::info!(pv = %name, "a PV of this name exists: it holds the asset, which is left to it");
-                super::save::reuse_existing(
-                    ctx,
-                    (!claim_gone).then_some(&**claim),
-                    &volume,
-                    &saved,
-                )
-                .await;
+        tracing::info!(pv = %name, "saving a PV that records the asset; it is reclaimed once released");
+        let events_claim = (!claim_gone).then_some(&**claim);
+        if let Err(err) = super::save::create(ctx, &volume, events_claim).await {
+            if let Some(claim) = events_claim {
+                let note = format!(
+                    "Error saving a PV for the volume of claim {}, which will not get it: {}. Retrying.",
+                    claim_key(claim),
+                    chain(&err)
+                );
+                ctx.events
+                    .warning(claim, events::PROVISIONING_CLEANUP_FAILED, note)
+                    .await;
             }
-            None => {
-                match call(ctx.config.deletion_timeout, ctx.provisioner.delete(&volume)).await {
-                    Ok(Ok(()) | Err(DeleteError::Ignored { .. })) => {
-                        tracing::info!(pv = %name, "deleted the asset of a claim that will not get our PV");
-                    }
-                    Ok(Err(DeleteError::Failed(source))) => {
-                        let err = OpError::Delete(source);
-                        if !claim_gone {
-                            ctx.events
-                                .warning(&**claim, events::PROVISIONING_CLEANUP_FAILED, chain(&err))
-                                .await;
-                        }
-                        return Err(err);
-                    }
-                    Err(err) => return Err(err.into_op("delete (cleanup)")),
-                }
-            }
+            return Err(err);
         }
+        ctx.caches.mark_saved(&name);
     } else {
         tracing::info!(pv = %pv_name, "the driver holds no asset for the claim");
     }
     ctx.set_in_progress(&uid, None);
-    // A PV still waiting in the background saver would describe a deleted asset.
+    // Saved now, or nothing exists: a PV waiting in the background saver is not needed.
     ctx.saver.forget_pending(ctx, &pv_name);
     if claim_gone {
         return Ok(());
     }
-    set_claim_intent(ctx, claim, false).await
+    set_claim_intent(ctx, claim, Intent::Remove).await
 }
 
 #[cfg(test)]
@@ -478,27 +598,80 @@ mod tests {
     }
 
     #[test]
-    fn intent_patches_touch_only_our_finalizer_and_owner_and_carry_the_uid() {
+    fn intent_patches_touch_only_our_finalizer_and_annotations_and_carry_the_uid() {
         assert_eq!(
-            intent_patch(Some("u1"), ME, true),
+            intent_patch(Some("u1"), ME, true, Some("{}")),
+            serde_json::json!({"metadata": {
+                "uid": "u1",
+                "finalizers": [FINALIZER_PROVISIONING],
+                "annotations": {ANN_PROVISIONING_OWNER: ME, ANN_PROVISIONING_CLASS: "{}"}
+            }})
+        );
+        assert_eq!(
+            intent_patch(Some("u1"), ME, true, None),
             serde_json::json!({"metadata": {
                 "uid": "u1",
                 "finalizers": [FINALIZER_PROVISIONING],
                 "annotations": {ANN_PROVISIONING_OWNER: ME}
-            }})
+            }}),
+            "no snapshot: none written"
         );
         assert_eq!(
-            intent_patch(None, ME, false),
+            intent_patch(None, ME, false, None),
             serde_json::json!({"metadata": {
                 "$deleteFromPrimitiveList/finalizers": [FINALIZER_PROVISIONING],
-                "annotations": {ANN_PROVISIONING_OWNER: null}
+                "annotations": {ANN_PROVISIONING_OWNER: null, ANN_PROVISIONING_CLASS: null}
             }})
         );
         assert!(
-            intent_patch(Some(""), ME, true)["metadata"]
+            intent_patch(Some(""), ME, true, None)["metadata"]
                 .get("uid")
                 .is_none(),
             "an empty uid is no precondition"
         );
+    }
+
+    #[test]
+    fn the_class_snapshot_keeps_what_a_driver_reads_and_reads_back() {
+        let mut full = crate::testing::class("fast")
+            .provisioner(ME)
+            .reclaim_policy("Retain")
+            .wait_for_first_consumer()
+            .build();
+        full.metadata.uid = Some("class-uid".into());
+        full.metadata.labels = Some([("team".to_owned(), "a".to_owned())].into());
+        full.metadata.resource_version = Some("42".into());
+        full.parameters = Some([("pool".to_owned(), "gold".to_owned())].into());
+        full.mount_options = Some(vec!["noatime".into()]);
+        full.allow_volume_expansion = Some(true);
+        let json = class_snapshot(&full).expect("a small class is recorded");
+        let claim = with_intent()
+            .annotation(ANN_PROVISIONING_CLASS, &json)
+            .build();
+        let read = recorded_class(&claim).expect("it reads back");
+        assert_eq!(read.metadata.name.as_deref(), Some("fast"));
+        assert_eq!(read.metadata.uid.as_deref(), Some("class-uid"));
+        assert_eq!(read.provisioner, ME);
+        assert_eq!(read.parameters, full.parameters);
+        assert_eq!(read.reclaim_policy.as_deref(), Some("Retain"));
+        assert_eq!(read.mount_options, full.mount_options);
+        assert_eq!(read.volume_binding_mode, full.volume_binding_mode);
+        assert_eq!(read.metadata.labels, None, "only what a driver reads");
+        assert_eq!(read.metadata.resource_version, None);
+        assert_eq!(read.allow_volume_expansion, None);
+    }
+
+    #[test]
+    fn a_huge_class_is_not_recorded_and_a_bad_snapshot_is_ignored() {
+        let mut huge = crate::testing::class("fast").provisioner(ME).build();
+        huge.parameters = Some([("blob".to_owned(), "x".repeat(MAX_CLASS_SNAPSHOT))].into());
+        assert_eq!(class_snapshot(&huge), None);
+        for bad in ["not json", "[1, 2]", r#"{"provisioner": 7}"#] {
+            let claim = with_intent()
+                .annotation(ANN_PROVISIONING_CLASS, bad)
+                .build();
+            assert!(recorded_class(&claim).is_none(), "{bad}");
+        }
+        assert!(recorded_class(&with_intent().build()).is_none());
     }
 }

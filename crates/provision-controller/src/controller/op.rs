@@ -40,6 +40,10 @@ pub(crate) enum OpError {
         "skipping volume provisioning for pvc {uid}, because provisioning previously failed with infeasible error"
     )]
     Delayed { uid: String, wait: Duration },
+    /// Not a failure: the qualifier refuses to let this controller clean up the claim
+    /// (another controller may own it); the worker asks again after `wait`.
+    #[error("the qualifier refuses the cleanup of claim {claim}; asking again in {wait:?}")]
+    Refused { claim: String, wait: Duration },
     #[error("persistentvolume {name} already existed and is gone now")]
     VolumeGone { name: String },
 }

@@ -72,7 +72,8 @@ impl Saver {
         }
     }
 
-    /// Drops the unsaved PV `name` (its asset was deleted: nothing is left to describe).
+    /// Drops the unsaved PV `name` (a PV of its name was saved, or the driver holds no
+    /// asset any more).
     pub(crate) fn forget_pending(&self, ctx: &Context, name: &str) {
         if let Self::Background(bg) = self {
             let unsaved = {
@@ -82,7 +83,7 @@ impl Saver {
                 }
                 pending.len()
             };
-            tracing::info!(pv = name, "dropped the unsaved PV of a deleted asset");
+            tracing::info!(pv = name, "dropped an unsaved PV that is no longer needed");
             set_unsaved(ctx, unsaved);
         }
     }
@@ -91,9 +92,10 @@ impl Saver {
     /// saved under its name first), `Ok(false)` when the background saver took it over.
     ///
     /// With the blocking strategy an error means no PV was saved, with what the claim
-    /// must remember: [`State::Finished`] when no PV exists and the asset was deleted (or
-    /// a cleanup event was sent), [`State::InBackground`] when it is unknown whether a PV
-    /// exists, so the asset was kept. The background strategy never fails.
+    /// must remember: [`State::InBackground`] when the asset was kept (always with crash-safe
+    /// provisioning: the claim keeps its finalizer and is provisioned, and saved, again),
+    /// [`State::Finished`] when, without crash safety, no PV exists and the asset was
+    /// deleted (or a cleanup event was sent). The background strategy never fails.
     pub(crate) async fn store(
         &self,
         ctx: &Context,
@@ -101,13 +103,13 @@ impl Saver {
         volume: PersistentVolume,
     ) -> Result<bool, (State, OpError)> {
         match self {
-            Self::Blocking { pauses } => store_blocking(ctx, pauses, claim, volume)
+            Self::Blocking { pauses } => Box::pin(store_blocking(ctx, pauses, claim, volume))
                 .await
                 .map(|()| true),
             Self::Background(bg) => {
                 let name = volume.metadata.name.clone().unwrap_or_default();
                 match create(ctx, &volume, Some(claim)).await {
-                    Ok(()) => {
+                    Ok(_) => {
                         succeeded(ctx, claim, &name).await;
                         return Ok(true);
                     }
@@ -134,12 +136,15 @@ fn set_unsaved(ctx: &Context, n: usize) {
     }
 }
 
-/// Creates the PV; an existing one counts as saved (Go), after [`reuse_existing`].
-async fn create(
+/// Creates the PV and returns the PV saved under its name; an existing one counts as
+/// saved (Go), after [`reuse_existing`]. Either way the driver hears of the saved PV
+/// ([`Provisioner::volume_saved`](crate::Provisioner::volume_saved)). `claim` is the
+/// claim events go to, if any.
+pub(crate) async fn create(
     ctx: &Context,
     volume: &PersistentVolume,
     claim: Option<&PersistentVolumeClaim>,
-) -> Result<(), OpError> {
+) -> Result<PersistentVolume, OpError> {
     let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let name = volume.metadata.name.as_deref().unwrap_or_default();
     match api(
@@ -149,12 +154,15 @@ async fn create(
     )
     .await
     {
-        Ok(_) => Ok(()),
+        Ok(created) => {
+            volume_saved(ctx, &created).await;
+            Ok(created)
+        }
         Err(OpError::Api { source, .. }) if is_api(&source, |s| s.is_already_exists()) => {
             match get_volume(&ctx.client, ctx.config.provision_timeout, name).await? {
                 Some(saved) => {
                     reuse_existing(ctx, claim, volume, &saved).await;
-                    Ok(())
+                    Ok(saved)
                 }
                 None => Err(OpError::VolumeGone {
                     name: name.to_owned(),
@@ -186,11 +194,40 @@ pub(crate) fn same_source(a: &PersistentVolume, b: &PersistentVolume) -> bool {
     volume_source(a) == volume_source(b)
 }
 
+/// Tells the driver that `saved` is stored
+/// ([`Provisioner::volume_saved`](crate::Provisioner::volume_saved)); a failure is logged
+/// and fails nothing.
+async fn volume_saved(ctx: &Context, saved: &PersistentVolume) {
+    let name = saved.metadata.name.as_deref().unwrap_or_default();
+    let error = match call(
+        ctx.config.provision_timeout,
+        ctx.provisioner.volume_saved(saved),
+    )
+    .await
+    {
+        Ok(Ok(()) | Err(DeleteError::Ignored { .. })) => return,
+        Ok(Err(DeleteError::Failed(e))) => chain(&*e),
+        Err(e) => chain(&e.into_op("volume_saved")),
+    };
+    tracing::warn!(pv = name, %error, "the driver failed to release what else it holds for the claim of the saved PV; the PV is kept");
+}
+
 /// Another PV was saved under the name of `ours` first (another replica provisioned the
 /// same claim): when it names another asset, the driver releases ours
-/// ([`Provisioner::delete_duplicate`](crate::Provisioner::delete_duplicate)). Never
-/// fails: a failure is logged and reported on the claim, and the save counts as done.
+/// ([`Provisioner::delete_duplicate`](crate::Provisioner::delete_duplicate)); then the
+/// driver hears of the saved PV ([`Provisioner::volume_saved`](crate::Provisioner::volume_saved)).
+/// Never fails: a failure is logged and reported on the claim, and the save counts as done.
 pub(crate) async fn reuse_existing(
+    ctx: &Context,
+    claim: Option<&PersistentVolumeClaim>,
+    ours: &PersistentVolume,
+    saved: &PersistentVolume,
+) {
+    release_duplicate(ctx, claim, ours, saved).await;
+    volume_saved(ctx, saved).await;
+}
+
+async fn release_duplicate(
     ctx: &Context,
     claim: Option<&PersistentVolumeClaim>,
     ours: &PersistentVolume,
@@ -250,7 +287,7 @@ async fn store_blocking(
             tokio::time::sleep(pauses[attempt - 1]).await;
         }
         match create(ctx, &volume, Some(claim)).await {
-            Ok(()) => {
+            Ok(_) => {
                 succeeded(ctx, claim, &name).await;
                 return Ok(());
             }
@@ -262,46 +299,43 @@ async fn store_blocking(
     }
     let save_error = last.expect("at least one attempt was made");
 
-    // The asset is deleted only when no PV names it: a create that failed may have
-    // been saved anyway, or another replica saved a PV under this name meanwhile.
-    match get_volume(&ctx.client, ctx.config.provision_timeout, &name).await {
-        Ok(Some(saved)) => {
-            reuse_existing(ctx, Some(claim), &volume, &saved).await;
-            succeeded(ctx, claim, &name).await;
-            return Ok(());
-        }
-        Ok(None) => {}
-        Err(get_error) => {
-            // Unknown: keep the asset; the claim stays in progress (and keeps its
-            // crash-safety finalizer), so it is provisioned again and saved later.
-            let note = format!(
-                "Error creating provisioned PV object for claim {}: {}. Keeping the volume: whether a PV names it is unknown ({}).",
-                claim_key(claim),
-                chain(&save_error),
-                chain(&get_error)
-            );
-            tracing::error!(pvc = %claim_key(claim), pv = %name, error = %chain(&get_error), "saving the PV failed and reading it failed too; keeping the volume");
-            ctx.events
-                .warning(claim, events::PROVISIONING_FAILED, note)
-                .await;
-            return Err((State::InBackground, save_error));
-        }
+    if ctx.config.crash_safe_provisioning {
+        // Never delete: the claim keeps its crash-safety finalizer and stays in progress,
+        // so it is provisioned again (the driver finds the asset) and saved later. A
+        // delete here could destroy an asset that another replica's PV names meanwhile.
+        return match saved_meanwhile(ctx, claim, &volume).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(keep_asset(ctx, claim, &name, save_error, None).await),
+            Err(get_error) => Err(keep_asset(ctx, claim, &name, save_error, Some(get_error)).await),
+        };
     }
 
-    // An asset without a PV object: delete it, on the same schedule.
-    let note = format!(
-        "Error creating provisioned PV object for claim {}: {}. Deleting the volume.",
-        claim_key(claim),
-        chain(&save_error)
-    );
-    tracing::error!(pvc = %claim_key(claim), error = %chain(&save_error), "saving the PV failed; deleting the volume");
-    ctx.events
-        .warning(claim, events::PROVISIONING_FAILED, note)
-        .await;
+    // Without crash safety (Go): delete the asset on the same schedule, but never while a
+    // PV of its name exists: a create that failed may have been saved anyway, or another
+    // replica saved a PV under this name, possibly naming this very asset. So the PV is
+    // read again right before each delete attempt.
     let mut delete_error = None;
     for attempt in 0..=pauses.len() {
         if attempt > 0 {
             tokio::time::sleep(pauses[attempt - 1]).await;
+        }
+        match saved_meanwhile(ctx, claim, &volume).await {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(get_error) => {
+                return Err(keep_asset(ctx, claim, &name, save_error, Some(get_error)).await);
+            }
+        }
+        if attempt == 0 {
+            let note = format!(
+                "Error creating provisioned PV object for claim {}: {}. Deleting the volume.",
+                claim_key(claim),
+                chain(&save_error)
+            );
+            tracing::error!(pvc = %claim_key(claim), error = %chain(&save_error), "saving the PV failed; deleting the volume");
+            ctx.events
+                .warning(claim, events::PROVISIONING_FAILED, note)
+                .await;
         }
         match call(
             ctx.config.provision_timeout,
@@ -331,6 +365,52 @@ async fn store_blocking(
     Err((State::Finished, save_error))
 }
 
+/// Whether a PV of `volume`'s name exists now (then it is reused, see [`reuse_existing`],
+/// and the claim told it succeeded).
+///
+/// # Errors
+/// The read failed: whether a PV exists is unknown.
+async fn saved_meanwhile(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    volume: &PersistentVolume,
+) -> Result<bool, OpError> {
+    let name = volume.metadata.name.as_deref().unwrap_or_default();
+    match get_volume(&ctx.client, ctx.config.provision_timeout, name).await? {
+        Some(saved) => {
+            reuse_existing(ctx, Some(claim), volume, &saved).await;
+            succeeded(ctx, claim, name).await;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
+}
+
+/// Reports a PV that could not be saved while its asset is kept (`get_error`: reading the
+/// PV failed too); returns what the claim must remember: the asset may exist without a PV.
+async fn keep_asset(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    name: &str,
+    save_error: OpError,
+    get_error: Option<OpError>,
+) -> (State, OpError) {
+    let why = match &get_error {
+        Some(get_error) => format!("whether a PV names it is unknown ({})", chain(get_error)),
+        None => "the claim is provisioned again and its PV saved then".to_owned(),
+    };
+    let note = format!(
+        "Error creating provisioned PV object for claim {}: {}. Keeping the volume: {why}.",
+        claim_key(claim),
+        chain(&save_error),
+    );
+    tracing::error!(pvc = %claim_key(claim), pv = name, error = %chain(&save_error), %why, "saving the PV failed; keeping the volume");
+    ctx.events
+        .warning(claim, events::PROVISIONING_FAILED, note)
+        .await;
+    (State::InBackground, save_error)
+}
+
 /// One worker of the background saver: saves PVs until the queue shuts down.
 pub(crate) async fn run_background_worker(ctx: Arc<Context>) {
     let Saver::Background(bg) = &ctx.saver else {
@@ -347,7 +427,7 @@ pub(crate) async fn run_background_worker(ctx: Arc<Context>) {
         match volume {
             None => bg.queue.forget(&name),
             Some(volume) => match create(&ctx, &volume, claim.as_deref()).await {
-                Ok(()) => {
+                Ok(_) => {
                     let unsaved = {
                         let mut pending = bg.pending();
                         pending.remove(&name);
@@ -363,8 +443,14 @@ pub(crate) async fn run_background_worker(ctx: Arc<Context>) {
                     if let Some((Some(ns), Some(claim_name))) = claim_ref
                         .as_ref()
                         .map(|r| (r.namespace.as_deref(), r.name.as_deref()))
-                        && let Err(err) =
-                            super::intent::set_intent(&ctx, ns, claim_name, claim_uid, false).await
+                        && let Err(err) = super::intent::set_intent(
+                            &ctx,
+                            ns,
+                            claim_name,
+                            claim_uid,
+                            super::intent::Intent::Remove,
+                        )
+                        .await
                     {
                         tracing::warn!(pv = %name, error = %chain(&err), "failed to remove the crash-safety finalizer; retried at the next sync");
                     }

@@ -59,9 +59,11 @@ pub(crate) enum FinalizerChange {
 ///   not being deleted (Go v13 adds it to Bound PVs only; provisioned PVs are saved
 ///   with it);
 /// - removed when `add_finalizer` is off, the policy is Retain or Recycle, or the PV is
-///   being deleted and we will never reclaim it (its policy is not Delete, or it is
-///   neither Bound, which may still be released, nor Released): it would stay
-///   Terminating forever otherwise.
+///   being deleted and we will never reclaim it: it would stay Terminating forever
+///   otherwise. A PV with policy Delete is reclaimed when it is Bound or Released, and
+///   also when it is still Pending or Available with a claimRef that names a claim by
+///   uid (a PV saved for a claim that is gone or going: the PV controller releases it);
+///   a Failed PV, or one that names no claim, never is.
 pub(crate) fn finalizer_change(
     volume: &PersistentVolume,
     names: Names<'_>,
@@ -75,7 +77,19 @@ pub(crate) fn finalizer_change(
     let phase = volume.status.as_ref().and_then(|s| s.phase.as_deref());
     let deleting = volume.metadata.deletion_timestamp.is_some();
     if has {
-        let reclaimable = policy == "Delete" && matches!(phase, Some("Bound" | "Released"));
+        let names_a_claim = volume
+            .spec
+            .as_ref()
+            .and_then(|s| s.claim_ref.as_ref())
+            .and_then(|r| r.uid.as_deref())
+            .is_some_and(|uid| !uid.is_empty());
+        let reclaimable = policy == "Delete"
+            && match phase {
+                Some("Bound" | "Released") => true,
+                Some("Failed") => false,
+                // Pending (no phase yet) or Available: released once the claim is gone.
+                _ => names_a_claim,
+            };
         let remove = !add_finalizer
             || policy == "Retain"
             || policy == "Recycle"
@@ -589,9 +603,54 @@ mod tests {
                 Some(Remove),
             ),
             (
+                "keeps the finalizer of an available volume being deleted whose claim is gone: it will be released",
+                ours()
+                    .phase("Available")
+                    .claim_ref("default", "gone", "uid-of-a-deleted-claim")
+                    .finalizer(FINALIZER_PV)
+                    .deleting()
+                    .build(),
+                true,
+                None,
+            ),
+            (
+                "keeps the finalizer of a new volume being deleted that names its claim",
+                ours()
+                    .claim_ref("default", "data", "uid-of-the-claim")
+                    .finalizer(FINALIZER_PV)
+                    .deleting()
+                    .build(),
+                true,
+                None,
+            ),
+            (
+                "removes the finalizer of an available volume being deleted that is only pre-bound",
+                ours()
+                    .phase("Available")
+                    .claim_ref("default", "data", "")
+                    .finalizer(FINALIZER_PV)
+                    .deleting()
+                    .build(),
+                true,
+                Some(Remove),
+            ),
+            (
+                "removes the finalizer of a retain volume being deleted whose claim is gone",
+                ours()
+                    .phase("Available")
+                    .reclaim_policy("Retain")
+                    .claim_ref("default", "gone", "uid-of-a-deleted-claim")
+                    .finalizer(FINALIZER_PV)
+                    .deleting()
+                    .build(),
+                true,
+                Some(Remove),
+            ),
+            (
                 "removes the finalizer of a failed volume being deleted",
                 ours()
                     .phase("Failed")
+                    .claim_ref("default", "gone", "uid-of-a-deleted-claim")
                     .finalizer(FINALIZER_PV)
                     .deleting()
                     .build(),

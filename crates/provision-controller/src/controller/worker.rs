@@ -27,6 +27,11 @@ pub(crate) async fn claim_worker(ctx: Arc<Context>) {
                 tracing::debug!(claim_uid = %uid, ?wait, "provisioning previously failed with infeasible error; retry delayed");
                 ctx.claim_queue.add_after(uid.clone(), wait);
             }
+            // A cleanup the qualifier refuses now: asked again slowly, not counted.
+            Err(err @ op::OpError::Refused { wait, .. }) => {
+                tracing::debug!(claim_uid = %uid, error = %err, "cleanup refused; retry delayed");
+                ctx.claim_queue.add_after(uid.clone(), wait);
+            }
             Err(err) => {
                 let failures = ctx.claim_queue.num_requeues(&uid);
                 let threshold = ctx.config.failed_provision_threshold;

@@ -635,3 +635,56 @@ async fn the_asset_is_kept_when_the_volume_changed_since_the_cache_saw_it_releas
     }
     env.stop().await;
 }
+
+// A PV saved for a claim that is gone (a crash-safety cleanup saves one) can be deleted
+// by hand before the PV controller released it: it will be released, so our finalizer
+// stays until its asset is reclaimed.
+#[tokio::test]
+async fn a_volume_deleted_before_its_release_keeps_our_finalizer_and_is_reclaimed() {
+    let (mut hand, cache) = hand_cache();
+    let env = Env::start_with(quiet().add_finalizer(true), FakeProvisioner::new(), |c| {
+        c.volumes_cache(cache)
+    })
+    .await;
+    env.fake.add_asset("v");
+    create_volume(
+        &env,
+        pv("v")
+            .provisioned_by(ME)
+            .finalizer(FINALIZER_PV)
+            .claim_ref("default", "gone", "uid-of-a-deleted-claim")
+            .build(),
+        "Available",
+    )
+    .await;
+    env.volumes()
+        .delete("v", &Default::default())
+        .await
+        .unwrap();
+    let volumes = env.volumes();
+    let released = eventually("the deleted volume released", || {
+        let volumes = volumes.clone();
+        async move {
+            let v = volumes.get("v").await.ok()?;
+            (v.status.as_ref()?.phase.as_deref() == Some("Released")).then_some(v)
+        }
+    })
+    .await;
+    // The controller sees it deleted while still Available.
+    let mut stale = released.clone();
+    stale.status.get_or_insert_default().phase = Some("Available".into());
+    hand.show(stale);
+    settle().await;
+    assert_eq!(
+        finalizers(&env, "v").await,
+        Some(vec![FINALIZER_PV.to_owned()]),
+        "our finalizer stays: the volume will be released"
+    );
+    assert!(env.fake.delete_calls().is_empty());
+
+    hand.show(released);
+    env.volume_gone("v").await;
+    assert_eq!(env.fake.delete_calls(), ["v"]);
+    assert!(env.fake.assets().is_empty());
+    env.stop().await;
+}

@@ -1,13 +1,19 @@
 //! Saving the PV: blocking and background strategies, failures and cleanup, and
 //! provisioning that continues after the claim is deleted.
 
-use std::time::Duration;
+use std::{
+    sync::{
+        Arc, OnceLock,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use k8s_openapi::api::core::v1::PersistentVolume;
-use kube_client::api::PostParams;
+use kube_client::{Api, api::PostParams};
 use kube_sim::{FaultRule, Verb};
 use provision_controller::{
-    Config, PvSaveStrategy,
+    Config, DeleteError, ProvisionError, ProvisionOptions, Provisioner, PvSaveStrategy,
     annotations::FINALIZER_PROVISIONING,
     events::{PROVISIONING_CLEANUP_FAILED, PROVISIONING_FAILED},
     testing::{DeleteStep, FakeProvisioner, ProvisionStep, pv},
@@ -21,10 +27,36 @@ fn pv_create_fails(times: u32) -> FaultRule {
         .status(500, "InternalError")
 }
 
+// With crash-safe provisioning the asset of a PV that could not be saved is never
+// deleted: another replica may save a PV naming it at any moment. The claim keeps its
+// finalizer and is provisioned (the driver finds the asset) and saved again.
 #[tokio::test]
-async fn blocking_save_failure_deletes_the_asset_and_the_claim_is_retried() {
+async fn a_blocking_save_failure_keeps_the_asset_and_the_claim_is_provisioned_again() {
     let env = Env::start(quick(), FakeProvisioner::new()).await;
     // Three tries per attempt: the whole first attempt fails.
+    env.sim.add_fault(pv_create_fails(3));
+    env.create_class(fast_class()).await;
+    env.create_claim(claim("data")).await;
+    let volume = env.bound_volume("data").await;
+    let name = volume.metadata.name.unwrap();
+
+    assert_eq!(env.fake.provision_calls().len(), 2);
+    assert!(env.fake.delete_calls().is_empty(), "the asset was kept");
+    assert_eq!(env.fake.assets().into_iter().collect::<Vec<_>>(), [name]);
+    let failed = env.wait_event("data", PROVISIONING_FAILED).await;
+    let note = failed.note.unwrap_or_default();
+    assert!(note.contains("Keeping the volume"), "{note}");
+    env.stop().await;
+}
+
+// Go's behaviour without crash safety: the unsaved asset is deleted.
+#[tokio::test]
+async fn without_crash_safety_a_blocking_save_failure_deletes_the_asset_and_the_claim_is_retried() {
+    let env = Env::start(
+        quick().crash_safe_provisioning(false),
+        FakeProvisioner::new(),
+    )
+    .await;
     env.sim.add_fault(pv_create_fails(3));
     env.create_class(fast_class()).await;
     env.create_claim(claim("data")).await;
@@ -44,19 +76,86 @@ async fn blocking_save_failure_deletes_the_asset_and_the_claim_is_retried() {
 }
 
 #[tokio::test]
-async fn blocking_save_failure_with_failing_cleanup_asks_for_manual_cleanup() {
+async fn without_crash_safety_a_failing_cleanup_asks_for_manual_cleanup() {
     let fake = FakeProvisioner::new().script_delete([
         DeleteStep::Fail,
         DeleteStep::Fail,
         DeleteStep::Fail,
     ]);
-    let env = Env::start(quick().failed_provision_threshold(1), fake).await;
+    let config = quick()
+        .crash_safe_provisioning(false)
+        .failed_provision_threshold(1);
+    let env = Env::start(config, fake).await;
     env.sim.add_fault(pv_create_fails(3));
     env.create_class(fast_class()).await;
     env.create_claim(claim("data")).await;
     let event = env.wait_event("data", PROVISIONING_CLEANUP_FAILED).await;
     assert!(event.note.unwrap().contains("Please delete manually"));
     assert_eq!(env.fake.delete_calls().len(), 3);
+    env.stop().await;
+}
+
+/// A driver whose first `delete` lets another replica's PV for the same asset land first
+/// (the PV it is asked to delete, saved by someone else), then fails.
+struct SavedDuringTheFirstDelete {
+    fake: FakeProvisioner,
+    client: Arc<OnceLock<kube_client::Client>>,
+    saved: AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl Provisioner for SavedDuringTheFirstDelete {
+    async fn provision(
+        &self,
+        options: &ProvisionOptions,
+    ) -> Result<PersistentVolume, ProvisionError> {
+        self.fake.provision(options).await
+    }
+
+    async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError> {
+        if !self.saved.swap(true, Ordering::SeqCst) {
+            let volumes: Api<PersistentVolume> = Api::all(self.client.get().unwrap().clone());
+            let mut other = volume.clone();
+            other.metadata.resource_version = None;
+            volumes
+                .create(&PostParams::default(), &other)
+                .await
+                .expect("the other replica saves its PV");
+        }
+        self.fake.delete(volume).await
+    }
+}
+
+// Without crash safety the unsaved asset is deleted, but the PV is read again right
+// before each delete attempt: a PV saved meanwhile names the asset.
+#[tokio::test]
+async fn without_crash_safety_the_pv_is_read_again_before_each_delete_attempt() {
+    let fake = FakeProvisioner::new().script_delete([DeleteStep::Fail]);
+    let client = Arc::new(OnceLock::new());
+    let driver = SavedDuringTheFirstDelete {
+        fake: fake.clone(),
+        client: Arc::clone(&client),
+        saved: AtomicBool::new(false),
+    };
+    let env = Env::start_driver(quick().crash_safe_provisioning(false), fake, driver, |c| c).await;
+    assert!(client.set(env.client.clone()).is_ok());
+    env.sim.add_fault(pv_create_fails(3));
+    env.create_class(fast_class()).await;
+    env.create_claim(claim("data")).await;
+    let volume = env.bound_volume("data").await;
+    let name = volume.metadata.name.unwrap();
+    settle().await;
+    assert_eq!(
+        env.fake.delete_calls(),
+        std::slice::from_ref(&name),
+        "one failed attempt, then the PV was found"
+    );
+    assert_eq!(
+        env.fake.assets().into_iter().collect::<Vec<_>>(),
+        [name],
+        "the asset the PV names exists"
+    );
+    assert_eq!(env.fake.provision_calls().len(), 1, "counted as saved");
     env.stop().await;
 }
 
@@ -138,8 +237,11 @@ async fn provisioning_in_the_background_continues_after_the_claim_is_deleted_wit
     env.stop().await;
 }
 
+// The claim of a PV waiting in the background saver is deleted: its cleanup saves the
+// PV too, so the claim waits until the API server takes it; then the PV is released
+// and reclaimed as usual.
 #[tokio::test]
-async fn a_claim_deleted_while_its_pv_waits_in_the_background_saver_leaves_no_asset() {
+async fn a_claim_deleted_while_its_pv_waits_in_the_background_saver_is_finished_by_saving_it() {
     let env = Env::start(
         quick().pv_save(PvSaveStrategy::background()),
         FakeProvisioner::new(),
@@ -152,29 +254,33 @@ async fn a_claim_deleted_while_its_pv_waits_in_the_background_saver_leaves_no_as
     );
     env.create_class(fast_class()).await;
     let uid = env.create_claim(claim("data")).await;
+    let name = format!("pvc-{uid}");
     eventually("asset created", || async {
         (!env.fake.assets().is_empty()).then_some(())
     })
     .await;
     env.delete_claim("data").await;
+    settle().await;
+    let data = env.claims().get("data").await.unwrap();
+    assert!(
+        data.metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&FINALIZER_PROVISIONING.to_owned()),
+        "the claim keeps its crash-safety finalizer while no PV records the asset"
+    );
+    assert!(env.fake.delete_calls().is_empty(), "the asset is kept");
+
+    env.sim.clear_faults();
     let claims = env.claims();
     eventually("claim gone", || {
         let claims = claims.clone();
         async move { claims.get_opt("data").await.ok()?.is_none().then_some(()) }
     })
     .await;
-    assert!(
-        env.fake.assets().is_empty(),
-        "the claim kept its crash-safety finalizer until the asset of its unsaved PV was deleted"
-    );
-
-    env.sim.clear_faults();
-    settle().await;
-    let name = format!("pvc-{uid}");
-    assert!(
-        env.volumes().get_opt(&name).await.unwrap().is_none(),
-        "the unsaved PV of the deleted asset is dropped, not saved"
-    );
+    env.volume_gone(&name).await;
+    assert!(env.fake.assets().is_empty(), "{:?}", env.fake.assets());
+    assert_eq!(env.fake.delete_calls(), [name], "reclaimed once released");
     env.stop().await;
 }
 
@@ -255,6 +361,17 @@ async fn releases_the_duplicate(strategy: PvSaveStrategy) {
     assert_eq!(host_path(duplicate), format!("/fake/{name}"));
     assert_eq!(host_path(saved), "/other-replica/asset");
     assert!(env.fake.delete_calls().is_empty(), "never a whole delete");
+    let told: Vec<_> = env
+        .fake
+        .volume_saved_calls()
+        .iter()
+        .map(host_path)
+        .collect();
+    assert_eq!(
+        told,
+        ["/other-replica/asset"],
+        "the driver hears of the saved PV"
+    );
     wait_intent_removed(&env).await;
     assert_eq!(
         env.fake.provision_calls().len(),
@@ -364,5 +481,51 @@ async fn a_failed_save_keeps_the_asset_while_it_is_unknown_whether_a_pv_exists()
     assert_eq!(volume.metadata.name, Some(format!("pvc-{uid}")));
     assert!(env.fake.delete_calls().is_empty());
     assert_eq!(env.fake.assets().len(), 1, "one asset, found again by name");
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn the_driver_hears_of_each_pv_saved_for_its_asset() {
+    let env = Env::start(quick(), FakeProvisioner::new()).await;
+    env.create_class(fast_class()).await;
+    let uid = env.create_claim(claim("data")).await;
+    env.bound_volume("data").await;
+    let told = env.fake.volume_saved_calls();
+    assert_eq!(told.len(), 1);
+    assert_eq!(told[0].metadata.name, Some(format!("pvc-{uid}")));
+    assert!(told[0].metadata.uid.is_some(), "the PV as saved");
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn the_background_saver_tells_the_driver_of_the_pv_it_saved() {
+    let env = Env::start(
+        quick().pv_save(PvSaveStrategy::background()),
+        FakeProvisioner::new(),
+    )
+    .await;
+    env.sim.add_fault(pv_create_fails(2));
+    env.create_class(fast_class()).await;
+    let uid = env.create_claim(claim("data")).await;
+    env.bound_volume("data").await;
+    let told = env.fake.volume_saved_calls();
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert_eq!(told[0].metadata.name, Some(format!("pvc-{uid}")));
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_failing_volume_saved_hook_fails_nothing() {
+    let fake = FakeProvisioner::new().script_volume_saved([DeleteStep::Fail]);
+    let env = Env::start(quick(), fake).await;
+    env.create_class(fast_class()).await;
+    env.create_claim(claim("data")).await;
+    env.bound_volume("data").await;
+    wait_intent_removed(&env).await;
+    settle().await;
+    assert_eq!(env.fake.provision_calls().len(), 1, "not retried");
+    assert_eq!(env.fake.volume_saved_calls().len(), 1);
+    assert!(env.events("data", PROVISIONING_FAILED).await.is_empty());
+    assert!(env.fake.delete_calls().is_empty());
     env.stop().await;
 }

@@ -3,7 +3,10 @@
 
 use kube_client::api::{Patch, PatchParams};
 use provision_controller::{
-    annotations::{ANN_BETA_STORAGE_PROVISIONER, ANN_STORAGE_PROVISIONER, FINALIZER_PROVISIONING},
+    annotations::{
+        ANN_BETA_STORAGE_PROVISIONER, ANN_PROVISIONING_CLASS, ANN_STORAGE_PROVISIONER,
+        FINALIZER_PROVISIONING,
+    },
     testing::{FakeProvisioner, ProvisionStep, class, pv as pv_of},
 };
 
@@ -34,6 +37,15 @@ async fn stopped_mid_provision(sim: &KubeSim, kill: bool) -> (FakeProvisioner, S
         .expect("the driver is called");
     let claim = claims(sim).get("data").await.unwrap();
     assert!(has_intent(&claim), "intent recorded before the driver call");
+    let recorded = claim
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANN_PROVISIONING_CLASS))
+        .expect("the class is recorded with the finalizer");
+    let recorded: StorageClass = serde_json::from_str(recorded).unwrap();
+    assert_eq!(recorded.metadata.name.as_deref(), Some("fast"));
+    assert_eq!(recorded.provisioner, ME);
     if kill {
         first.kill().await;
     } else {
@@ -64,6 +76,9 @@ async fn deleted_claim_ends_without_asset(kill: bool) {
         claims.get_opt("data").await.ok()?.is_none().then_some(())
     })
     .await;
+    // The cleanup saved a PV for the asset; the claim being gone, it is released and
+    // reclaimed.
+    volume_gone(&sim, &pv).await;
     assert!(
         fake.assets().is_empty(),
         "asset left behind: {:?}",
@@ -75,8 +90,16 @@ async fn deleted_claim_ends_without_asset(kill: bool) {
         2,
         "the stopped call, then the cleanup's"
     );
-    assert!(volumes(&sim).get_opt(&pv).await.unwrap().is_none());
+    assert_eq!(fake.volume_saved_calls().len(), 1, "the cleanup's save");
     second.stop().await.unwrap();
+}
+
+async fn volume_gone(sim: &KubeSim, name: &str) {
+    let volumes = volumes(sim);
+    eventually(&format!("pv {name} reclaimed"), || async {
+        volumes.get_opt(name).await.ok()?.is_none().then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -118,21 +141,24 @@ async fn a_claim_bound_to_another_volume_while_its_controller_was_stopped_mid_pr
         (!has_intent(&claims.get("data").await.ok()?)).then_some(())
     })
     .await;
+    // The PV saved for the asset names a claim bound elsewhere: the PV controller
+    // releases it (dynamically provisioned, reclaim policy Delete), and it is reclaimed.
+    volume_gone(&sim, &pv).await;
     assert!(
         fake.assets().is_empty(),
         "asset left behind: {:?}",
         fake.assets()
     );
     assert_eq!(fake.delete_calls(), vec![pv.clone()]);
-    assert!(volumes(&sim).get_opt(&pv).await.unwrap().is_none());
     bound(&sim, "data", "static").await;
     second.stop().await.unwrap();
 }
 
 // The claim's class was re-created for another provisioner (which the claim then names):
-// the claim is still ours to clean up, since it carries our finalizer.
+// the claim is still ours to clean up, since it carries our finalizer. The cleanup saves
+// a PV for the asset, which the live, unbound claim then gets: a real volume, no leak.
 #[tokio::test]
-async fn a_claim_that_asks_another_provisioner_after_its_controller_was_stopped_mid_provision_leaves_no_asset()
+async fn a_claim_that_asks_another_provisioner_after_its_controller_was_stopped_mid_provision_gets_the_asset()
  {
     let sim = sim().await;
     let (fake, pv) = stopped_mid_provision(&sim, true).await;
@@ -163,18 +189,136 @@ async fn a_claim_that_asks_another_provisioner_after_its_controller_was_stopped_
         (!has_intent(&claims.get("data").await.ok()?)).then_some(())
     })
     .await;
-    assert!(
-        fake.assets().is_empty(),
-        "asset left behind: {:?}",
-        fake.assets()
+    bound(&sim, "data", &pv).await;
+    assert_eq!(fake.assets().into_iter().collect::<Vec<_>>(), [pv]);
+    assert!(fake.delete_calls().is_empty());
+    second.stop().await.unwrap();
+}
+
+// The class was deleted while the controller was stopped: the next one finishes the
+// claim with the class recorded on it when the provisioning started.
+#[tokio::test]
+async fn a_claim_whose_class_was_deleted_while_its_controller_was_stopped_is_finished_with_the_recorded_class()
+ {
+    let sim = sim().await;
+    let (fake, pv) = stopped_mid_provision(&sim, true).await;
+    Api::<StorageClass>::all(sim.client())
+        .delete("fast", &DeleteParams::default())
+        .await
+        .unwrap();
+    let second = Replica::start(&sim, fake.clone(), config(None), false);
+    bound(&sim, "data", &pv).await;
+    let claims = claims(&sim);
+    eventually("finalizer and its annotations removed", || async {
+        let c = claims.get("data").await.ok()?;
+        let annotations = c.metadata.annotations.clone().unwrap_or_default();
+        (!has_intent(&c) && !annotations.contains_key(ANN_PROVISIONING_CLASS)).then_some(())
+    })
+    .await;
+    let calls = fake.provision_calls();
+    assert_eq!(calls.len(), 2);
+    assert_eq!(calls[1].storage_class.provisioner, ME);
+    assert_eq!(fake.assets().into_iter().collect::<Vec<_>>(), [pv]);
+    second.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_claim_deleted_with_its_class_while_its_controller_was_stopped_leaves_no_asset() {
+    let sim = sim().await;
+    let (fake, pv) = stopped_mid_provision(&sim, true).await;
+    Api::<StorageClass>::all(sim.client())
+        .delete("fast", &DeleteParams::default())
+        .await
+        .unwrap();
+    delete_claim(&sim, "data").await;
+    let second = Replica::start(&sim, fake.clone(), config(None), false);
+    let claims = claims(&sim);
+    eventually("claim gone", || async {
+        claims.get_opt("data").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    volume_gone(&sim, &pv).await;
+    assert!(fake.assets().is_empty(), "{:?}", fake.assets());
+    assert_eq!(fake.delete_calls(), [pv]);
+    second.stop().await.unwrap();
+}
+
+/// A driver whose `delete` lets another replica's PV for the same asset land right
+/// before it runs (the race of a cleanup that deleted after a 404), and that records
+/// every delete of an asset a PV names that is not Released.
+struct RacingReplica {
+    fake: FakeProvisioner,
+    client: kube_client::Client,
+    landed: std::sync::atomic::AtomicBool,
+    violations: std::sync::Mutex<Vec<String>>,
+}
+
+#[async_trait::async_trait]
+impl provision_controller::Provisioner for RacingReplica {
+    async fn provision(
+        &self,
+        options: &provision_controller::ProvisionOptions,
+    ) -> Result<PersistentVolume, provision_controller::ProvisionError> {
+        self.fake.provision(options).await
+    }
+
+    async fn delete(
+        &self,
+        volume: &PersistentVolume,
+    ) -> Result<(), provision_controller::DeleteError> {
+        let volumes: Api<PersistentVolume> = Api::all(self.client.clone());
+        let name = volume.metadata.name.clone().unwrap_or_default();
+        if !self.landed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            let mut other = volume.clone();
+            other.metadata.resource_version = None;
+            other.metadata.uid = None;
+            other.status = None;
+            // AlreadyExists when a PV records the asset already: nothing to race with.
+            let _ = volumes.create(&PostParams::default(), &other).await;
+        }
+        let phase = volumes
+            .get_opt(&name)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|v| v.status?.phase);
+        if let Some(phase) = phase.filter(|p| p != "Released") {
+            self.violations.lock().unwrap().push(format!(
+                "deleted the asset of {name} while its PV was {phase}"
+            ));
+        }
+        self.fake.delete(volume).await
+    }
+}
+
+// Cleanup by saving: a replica that saves a PV for the asset while the cleanup runs can
+// never end with a PV whose asset was deleted. The PV name is the one arbiter.
+#[tokio::test]
+async fn a_cleanup_never_deletes_an_asset_another_replica_saves_a_pv_for() {
+    let sim = sim().await;
+    let (fake, pv) = stopped_mid_provision(&sim, true).await;
+    delete_claim(&sim, "data").await;
+    let driver = std::sync::Arc::new(RacingReplica {
+        fake: fake.clone(),
+        client: sim.client(),
+        landed: std::sync::atomic::AtomicBool::new(false),
+        violations: std::sync::Mutex::default(),
+    });
+    let second = Replica::start_driver(
+        &sim,
+        fake.clone(),
+        std::sync::Arc::clone(&driver),
+        config(None),
+        false,
     );
-    assert_eq!(fake.delete_calls(), vec![pv.clone()]);
-    assert!(volumes(&sim).get_opt(&pv).await.unwrap().is_none());
-    let data = claims.get("data").await.unwrap();
-    assert!(
-        data.metadata.deletion_timestamp.is_none() && data.spec.unwrap().volume_name.is_none(),
-        "the claim waits for the other provisioner"
-    );
+    let claims = claims(&sim);
+    eventually("claim gone", || async {
+        claims.get_opt("data").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    volume_gone(&sim, &pv).await;
+    assert_eq!(*driver.violations.lock().unwrap(), Vec::<String>::new());
+    assert!(fake.assets().is_empty(), "{:?}", fake.assets());
     second.stop().await.unwrap();
 }
 

@@ -101,13 +101,24 @@ impl Replica {
         config: Config,
         with_metrics: bool,
     ) -> Self {
+        Self::start_driver(sim, fake.clone(), fake, config, with_metrics)
+    }
+
+    /// [`start`](Self::start) with `driver` (typically wrapping `fake`) as the provisioner.
+    pub(crate) fn start_driver(
+        sim: &KubeSim,
+        fake: FakeProvisioner,
+        driver: impl provision_controller::Provisioner,
+        config: Config,
+        with_metrics: bool,
+    ) -> Self {
         let metrics = with_metrics.then(|| SocketAddr::from(([127, 0, 0, 1], free_port())));
         let config = match metrics {
             Some(addr) => config.metrics_address(addr.ip()).metrics_port(addr.port()),
             None => config,
         };
         let kube_config = kube_client::Config::new(sim.url().parse().unwrap());
-        let controller = ProvisionController::new(sim.client(), ME, fake.clone())
+        let controller = ProvisionController::new(sim.client(), ME, driver)
             .with_config(config)
             .leader_election_client(dedicated_client(&kube_config).unwrap());
         let (stop, stopped) = oneshot::channel();

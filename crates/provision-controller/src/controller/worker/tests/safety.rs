@@ -2,6 +2,8 @@
 //! a claim that vanished mid-provisioning, the qualifier before a cleanup, the class a
 //! provisioning started with, and the wait after an infeasible answer.
 
+use k8s_openapi::api::core::v1::PersistentVolume;
+
 use super::*;
 use crate::{
     annotations::{ANN_PROVISIONING_OWNER, FINALIZER_PROVISIONING},
@@ -24,8 +26,18 @@ fn claim_requests(sim: &kube_sim::KubeSim) -> Vec<kube_sim::RequestRecord> {
         .collect()
 }
 
+/// The PV `name` in the sim, if any.
+async fn sim_volume(sim: &kube_sim::KubeSim, name: &str) -> Option<PersistentVolume> {
+    let volumes: kube_client::Api<PersistentVolume> = kube_client::Api::all(sim.client());
+    volumes.get_opt(name).await.unwrap()
+}
+
+fn claim_ref_uid(volume: &PersistentVolume) -> Option<&str> {
+    volume.spec.as_ref()?.claim_ref.as_ref()?.uid.as_deref()
+}
+
 #[tokio::test]
-async fn a_claim_that_vanished_while_provisioning_in_the_background_gets_its_asset_deleted_and_is_forgotten()
+async fn a_claim_that_vanished_while_provisioning_in_the_background_gets_a_pv_for_its_asset_and_is_forgotten()
  {
     let fake = FakeProvisioner::new().script_provision([ProvisionStep::InBackground]);
     // Crash-safe provisioning is on (the default).
@@ -46,8 +58,15 @@ async fn a_claim_that_vanished_while_provisioning_in_the_background_gets_its_ass
     let second = claim::sync_claim(&h.ctx, "u1").await;
     assert!(second.is_ok(), "{second:?}");
     assert_eq!(fake.provision_calls().len(), 2, "found by name");
-    assert_eq!(fake.delete_calls(), ["pvc-u1"]);
-    assert!(fake.assets().is_empty(), "{:?}", fake.assets());
+    // Saved, not deleted: the PV controller releases a PV whose claim is gone, and the
+    // volume flow reclaims it.
+    assert!(fake.delete_calls().is_empty(), "{:?}", fake.delete_calls());
+    let saved = sim_volume(&sim, "pvc-u1")
+        .await
+        .expect("a PV records the asset");
+    assert_eq!(claim_ref_uid(&saved), Some("u1"));
+    assert_eq!(fake.assets().into_iter().collect::<Vec<_>>(), ["pvc-u1"]);
+    assert_eq!(fake.volume_saved_calls().len(), 1);
     assert!(!h.ctx.is_in_progress("u1"), "the entry ends");
 
     let third = claim::sync_claim(&h.ctx, "u1").await;
@@ -76,7 +95,10 @@ async fn a_deleted_claim_the_qualifier_refuses_is_not_cleaned_up_by_this_control
     );
     h.qualify.store(false, std::sync::atomic::Ordering::SeqCst);
     let refused = claim::sync_claim(&h.ctx, "u1").await;
-    assert!(refused.is_ok(), "{refused:?}");
+    assert!(
+        matches!(refused, Err(crate::controller::op::OpError::Refused { .. })),
+        "{refused:?}"
+    );
     assert!(fake.provision_calls().is_empty());
     assert!(fake.delete_calls().is_empty());
     assert_eq!(
@@ -90,8 +112,196 @@ async fn a_deleted_claim_the_qualifier_refuses_is_not_cleaned_up_by_this_control
     let accepted = claim::sync_claim(&h.ctx, "u1").await;
     assert!(accepted.is_ok(), "{accepted:?}");
     assert_eq!(fake.provision_calls().len(), 1);
-    assert_eq!(fake.delete_calls(), ["pvc-u1"]);
+    assert!(fake.delete_calls().is_empty());
+    assert!(sim_volume(&sim, "pvc-u1").await.is_some(), "saved");
     assert_eq!(claim_requests(&sim).len(), 1, "the finalizer removal");
+}
+
+// The qualifier may accept the claim later (or another controller that owns it may be
+// gone): a refusal is asked again slowly, not never.
+#[tokio::test(start_paused = true)]
+async fn a_cleanup_the_qualifier_refuses_is_asked_again_after_the_resync_period() {
+    let config = Config::default().resync_period(Duration::from_secs(600));
+    let mut h = harness(config, FakeProvisioner::new(), true);
+    h.put_claim(
+        pvc("c")
+            .uid("u1")
+            .storage_class("fast")
+            .provisioner(ME)
+            .finalizer(FINALIZER_PROVISIONING)
+            .annotation(ANN_PROVISIONING_OWNER, ME)
+            .deleting()
+            .build(),
+    );
+    h.qualify.store(false, std::sync::atomic::Ordering::SeqCst);
+    let start = Instant::now();
+    h.ctx.claim_queue.add("u1".into());
+    h.run_for(1900).await;
+    assert_eq!(h.attempts(start), [0, 600, 1200, 1800]);
+    assert_eq!(h.ctx.claim_queue.num_requeues("u1"), 0, "not a failure");
+}
+
+// Claims in progress and their cleanups are driven with the class their provisioning
+// started with, recorded on the claim with the finalizer: a restarted controller has no
+// memory of it, and the class may be gone or changed.
+#[tokio::test]
+async fn a_cleanup_after_a_restart_uses_the_class_recorded_on_the_claim() {
+    let fake = FakeProvisioner::new();
+    // No class in the cache: it was deleted.
+    let (sim, mut h) = sim_harness(Config::default(), fake.clone(), false).await;
+    let mut started = class("fast")
+        .provisioner(ME)
+        .reclaim_policy("Retain")
+        .build();
+    started.parameters = Some([("pool".to_owned(), "gold".to_owned())].into());
+    let snapshot = crate::controller::intent::class_snapshot(&started).unwrap();
+    h.put_claim(
+        pvc("c")
+            .uid("u1")
+            .storage_class("fast")
+            .provisioner(ME)
+            .finalizer(FINALIZER_PROVISIONING)
+            .annotation(ANN_PROVISIONING_OWNER, ME)
+            .annotation(crate::annotations::ANN_PROVISIONING_CLASS, &snapshot)
+            .deleting()
+            .build(),
+    );
+    let result = claim::sync_claim(&h.ctx, "u1").await;
+    assert!(result.is_ok(), "{result:?}");
+    let calls = fake.provision_calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].storage_class.parameters, started.parameters);
+    let saved = sim_volume(&sim, "pvc-u1").await.expect("saved");
+    assert_eq!(
+        saved
+            .spec
+            .unwrap()
+            .persistent_volume_reclaim_policy
+            .as_deref(),
+        Some("Retain"),
+        "the recorded class's reclaim policy"
+    );
+}
+
+// A claim written by an older version records no class: without its class it waits.
+#[tokio::test(start_paused = true)]
+async fn a_cleanup_without_class_or_recorded_class_waits_for_the_class() {
+    let fake = FakeProvisioner::new();
+    let mut h = harness(Config::default(), fake.clone(), false);
+    h.put_claim(
+        pvc("c")
+            .uid("u1")
+            .storage_class("fast")
+            .provisioner(ME)
+            .finalizer(FINALIZER_PROVISIONING)
+            .annotation(ANN_PROVISIONING_OWNER, ME)
+            .deleting()
+            .build(),
+    );
+    let result = claim::sync_claim(&h.ctx, "u1").await;
+    assert!(
+        matches!(
+            result,
+            Err(crate::controller::op::OpError::ClassNotFound { .. })
+        ),
+        "{result:?}"
+    );
+    assert!(fake.provision_calls().is_empty());
+}
+
+// Our own removal of the finalizer may not be in the cache yet: a claim that shows it
+// is provisioned again only after the finalizer is written again.
+#[tokio::test]
+async fn the_finalizer_is_written_again_before_the_driver_when_the_cache_predates_our_removal() {
+    let fake = FakeProvisioner::new().script_provision([ProvisionStep::Block]);
+    let (sim, mut h) = sim_harness(Config::default(), fake.clone(), true).await;
+    let claims: kube_client::Api<PersistentVolumeClaim> =
+        kube_client::Api::namespaced(sim.client(), "default");
+    let created = claims
+        .create(
+            &Default::default(),
+            &pvc("c").storage_class("fast").provisioner(ME).build(),
+        )
+        .await
+        .unwrap();
+    let uid = created.metadata.uid.clone().unwrap();
+    let with_intent = |mut c: PersistentVolumeClaim| {
+        c.metadata.finalizers = Some(vec![FINALIZER_PROVISIONING.to_owned()]);
+        c.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(ANN_PROVISIONING_OWNER.to_owned(), ME.to_owned());
+        c
+    };
+    // Our last write removed the finalizer (the server has it without); the cache still
+    // shows the claim as it was before.
+    h.ctx.note_own_write(&created);
+    h.put_claim(with_intent(created));
+    // A PV for the claim was deleted by hand meanwhile: the claim is provisioned again.
+    let ctx = Arc::clone(&h.ctx);
+    let sync = tokio::spawn(async move { claim::sync_claim(&ctx, &uid).await });
+    tokio::time::timeout(Duration::from_secs(10), fake.wait_blocked(1))
+        .await
+        .expect("the driver is called");
+    let during = claims.get("c").await.unwrap();
+    assert_eq!(
+        during.metadata.finalizers,
+        Some(vec![FINALIZER_PROVISIONING.to_owned()]),
+        "the finalizer is on the claim while the driver runs"
+    );
+    fake.unblock();
+    let result = sync.await.unwrap();
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(fake.provision_calls().len(), 1);
+}
+
+// A 409 on the removal of our finalizer is "gone" only when the claim under the name is
+// another one (or none); any other conflict is retried, or the finalizer would stay.
+#[tokio::test]
+async fn a_conflict_removing_the_finalizer_counts_as_gone_only_for_another_claim() {
+    let (sim, h) = sim_harness(Config::default(), FakeProvisioner::new(), true).await;
+    let claims: kube_client::Api<PersistentVolumeClaim> =
+        kube_client::Api::namespaced(sim.client(), "default");
+    let mut claim = pvc("c").storage_class("fast").provisioner(ME).build();
+    claim.metadata.finalizers = Some(vec![FINALIZER_PROVISIONING.to_owned()]);
+    let created = claims.create(&Default::default(), &claim).await.unwrap();
+    let uid = created.metadata.uid.clone().unwrap();
+    let remove = |uid: String| {
+        let ctx = Arc::clone(&h.ctx);
+        async move {
+            crate::controller::intent::set_intent(
+                &ctx,
+                "default",
+                "c",
+                Some(&uid),
+                crate::controller::intent::Intent::Remove,
+            )
+            .await
+        }
+    };
+    let conflict = || {
+        kube_sim::FaultRule::new(kube_sim::Verb::Patch, "persistentvolumeclaims")
+            .times(1)
+            .status(409, "Conflict")
+    };
+
+    sim.add_fault(conflict());
+    let result = remove(uid.clone()).await;
+    assert!(result.is_err(), "the same claim: retried ({result:?})");
+
+    // The uid precondition fails for a claim re-created under the name.
+    let result = remove("uid-of-an-older-claim".into()).await;
+    assert!(result.is_ok(), "another claim: gone ({result:?})");
+    assert_eq!(
+        claims.get("c").await.unwrap().metadata.finalizers,
+        Some(vec![FINALIZER_PROVISIONING.to_owned()]),
+        "the other claim is untouched"
+    );
+
+    let result = remove(uid).await;
+    assert!(result.is_ok(), "{result:?}");
+    let finalizers = claims.get("c").await.unwrap().metadata.finalizers;
+    assert!(finalizers.unwrap_or_default().is_empty());
 }
 
 #[tokio::test(start_paused = true)]
