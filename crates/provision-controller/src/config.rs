@@ -306,15 +306,22 @@ setters! {
     /// Crash-safe provisioning. Default on.
     ///
     /// Before the driver is asked for an asset, the claim gets the finalizer
-    /// [`FINALIZER_PROVISIONING`](crate::annotations::FINALIZER_PROVISIONING); it is
-    /// removed once the PV is saved, or once the asset of a claim deleted meanwhile has
-    /// been deleted. A controller that restarts at any point therefore finds every claim
-    /// whose asset may exist without a PV, and finishes or cleans up (Go leaks the asset:
-    /// kubernetes-csi/external-provisioner#486). Requires `patch` on claims and a driver
-    /// whose `provision` is idempotent by `pv_name` (see [`Provisioner`](crate::Provisioner)).
+    /// [`FINALIZER_PROVISIONING`](crate::annotations::FINALIZER_PROVISIONING) (with the
+    /// class the provisioning starts with); it is removed once a PV records the asset, or
+    /// once the driver answered that none exists. A controller that restarts at any point
+    /// therefore finds every claim whose asset may exist without a PV, and finishes it,
+    /// saving a PV for the asset also when the claim was deleted or bound elsewhere
+    /// meanwhile (that PV is then released and reclaimed as usual). Go leaks the asset
+    /// (kubernetes-csi/external-provisioner#486). A PV that cannot be saved keeps its
+    /// asset: the claim is provisioned and saved again (Go deletes the asset, which can
+    /// destroy one that another replica's PV names). Requires `patch` on claims and a
+    /// driver whose `provision` is idempotent by `pv_name` (see
+    /// [`Provisioner`](crate::Provisioner)).
     ///
-    /// Turning it off stops adding the finalizer; claims that still carry it are
-    /// finished or cleaned up as before, so switching never strands a claim.
+    /// Turning it off stops adding the finalizer, and a PV that cannot be saved has its
+    /// asset deleted (after a read right before each attempt shows no PV of its name);
+    /// claims that still carry the finalizer are finished or cleaned up as before, so
+    /// switching never strands a claim.
     crash_safe_provisioning: bool;
     /// How long a claim the driver called infeasible
     /// ([`ProvisionError::Infeasible`](crate::ProvisionError::Infeasible)) waits before it

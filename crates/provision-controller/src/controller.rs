@@ -53,16 +53,21 @@ use crate::{
 ///   keep their caches synced and answer probes and scrapes.
 /// - With [`Config::crash_safe_provisioning`] (the default), a claim whose asset may exist
 ///   without a saved PV carries
-///   [`FINALIZER_PROVISIONING`](crate::annotations::FINALIZER_PROVISIONING) and
-///   [`ANN_PROVISIONING_OWNER`](crate::annotations::ANN_PROVISIONING_OWNER), so any later
-///   controller of that owner finishes it, or deletes the asset when the claim will not
-///   get it (deleted, bound to another PV, now asking another provisioner), whatever the
-///   claim's annotation or class say now. A claim that vanishes while its provisioning
-///   runs in the background (finalizers stripped by hand) has its asset deleted too.
-/// - An asset is never deleted while a PV of its name exists (the PV may name it): not
-///   after a failed save, not in a cleanup. A PV saved first under the same name by
-///   another replica is kept, and the driver releases ours
-///   ([`Provisioner::delete_duplicate`]).
+///   [`FINALIZER_PROVISIONING`](crate::annotations::FINALIZER_PROVISIONING),
+///   [`ANN_PROVISIONING_OWNER`](crate::annotations::ANN_PROVISIONING_OWNER) and
+///   [`ANN_PROVISIONING_CLASS`](crate::annotations::ANN_PROVISIONING_CLASS) (the class it
+///   started with), so any later controller of that owner finishes it, whatever the
+///   claim's annotation or class say now, even when its class was deleted. When the
+///   claim will not get its PV the normal way (deleted, bound to another PV, now asking
+///   another provisioner, or vanished while its provisioning ran in the background), the
+///   asset is recorded in a PV all the same, and that PV is reclaimed once the PV
+///   controller releases it; a live claim that now asks another provisioner gets it bound.
+/// - With crash-safe provisioning, provisioning and cleanup never delete an asset: only the
+///   volume flow does, for a Released PV. Without it, a PV that could not be saved has its
+///   asset deleted (Go), but only after a fresh read right before each attempt finds no PV
+///   of its name. A PV saved first under the same name by another replica is kept, and
+///   the driver releases ours ([`Provisioner::delete_duplicate`]); after every save the
+///   driver hears of the PV that records the asset ([`Provisioner::volume_saved`]).
 /// - [`Provisioner::delete`] is called only after a fresh read of the PV shows the same
 ///   object still Released with reclaim policy Delete.
 #[doc(alias = "NewProvisionController")]

@@ -33,9 +33,11 @@ pub const PROVISIONING: &str = "Provisioning";
 pub const PROVISIONING_FAILED: &str = "ProvisioningFailed";
 /// On a claim: the PV was saved.
 pub const PROVISIONING_SUCCEEDED: &str = "ProvisioningSucceeded";
-/// On a claim: an asset that must go could not be deleted (the PV could not be saved and
-/// the asset not deleted either; the duplicate of a PV another replica saved first could
-/// not be released; the asset of a claim that will not get our PV could not be deleted).
+/// On a claim: an asset could not be cleaned up (without crash-safe provisioning, the PV
+/// could not be saved and the asset not deleted either; the duplicate of a PV another
+/// replica saved first could not be released; the asset of a claim that will not get our
+/// PV the normal way could not be recorded in a PV, or cannot be looked for without the
+/// claim's class).
 pub const PROVISIONING_CLEANUP_FAILED: &str = "ProvisioningCleanupFailed";
 /// On a PV: deleting its asset failed.
 pub const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";

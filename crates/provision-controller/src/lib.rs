@@ -58,7 +58,8 @@
 //! - **Finalizers are written with a strategic-merge patch** that names only ours and
 //!   carries no resourceVersion (Go v13), so a stale cache or another writer's finalizer
 //!   never makes it conflict; the PV finalizer is put only on Bound PVs with reclaim
-//!   policy Delete, and removed from a PV being deleted that will never be reclaimed.
+//!   policy Delete, and removed from a PV being deleted that will never be reclaimed (a
+//!   Delete PV that names its claim by uid keeps it: it will be released).
 //! - **Which volumes are ours** follows newer upstream (`isProvisionerForVolume`): with a
 //!   provisioned-by annotation, that or migrated-to must name us; a statically
 //!   provisioned CSI volume is ours when its driver is; a static in-tree one when
@@ -77,9 +78,15 @@
 //!   metrics, `/healthz` and `/readyz`; Go starts informers and the metrics server only
 //!   on the leader. A new leader queues its cached claims and volumes at once.
 //! - **Crash-safe provisioning** ([`Config::crash_safe_provisioning`], default on): the
-//!   claim carries [`annotations::FINALIZER_PROVISIONING`] while its asset may exist
-//!   without a PV, so a restart between "asset created" and "PV saved" no longer leaks
-//!   the asset (kubernetes-csi/external-provisioner#486). Needs `patch` on claims.
+//!   claim carries [`annotations::FINALIZER_PROVISIONING`] (with the class it started
+//!   with, [`annotations::ANN_PROVISIONING_CLASS`]) while its asset may exist without a
+//!   PV, so a restart between "asset created" and "PV saved" no longer leaks the asset
+//!   (kubernetes-csi/external-provisioner#486). A claim that will not get its PV the
+//!   normal way (deleted, bound elsewhere, renamed) is cleaned up by saving a PV for the
+//!   asset, which is then released and reclaimed as usual; the PV name arbitrates between
+//!   replicas, so no replica deletes an asset another one's PV names. A PV that cannot
+//!   be saved keeps its asset (Go deletes it) and the claim is provisioned again. Needs
+//!   `patch` on claims.
 //! - **Leader election uses a Lease** (Go's copy uses an Endpoints lock).
 
 pub mod http;
