@@ -416,6 +416,8 @@ pub(crate) async fn clean_up(
         }
     };
     if let Some(mut volume) = volume {
+        // Only a claimRef with the claim's uid gets the PV released once the claim is gone.
+        super::decorate::claim_reference(claim)?;
         super::decorate::ensure_name(&mut volume, &pv_name, claim);
         // The class decides what happens to the asset once the PV is released.
         let policy = class.reclaim_policy.as_deref().unwrap_or("Delete");
