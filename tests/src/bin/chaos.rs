@@ -61,6 +61,8 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_thread_names(true)
         .init();
     let seeds: Vec<u64> = match (args.seeds, args.seed.is_empty()) {
         (Some((from, end)), _) => (from..end).collect(),

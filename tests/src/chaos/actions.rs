@@ -97,10 +97,10 @@ async fn claim_action(shared: &Shared, claim: usize, action: &Action) {
                     .await
             })
             .await;
-            if result.is_ok() || is_not_found(&result) {
-                if let Some(entry) = shared.records().claims.get_mut(&claim) {
-                    entry.deleted = true;
-                }
+            if (result.is_ok() || is_not_found(&result))
+                && let Some(entry) = shared.records().claims.get_mut(&claim)
+            {
+                entry.deleted = true;
             }
             describe(&result)
         }

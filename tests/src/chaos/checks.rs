@@ -153,6 +153,15 @@ fn bound_to(claim: &PersistentVolumeClaim) -> Option<&str> {
         .filter(|v| !v.is_empty())
 }
 
+/// The claim a PV's claimRef names, or `-`.
+fn claim_of(pv: &PersistentVolume) -> &str {
+    pv.spec
+        .as_ref()
+        .and_then(|s| s.claim_ref.as_ref())
+        .and_then(|r| r.name.as_deref())
+        .unwrap_or("-")
+}
+
 fn reclaim(pv: &PersistentVolume) -> &str {
     pv.spec
         .as_ref()
@@ -252,12 +261,7 @@ fn volumes(snapshot: &Snapshot, records: &Records, phase: Phase, findings: &mut 
         let Some(handle) = is_ours(pv) else { continue };
         by_handle.entry(handle).or_default().push(name);
         if !snapshot.cns.contains_key(handle) {
-            let claim = pv
-                .spec
-                .as_ref()
-                .and_then(|s| s.claim_ref.as_ref())
-                .and_then(|r| r.name.clone())
-                .unwrap_or_default();
+            let claim = claim_of(pv);
             findings.violation(format!(
                 "PV {name} ({}, {}, claim {claim}) names CNS volume {handle}, which does not exist",
                 pv_phase(pv),
@@ -577,9 +581,10 @@ fn teardown(snapshot: &Snapshot, findings: &mut Findings) {
     for (name, pv) in &snapshot.volumes {
         if reclaim(pv) != "Retain" {
             findings.violation(format!(
-                "PV {name} ({}, reclaim {}) outlived its claim",
+                "PV {name} ({}, reclaim {}) outlived its claim {}",
                 pv_phase(pv),
-                reclaim(pv)
+                reclaim(pv),
+                claim_of(pv)
             ));
         }
     }

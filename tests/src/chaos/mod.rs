@@ -44,7 +44,7 @@ pub async fn run_seeds(
     jobs: usize,
     mut each: impl FnMut(&SeedReport),
 ) -> Summary {
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let permits = Arc::new(Semaphore::new(jobs.max(1)));
     let mut runs = JoinSet::new();
     for seed in seeds {

@@ -15,6 +15,7 @@ use kube_client::client::ClientBuilder;
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
+use tracing::Instrument as _;
 use vsphere_cns::{ClusterFlavor, CnsClient, CnsMetadataBackend, CnsProvisioner, MoRef, VcConfig};
 use vsphere_controllers::Settings;
 
@@ -113,10 +114,14 @@ impl Replica {
         let (exited, exit) = oneshot::channel();
         let spec = self.spec.clone();
         let partition = self.partition.clone();
-        runtime.spawn(async move {
-            let result = run(spec, partition, stopped).await;
-            let _ = exited.send(result);
-        });
+        let span = tracing::info_span!("replica", n = self.index, start = self.starts);
+        runtime.spawn(
+            async move {
+                let result = run(spec, partition, stopped).await;
+                let _ = exited.send(result);
+            }
+            .instrument(span),
+        );
         self.state = State::Up {
             runtime,
             stop: Some(stop),

@@ -1,7 +1,7 @@
 //! What one run found, printed as a summary line and, on failure, the details and the
 //! command that replays it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -30,6 +30,8 @@ pub struct SeedReport {
     pub error: Option<String>,
     /// What happened, with times from the start.
     pub log: Vec<(Duration, String)>,
+    /// Claim names by UID, to name the claim behind a `pvc-<uid>` in a violation.
+    pub claims_by_uid: BTreeMap<String, String>,
 }
 
 impl SeedReport {
@@ -43,6 +45,7 @@ impl SeedReport {
             phases: Vec::new(),
             error: None,
             log: Vec::new(),
+            claims_by_uid: BTreeMap::new(),
         }
     }
 
@@ -102,7 +105,7 @@ impl SeedReport {
         }
         let named: BTreeSet<String> = self
             .violations()
-            .flat_map(|(_, v)| claim_names(v))
+            .flat_map(|(_, v)| claim_names(v, &self.claims_by_uid))
             .collect();
         if full_log || !named.is_empty() {
             let _ = writeln!(
@@ -134,11 +137,14 @@ fn join(names: &BTreeSet<String>) -> String {
     names.iter().cloned().collect::<Vec<_>>().join(", ")
 }
 
-/// The claims a line is about: `claim-NNN`, and `meta-NNN`, `static-NNN`,
-/// `static-volume-NNN` (made for claim `NNN`).
-fn claim_names(line: &str) -> Vec<String> {
+/// The claims a line is about: `claim-NNN`, `meta-NNN`, `static-NNN`,
+/// `static-volume-NNN` (made for claim `NNN`), and `pvc-<uid>` of a known claim.
+fn claim_names(line: &str, by_uid: &BTreeMap<String, String>) -> Vec<String> {
     line.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
         .filter_map(|w| {
+            if let Some(claim) = w.strip_prefix("pvc-").and_then(|uid| by_uid.get(uid)) {
+                return Some(claim.clone());
+            }
             ["claim-", "meta-", "static-volume-", "static-"]
                 .iter()
                 .find_map(|prefix| w.strip_prefix(prefix))
@@ -197,15 +203,22 @@ mod tests {
 
     #[test]
     fn claim_names_are_found_in_violation_lines() {
+        let by_uid = BTreeMap::from([("u-1".to_owned(), "claim-009".to_owned())]);
         assert_eq!(
-            claim_names("claim claim-007 is Bound to PV pvc-1 (claim-012)"),
-            ["claim-007", "claim-012"]
+            claim_names(
+                "claim claim-007 is Bound to PV pvc-u-1 (claim-012)",
+                &by_uid
+            ),
+            ["claim-007", "claim-009", "claim-012"]
         );
         assert_eq!(
-            claim_names("cnsvolumemetadata meta-003, static-volume-004 of static-005"),
+            claim_names(
+                "cnsvolumemetadata meta-003, static-volume-004 of static-005",
+                &by_uid
+            ),
             ["claim-003", "claim-004", "claim-005"]
         );
-        assert!(claim_names("claim-x and claim- are not names").is_empty());
+        assert!(claim_names("claim-x and claim- are not names, nor pvc-u-2", &by_uid).is_empty());
     }
 
     #[test]

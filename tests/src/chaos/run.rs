@@ -28,7 +28,7 @@ const SAMPLE: Duration = Duration::from_millis(250);
 /// Runs seed `seed` with `claims` claims and reports what the checks found.
 pub async fn run_seed(seed: u64, claims: usize) -> SeedReport {
     let schedule = Schedule::generate(seed, claims);
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let mut report = SeedReport::new(seed, claims);
     match World::start(&schedule).await {
         Err(e) => report.error = Some(format!("{e:#}")),
@@ -37,7 +37,15 @@ pub async fn run_seed(seed: u64, claims: usize) -> SeedReport {
                 Ok(phases) => report.phases = phases,
                 Err(e) => report.error = Some(format!("{e:#}")),
             }
-            report.log = std::mem::take(&mut world.shared.records().log);
+            {
+                let mut records = world.shared.records();
+                report.log = std::mem::take(&mut records.log);
+                report.claims_by_uid = records
+                    .claims
+                    .values()
+                    .filter_map(|c| Some((c.uid.clone()?, c.name.clone())))
+                    .collect();
+            }
             world.shutdown().await;
         }
     }
