@@ -87,9 +87,11 @@ impl ProvisionOptions {
 ///
 /// With [crash-safe provisioning](crate::Config::crash_safe_provisioning) these rules are
 /// what lets a new controller clean up a claim deleted while an earlier one was
-/// provisioning: it calls `provision` with the same options (finding the asset), then
-/// `delete` with the returned volume. This may create and at once delete an asset when
-/// the earlier controller stopped before reaching the driver.
+/// provisioning: it calls `provision` with the same options and the class the
+/// provisioning started with (finding the asset), then saves a PV for the asset, which the
+/// PV controller releases and the controller reclaims as usual (a fresh read, then
+/// `delete`). This may create an asset only to delete it when the earlier controller
+/// stopped before reaching the driver.
 ///
 /// ```
 /// use async_trait::async_trait;
@@ -176,6 +178,18 @@ pub trait Provisioner: Send + Sync + 'static {
         Ok(())
     }
 
+    /// How long after a PV is saved an asset made for its claim may still appear: a
+    /// create that timed out on the client and lands later, possibly sent by a replica
+    /// that died or was cut off meanwhile. `None` (the default): never.
+    ///
+    /// With `Some(window)`, the controller calls [`volume_saved`](Self::volume_saved)
+    /// again for a PV it provisioned that is younger than `window`: at its first sync in
+    /// this process (so a restarted replica sweeps what its earlier life left in flight),
+    /// and once more when `window` has passed since the PV was created.
+    fn late_asset_window(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// Whether `volumeMode: Block` claims are supported. Default `false`.
     #[doc(alias = "BlockProvisioner")]
     #[doc(alias = "SupportsBlock")]
@@ -204,6 +218,9 @@ impl<P: Provisioner + ?Sized> Provisioner for Arc<P> {
     }
     async fn volume_saved(&self, saved: &PersistentVolume) -> Result<(), DeleteError> {
         (**self).volume_saved(saved).await
+    }
+    fn late_asset_window(&self) -> Option<std::time::Duration> {
+        (**self).late_asset_window()
     }
     fn supports_block(&self) -> bool {
         (**self).supports_block()
