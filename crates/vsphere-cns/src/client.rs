@@ -153,6 +153,11 @@ impl CnsClient {
         &self.inner.vsan_version
     }
 
+    /// The connection settings this client was made with (for its timeouts).
+    pub(crate) fn config(&self) -> &VcConfig {
+        &self.inner.config
+    }
+
     /// Creates one volume and waits for its task; returns the new volume's ID.
     ///
     /// A `CnsAlreadyRegisteredFault` in the result counts as success with the fault's

@@ -1,10 +1,12 @@
 //! [`CnsProvisioner`]: a [`Provisioner`] that backs each claim with one CNS block volume.
 
 mod params;
+mod pending;
 mod quantity;
 mod volume;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::PersistentVolume;
@@ -24,6 +26,7 @@ pub use params::{
     DEFAULT_FS_TYPE, PARAM_DATASTORE_MOREF, PARAM_DATASTORE_URL, PARAM_FS_TYPE,
     PARAM_FS_TYPE_DEPRECATED, PARAM_STORAGE_POLICY_ID, PARAM_STORAGE_POLICY_NAME,
 };
+use pending::PendingCreates;
 use volume::VolumeRequest;
 
 /// The CSI driver name of vSphere volumes (`spec.csi.driver` of the PVs this crate makes).
@@ -94,6 +97,23 @@ pub enum ProvisionerError {
          a workload cluster) in csi-vsphere.conf"
     )]
     EmptyClusterId,
+    /// A create of this name was sent earlier and its outcome is unknown (it timed out or
+    /// its connection broke after sending): the volume may still appear, so no other is
+    /// created until a lookup finds it or the settle window
+    /// ([`CnsProvisioner::create_settle`]) has passed since it was sent. Returned as
+    /// [`ProvisionError::InBackground`].
+    #[error(
+        "a create of cns volume {volume:?} sent {sent_ago:?} ago may still land; no other is \
+         created until a lookup finds it or {settle:?} have passed since it was sent"
+    )]
+    CreatePending {
+        /// The volume name.
+        volume: String,
+        /// How long ago that create was sent.
+        sent_ago: Duration,
+        /// The settle window.
+        settle: Duration,
+    },
     /// A CNS call failed.
     #[error("{action} cns volume {volume:?} failed")]
     Cns {
@@ -145,12 +165,28 @@ pub enum ProvisionerError {
 ///   and the lookup then finds the volume); a failure before anything was sent is
 ///   [`ProvisionError::NoChange`]; a rejected claim, class or spec is
 ///   [`ProvisionError::Final`].
-/// - **`Final` means no volume of that name exists**, as crash-safe provisioning relies
-///   on: a claim or class refused while a volume of that name exists (made before the
-///   class changed) is `NoChange`; a create that failed in vCenter is `Final` only when no
-///   volume of that name exists afterwards, else (or when the lookup fails)
-///   `InBackground`, and the retry adopts the volume; a `CnsAlreadyRegisteredFault` whose
-///   volume cannot be found is `InBackground`.
+/// - **A create that may still land is waited for, not repeated.** When a create of a name
+///   was sent and its outcome is unknown (a timeout, on the call or on its task, or a
+///   connection broken after sending), a later `provision` of that name whose lookup finds
+///   no volume answers [`ProvisionError::InBackground`]
+///   ([`ProvisionerError::CreatePending`]) instead of creating a second volume, until a
+///   lookup finds a volume of that name (it is returned, as any found volume is) or the
+///   settle window ([`CnsProvisioner::create_settle`]; default: the client's task timeout
+///   plus its request timeout) has passed since that create was sent; then it creates
+///   again, so a create that never lands blocks a claim for one window at most. The
+///   controller's crash-safe cleanup of a deleted claim looks for the asset through
+///   `provision` too, so it keeps retrying and finds the late volume instead of
+///   concluding that none exists. This memory is per provisioner (its clones share it)
+///   and in memory only: another replica, or this one after a restart, does not know of
+///   the pending create, and relies on the lowest-ID rule and the leftover sweeps above.
+/// - **`Final` means no volume of that name exists** (nor may one still land from a
+///   create this provisioner sent), as crash-safe provisioning relies on: a claim or class
+///   refused while a volume of that name exists (made before the class changed) is
+///   `NoChange`, and while a create of that name may still land it is `InBackground`; a
+///   create that failed in vCenter is `Final` only when no volume of that name exists
+///   afterwards, else (or when the lookup fails) `InBackground`, and the retry adopts the
+///   volume; a `CnsAlreadyRegisteredFault` whose volume cannot be found is
+///   `InBackground`.
 /// - **`delete` deletes the PV's own volume** (handle) and its disk; a volume that is
 ///   already gone counts as deleted. For a PV we provisioned (it has the
 ///   `pv.kubernetes.io/provisioned-by` annotation) the other volumes of this cluster named
@@ -183,6 +219,10 @@ pub struct CnsProvisioner {
     cluster: ContainerCluster,
     datastore_urls: BTreeMap<String, MoRef>,
     default_datastores: Vec<MoRef>,
+    /// How long a create whose outcome is unknown may still land.
+    create_settle: Duration,
+    /// Creates whose outcome is unknown, by volume name; shared by clones.
+    pending: PendingCreates,
 }
 
 impl CnsProvisioner {
@@ -204,12 +244,34 @@ impl CnsProvisioner {
             return Err(ProvisionerError::EmptyClusterId);
         }
         let cluster = ContainerCluster::kubernetes(cluster_id, client.user(), flavor);
+        let config = client.config();
+        let create_settle = config.task_timeout.saturating_add(config.timeout);
         Ok(Self {
             client,
             cluster,
             datastore_urls: BTreeMap::new(),
             default_datastores: Vec::new(),
+            create_settle,
+            pending: PendingCreates::default(),
         })
+    }
+
+    /// Sets how long after a create whose outcome is unknown was sent (it timed out, on
+    /// the call or on its task, or its connection broke after sending) no other volume of
+    /// that name is created while lookups find none: `provision` answers
+    /// [`ProvisionError::InBackground`] meanwhile, so the late volume is adopted rather
+    /// than duplicated. It should cover the longest a create can take to finish in
+    /// vCenter once sent.
+    ///
+    /// Default: the client's [`VcConfig::task_timeout`](crate::VcConfig::task_timeout)
+    /// (the longest the client waits for a create, call and task) plus its
+    /// [`VcConfig::timeout`](crate::VcConfig::timeout) (one more request's time as a margin
+    /// for a task vCenter finishes after the client gave up): 6 minutes with the defaults.
+    /// `Duration::ZERO` turns the wait off (every retry creates again, as before).
+    #[must_use]
+    pub fn create_settle(mut self, window: Duration) -> Self {
+        self.create_settle = window;
+        self
     }
 
     /// Sets the cluster distribution sent with each volume (`[Global]
@@ -293,6 +355,9 @@ impl CnsProvisioner {
     /// that name. Nothing is deleted: a PV saved by another replica may name any of them.
     async fn existing(&self, name: &str) -> Result<Option<CnsVolumeId>, ProvisionerError> {
         let volumes = self.find_by_name(name).await?;
+        if !volumes.is_empty() {
+            self.pending.resolve(name);
+        }
         if volumes.len() > 1 {
             info!(volume = name, count = volumes.len(), winner = %volumes[0].volume_id,
                 "several cns volumes have this name; the lowest id is used, the others are released once the PV is saved");
@@ -369,8 +434,16 @@ impl CnsProvisioner {
     /// then the answer is [`ProvisionError::NoChange`], so that the asset is not forgotten.
     async fn refused(&self, name: &str, refused: ProvisionerError) -> ProvisionError {
         match self.find_by_name(name).await {
-            Ok(volumes) if volumes.is_empty() => ProvisionError::final_(refused),
+            Ok(volumes) if volumes.is_empty() => match self.unresolved_create(name) {
+                None => ProvisionError::final_(refused),
+                Some(pending) => {
+                    warn!(volume = name, error = %error_chain(&refused), pending = %pending,
+                        "refusing a claim whose cns volume may still be created; asked again until it lands or the settle window passes");
+                    ProvisionError::InBackground(Box::new(refused))
+                }
+            },
             Ok(volumes) => {
+                self.pending.resolve(name);
                 warn!(volume = name, volume_id = %volumes[0].volume_id, error = %error_chain(&refused),
                     "refusing a claim whose cns volume already exists; the volume is kept");
                 ProvisionError::NoChange(Box::new(refused))
@@ -382,16 +455,42 @@ impl CnsProvisioner {
         }
     }
 
+    /// The error telling that a create of `name` sent less than the settle window ago may
+    /// still land; `None` when there is none (an expired one is forgotten).
+    fn unresolved_create(&self, name: &str) -> Option<ProvisionerError> {
+        let pending = self.pending.unresolved(name, self.create_settle)?;
+        Some(ProvisionerError::CreatePending {
+            volume: name.to_owned(),
+            sent_ago: Duration::from_millis(
+                u64::try_from(pending.age.as_millis()).unwrap_or(u64::MAX),
+            ),
+            settle: self.create_settle,
+        })
+    }
+
     /// Maps a failed create. A fault means the create ran and failed; a vCenter may still
     /// have left a volume behind (a task that failed after creating the disk). Nothing is
     /// deleted (another replica's PV may name a volume of that name): the failure is
     /// [`ProvisionError::Final`] only when no volume of that name exists, else (or when
     /// that cannot be told) [`ProvisionError::InBackground`], and the retry's lookup
-    /// adopts the volume.
-    async fn failed_create(&self, name: &str, error: Error) -> ProvisionError {
+    /// adopts the volume. A create whose outcome is unknown (sent at `sent_at`) is
+    /// remembered, so that retries wait for it rather than create another volume.
+    async fn failed_create(
+        &self,
+        name: &str,
+        sent_at: tokio::time::Instant,
+        error: Error,
+    ) -> ProvisionError {
         let outcome = create_error(name, error);
-        let ProvisionError::Final(source) = outcome else {
-            return outcome;
+        let source = match outcome {
+            ProvisionError::Final(source) => source,
+            ProvisionError::InBackground(source) => {
+                self.pending.record(name, sent_at, self.create_settle);
+                warn!(volume = name, error = %error_chain(&*source), settle = ?self.create_settle,
+                    "the cns create may still land; retries wait for it instead of creating another volume");
+                return ProvisionError::InBackground(source);
+            }
+            other => return other,
         };
         match self.find_by_name(name).await {
             Ok(volumes) if volumes.is_empty() => ProvisionError::Final(source),
@@ -462,6 +561,11 @@ impl Provisioner for CnsProvisioner {
             info!(volume_id = %id, "reusing the cns volume made earlier");
             return Ok(request.volume(name, &id));
         }
+        // An earlier create may still land: wait for it rather than make a second volume.
+        if let Some(pending) = self.unresolved_create(name) {
+            info!(error = %pending, "not creating: an earlier create may still land");
+            return Err(ProvisionError::InBackground(Box::new(pending)));
+        }
         let spec = VolumeCreateSpec {
             name: name.clone(),
             volume_type: VolumeType::Block,
@@ -472,6 +576,7 @@ impl Provisioner for CnsProvisioner {
             profile_id: request.params.storage_policy_id.clone(),
         };
         debug!(capacity_in_mb = spec.capacity_in_mb, "creating cns volume");
+        let sent_at = tokio::time::Instant::now();
         let id = match self.client.create_volume(&spec).await {
             Ok(id) => id,
             Err(e) if e.fault_type() == Some("CnsAlreadyRegisteredFault") => {
@@ -481,7 +586,7 @@ impl Provisioner for CnsProvisioner {
                     _ => return Err(ProvisionError::InBackground(Box::new(cns(name, e)))),
                 }
             }
-            Err(e) => return Err(self.failed_create(name, e).await),
+            Err(e) => return Err(self.failed_create(name, sent_at, e).await),
         };
         info!(volume_id = %id, capacity_in_mb = spec.capacity_in_mb, "cns volume created");
         let id = self.winner_after_create(name, id).await;

@@ -436,3 +436,150 @@ async fn volume_saved_reports_a_failed_leftover_delete_and_keeps_the_saved_volum
     assert_eq!(ids(&sim), vec![kept.to_string()]);
     sim.shutdown().await;
 }
+
+/// `err` is `InBackground` because a create of [`PV`] may still land.
+fn assert_create_pending(err: &ProvisionError) {
+    let ProvisionError::InBackground(source) = err else {
+        panic!("expected InBackground, got {err:?}");
+    };
+    assert!(
+        matches!(
+            source.downcast_ref::<ProvisionerError>(),
+            Some(ProvisionerError::CreatePending { volume, .. }) if volume == PV
+        ),
+        "{err:?}"
+    );
+    assert!(source.to_string().contains("may still land"), "{source}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_waits_for_a_timed_out_create_and_adopts_its_late_volume() {
+    let sim = sim().await;
+    let provisioner =
+        provisioner_with(&sim.vc_config().task_timeout(Duration::from_millis(500))).await;
+    // The create reaches CNS but lands only after 5 s; the client gives up after 0.5 s.
+    sim.delay("CnsCreateVolume", Duration::from_secs(5));
+    let options = options();
+    let err = provisioner.provision(&options).await.unwrap_err();
+    assert!(matches!(err, ProvisionError::InBackground(_)), "{err:?}");
+    sim.delay("CnsCreateVolume", Duration::ZERO);
+
+    // Retries before it lands (the controller's retry, or its crash-safe cleanup of a claim
+    // deleted meanwhile, which looks for the asset through `provision`) wait for it; so
+    // does a clone of the provisioner.
+    let err = provisioner.provision(&options).await.unwrap_err();
+    assert_create_pending(&err);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let err = provisioner.clone().provision(&options).await.unwrap_err();
+    assert_create_pending(&err);
+    assert_eq!(
+        count(&sim, "CnsCreateVolume"),
+        1,
+        "nothing else was created"
+    );
+    assert!(sim.volumes().is_empty());
+
+    // Once it landed, the retry returns its volume: the only one of that name.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let pv = provisioner.provision(&options).await.unwrap();
+    assert_eq!(ids(&sim), vec![handle(&pv)]);
+    assert_eq!(count(&sim, "CnsCreateVolume"), 1);
+
+    // Finding it resolved the wait: with the volume gone (well within the window), the
+    // next provision creates again.
+    provisioner.delete(&provisioned(pv)).await.unwrap();
+    assert!(sim.volumes().is_empty());
+    let pv = provisioner.provision(&options).await.unwrap();
+    assert_eq!(ids(&sim), vec![handle(&pv)]);
+    assert_eq!(count(&sim, "CnsCreateVolume"), 2);
+    sim.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_claim_is_not_final_while_its_create_may_still_land() {
+    let sim = sim().await;
+    let provisioner =
+        provisioner_with(&sim.vc_config().task_timeout(Duration::from_millis(500))).await;
+    sim.delay("CnsCreateVolume", Duration::from_secs(5));
+    let err = provisioner.provision(&options()).await.unwrap_err();
+    assert!(matches!(err, ProvisionError::InBackground(_)), "{err:?}");
+    // The class changed meanwhile to one this provisioner refuses: `Final` would tell the
+    // controller that no volume exists, and the late one would leak.
+    let mut refused = options();
+    let mut class = (*refused.storage_class).clone();
+    class
+        .parameters
+        .get_or_insert_with(BTreeMap::new)
+        .insert("diskformat".into(), "thin".into());
+    refused.storage_class = Arc::new(class);
+    let err = provisioner.provision(&refused).await.unwrap_err();
+    assert!(
+        matches!(&err, ProvisionError::InBackground(e)
+            if matches!(e.downcast_ref::<ProvisionerError>(), Some(ProvisionerError::UnknownParameter { .. }))),
+        "{err:?}"
+    );
+    // Once the volume landed, the refusal keeps it (`NoChange`), as for any existing volume.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(sim.volumes().len(), 1);
+    let err = provisioner.provision(&refused).await.unwrap_err();
+    assert!(matches!(err, ProvisionError::NoChange(_)), "{err:?}");
+    assert_eq!(count(&sim, "CnsCreateVolume"), 1);
+    sim.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_create_that_never_lands_blocks_a_claim_for_one_settle_window_only() {
+    let sim = sim().await;
+    let provisioner = provisioner_with(&sim.vc_config().task_timeout(Duration::from_millis(500)))
+        .await
+        .create_settle(Duration::from_secs(3));
+    // The create is received but does not land within the test.
+    sim.delay("CnsCreateVolume", Duration::from_secs(3600));
+    let options = options();
+    let err = provisioner.provision(&options).await.unwrap_err();
+    assert!(matches!(err, ProvisionError::InBackground(_)), "{err:?}");
+    sim.delay("CnsCreateVolume", Duration::ZERO);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let err = provisioner.provision(&options).await.unwrap_err();
+    assert_create_pending(&err);
+    assert_eq!(count(&sim, "CnsCreateVolume"), 1);
+    // 3 s after the create was sent, the retry creates.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let pv = provisioner.provision(&options).await.unwrap();
+    assert_eq!(ids(&sim), vec![handle(&pv)]);
+    assert_eq!(count(&sim, "CnsCreateVolume"), 2);
+    drop(sim);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_default_settle_window_is_the_task_timeout_plus_the_request_timeout() {
+    let sim = sim().await;
+    let config = sim
+        .vc_config()
+        .timeout(Duration::from_secs(2))
+        .task_timeout(Duration::from_secs(1));
+    let provisioner = provisioner_with(&config).await;
+    sim.delay("CnsCreateVolume", Duration::from_secs(3600));
+    let options = options();
+    let err = provisioner.provision(&options).await.unwrap_err();
+    assert!(matches!(err, ProvisionError::InBackground(_)), "{err:?}");
+    sim.delay("CnsCreateVolume", Duration::ZERO);
+    // Sent at 0, timed out at 1 s; the window is 1 s + 2 s.
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    let err = provisioner.provision(&options).await.unwrap_err();
+    assert_create_pending(&err);
+    let ProvisionError::InBackground(source) = &err else {
+        unreachable!("checked above")
+    };
+    assert!(
+        matches!(
+            source.downcast_ref::<ProvisionerError>(),
+            Some(ProvisionerError::CreatePending { settle, .. }) if *settle == Duration::from_secs(3)
+        ),
+        "{source}"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    provisioner.provision(&options).await.unwrap();
+    assert_eq!(count(&sim, "CnsCreateVolume"), 2);
+    drop(sim);
+}

@@ -280,7 +280,7 @@ async fn a_failed_lookup_changes_nothing() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_slow_create_is_in_background_and_the_late_volume_does_not_leak() {
+async fn a_slow_create_is_in_background_and_its_late_volume_is_adopted_not_duplicated() {
     let sim = sim().await;
     let slow = sim.vc_config().task_timeout(Duration::from_millis(500));
     let provisioner = provisioner_with(&sim, slow).await;
@@ -289,14 +289,21 @@ async fn a_slow_create_is_in_background_and_the_late_volume_does_not_leak() {
     assert!(matches!(err, ProvisionError::InBackground(_)), "{err:?}");
     sim.delay("CnsCreateVolume", Duration::ZERO);
     // The first create still runs in the simulator, as a vCenter task would; the retry's
-    // lookup does not see it yet and creates a second volume.
-    let pv = provisioner.provision(&default_options()).await.unwrap();
-    assert_eq!(sim.volumes().len(), 1);
+    // lookup does not see it yet, and waits for it rather than create a second volume.
+    let err = provisioner.provision(&default_options()).await.unwrap_err();
+    assert!(
+        matches!(&err, ProvisionError::InBackground(e) if e.to_string().contains("may still land")),
+        "{err:?}"
+    );
+    assert!(sim.volumes().is_empty());
+    assert_eq!(count(&sim, "CnsCreateVolume"), 1);
     tokio::time::sleep(Duration::from_secs(10)).await;
+    // The late create landed: the retry returns its volume, the only one.
+    let pv = provisioner.provision(&default_options()).await.unwrap();
     let volumes = sim.volumes();
-    assert_eq!(volumes.len(), 2, "the late create landed: {volumes:?}");
-    assert!(volumes.iter().any(|v| v.id.as_str() == handle(&pv)));
-    // Deleting the provisioned PV removes its volume and the late duplicate of the same name.
+    assert_eq!(volumes.len(), 1, "{volumes:?}");
+    assert_eq!(handle(&pv), volumes[0].id.as_str());
+    assert_eq!(count(&sim, "CnsCreateVolume"), 1);
     provisioner.delete(&provisioned(pv)).await.unwrap();
     assert!(sim.volumes().is_empty(), "{:?}", sim.volumes());
     sim.shutdown().await;
