@@ -662,6 +662,13 @@ impl Provisioner for CnsProvisioner {
             .map_err(|e| DeleteError::Failed(Box::new(e)))
     }
 
+    /// The settle window ([`CnsProvisioner::create_settle`]): a create sent by any replica
+    /// lands within it, so the controller sweeps a saved PV's leftovers once more when it
+    /// has passed (and at a restarted replica's first sync). `None` when the window is 0.
+    fn late_asset_window(&self) -> Option<std::time::Duration> {
+        (!self.create_settle.is_zero()).then_some(self.create_settle)
+    }
+
     fn supports_block(&self) -> bool {
         true
     }
