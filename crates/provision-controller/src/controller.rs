@@ -3,6 +3,7 @@
 mod claim;
 mod decorate;
 mod intent;
+mod late;
 mod op;
 mod run;
 mod save;
@@ -68,6 +69,11 @@ use crate::{
 ///   of its name. A PV saved first under the same name by another replica is kept, and
 ///   the driver releases ours ([`Provisioner::delete_duplicate`]); after every save the
 ///   driver hears of the PV that records the asset ([`Provisioner::volume_saved`]).
+/// - With [`Provisioner::late_asset_window`], the driver hears again of each PV we
+///   provisioned that is younger than the window and not being deleted: at its first
+///   sync in this process (unless this process just saved it) and once when the window
+///   has passed since its creation, bounded by [`Config::provision_timeout`]; a failure is
+///   logged and fails no sync. Without a window nothing of this runs.
 /// - [`Provisioner::delete`] is called only after a fresh read of the PV shows the same
 ///   object still Released with reclaim policy Delete.
 #[doc(alias = "NewProvisionController")]
@@ -270,6 +276,9 @@ pub(crate) struct Context {
     /// Claim UID -> our own last finalizer write, whose watch event is
     /// not queued again (it would only repeat the sync that wrote it).
     pub(crate) own_writes: Mutex<HashMap<String, OwnWrite>>,
+    /// Young PVs whose driver hears of them again when their late-asset window ends
+    /// ([`Provisioner::late_asset_window`]).
+    pub(crate) late: late::LateAssets,
 }
 
 /// A claim whose provisioning may run in the background, and the class it was started
@@ -435,6 +444,7 @@ impl Context {
         self.infeasible().retain(|_, e| e.since.elapsed() < delay);
         let claims = self.caches.claims.state();
         let volumes = self.caches.volumes.names();
+        self.late.retain(|name| self.caches.volume_exists(name));
         for claim in &claims {
             if let Some(uid) = self.caches.index_claim(claim) {
                 self.claim_queue.add(uid);

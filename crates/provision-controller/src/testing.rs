@@ -105,6 +105,7 @@ pub struct FakeProvisioner {
     state: Arc<Mutex<State>>,
     gate: Arc<Gate>,
     block: bool,
+    late_window: Option<std::time::Duration>,
 }
 
 impl FakeProvisioner {
@@ -117,6 +118,13 @@ impl FakeProvisioner {
     #[must_use]
     pub fn with_block_support(mut self) -> Self {
         self.block = true;
+        self
+    }
+    /// Answers `late_asset_window() == Some(window)` (default `None`), so the controller
+    /// calls `volume_saved` again for young PVs it provisioned.
+    #[must_use]
+    pub fn with_late_asset_window(mut self, window: std::time::Duration) -> Self {
+        self.late_window = Some(window);
         self
     }
     /// Appends steps for the next `provision` calls.
@@ -301,6 +309,10 @@ impl Provisioner for FakeProvisioner {
                 reason: "fake: not mine".into(),
             }),
         }
+    }
+
+    fn late_asset_window(&self) -> Option<std::time::Duration> {
+        self.late_window
     }
 
     fn supports_block(&self) -> bool {

@@ -173,6 +173,7 @@ pub(super) async fn run(
         config,
         accepting: false.into(),
         own_writes: std::sync::Mutex::default(),
+        late: super::late::LateAssets::default(),
     });
     tracing::info!(
         provisioner = %ctx.name,

@@ -198,6 +198,8 @@ pub(crate) fn same_source(a: &PersistentVolume, b: &PersistentVolume) -> bool {
 /// ([`Provisioner::volume_saved`](crate::Provisioner::volume_saved)); a failure is logged
 /// and fails nothing.
 async fn volume_saved(ctx: &Context, saved: &PersistentVolume) {
+    // The first sync of the PV here then only waits for the end of its late-asset window.
+    super::late::saved(ctx, saved);
     let name = saved.metadata.name.as_deref().unwrap_or_default();
     let error = match call(
         ctx.config.provision_timeout,

@@ -1,5 +1,5 @@
 //! The volume flow: `finalizer_change` and `should_delete` (pure), then `sync_volume` and
-//! `delete_volume` (I/O). Go: `syncVolume`, `handleProtectionFinalizer`, `shouldDelete`,
+//! `delete_volume` (I/O), with the late-asset sweep of young PVs first (`late`). Go: `syncVolume`, `handleProtectionFinalizer`, `shouldDelete`,
 //! `deleteVolumeOperation`.
 
 use std::sync::Arc;
@@ -129,9 +129,11 @@ pub(crate) fn still_reclaimable(
 /// Processes the volume with this name; an error requeues it.
 pub(crate) async fn sync_volume(ctx: &Context, name: &str) -> Result<(), OpError> {
     let Some(volume) = ctx.caches.volume(name) else {
+        super::late::sweep(ctx, name, None).await;
         tracing::debug!(pv = name, "volume no longer exists");
         return Ok(());
     };
+    super::late::sweep(ctx, name, Some(&volume)).await;
     let Some(volume) = handle_protection_finalizer(ctx, volume).await? else {
         tracing::debug!(pv = name, "volume no longer exists");
         return Ok(());

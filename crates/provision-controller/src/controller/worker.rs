@@ -204,6 +204,7 @@ mod tests {
             saver: Saver::new(&PvSaveStrategy::background(), None),
             accepting: std::sync::atomic::AtomicBool::new(true),
             own_writes: Mutex::default(),
+            late: crate::controller::late::LateAssets::default(),
             config,
         });
         Harness {
@@ -465,6 +466,7 @@ mod tests {
         assert!(fake.provision_calls().is_empty());
     }
 
+    mod late;
     mod more;
     mod safety;
 

@@ -3,6 +3,7 @@
 
 mod crash_safe;
 mod delete;
+mod late;
 mod provision;
 mod robust;
 mod save;
@@ -77,11 +78,27 @@ impl Env {
         driver: impl provision_controller::Provisioner,
         build: impl FnOnce(ProvisionController) -> ProvisionController,
     ) -> Self {
+        Self::start_on(Self::sim().await, config, fake, driver, build).await
+    }
+
+    /// A fresh kube-sim with its PV binder, for [`start_on`](Self::start_on).
+    pub(crate) async fn sim() -> KubeSim {
         let _ = tracing_subscriber::fmt()
             .with_test_writer()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .try_init();
-        let sim = KubeSim::builder().pv_binder(true).start().await.unwrap();
+        KubeSim::builder().pv_binder(true).start().await.unwrap()
+    }
+
+    /// Runs the controller on `driver` against `sim`, which may hold objects already (a
+    /// controller that starts, or restarts, on an existing cluster).
+    pub(crate) async fn start_on(
+        sim: KubeSim,
+        config: Config,
+        fake: FakeProvisioner,
+        driver: impl provision_controller::Provisioner,
+        build: impl FnOnce(ProvisionController) -> ProvisionController,
+    ) -> Self {
         let client = sim.client();
         let controller =
             build(ProvisionController::new(client.clone(), ME, driver).with_config(config));

@@ -1,0 +1,193 @@
+//! Late assets (`Provisioner::late_asset_window`): a young PV we provisioned is handed to
+//! `volume_saved` again at its first sync in a controller (a restarted replica sweeps
+//! what its earlier life left in flight) and once more when its window has passed.
+//!
+//! Each test that shows something is NOT swept also has a young PV of ours that is, so
+//! the sweep demonstrably ran.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use k8s_openapi::{api::core::v1::PersistentVolume, jiff::Timestamp};
+use kube_client::api::PostParams;
+use kube_sim::KubeSim;
+use provision_controller::{
+    DeleteError, ProvisionError, ProvisionOptions, Provisioner,
+    testing::{FakeProvisioner, pv},
+};
+
+use crate::{Env, ME, claim, eventually, fast_class, quick};
+
+const WINDOW: Duration = Duration::from_secs(2);
+
+/// The fake, with the wall-clock time of every `volume_saved` call by PV name.
+#[derive(Clone)]
+struct Timed {
+    fake: FakeProvisioner,
+    window: Option<Duration>,
+    saved: Arc<Mutex<Vec<(String, Timestamp)>>>,
+}
+
+impl Timed {
+    fn new(window: Option<Duration>) -> Self {
+        Self {
+            fake: FakeProvisioner::new(),
+            window,
+            saved: Arc::default(),
+        }
+    }
+
+    /// When `volume_saved` was called for the PV `name`, in order.
+    fn calls(&self, name: &str) -> Vec<Timestamp> {
+        let saved = self.saved.lock().unwrap();
+        saved
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, t)| *t)
+            .collect()
+    }
+
+    async fn wait_calls(&self, name: &str, n: usize) -> Vec<Timestamp> {
+        eventually(&format!("{n} volume_saved calls for {name}"), || async {
+            let calls = self.calls(name);
+            (calls.len() >= n).then_some(calls)
+        })
+        .await
+    }
+}
+
+#[async_trait::async_trait]
+impl Provisioner for Timed {
+    async fn provision(
+        &self,
+        options: &ProvisionOptions,
+    ) -> Result<PersistentVolume, ProvisionError> {
+        self.fake.provision(options).await
+    }
+    async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError> {
+        self.fake.delete(volume).await
+    }
+    async fn volume_saved(&self, saved: &PersistentVolume) -> Result<(), DeleteError> {
+        let name = saved.metadata.name.clone().unwrap_or_default();
+        self.saved.lock().unwrap().push((name, Timestamp::now()));
+        self.fake.volume_saved(saved).await
+    }
+    fn late_asset_window(&self) -> Option<Duration> {
+        self.window
+    }
+}
+
+/// Creates a PV that names no claim (nothing else happens to it) and returns it as stored.
+async fn create_pv(sim: &KubeSim, name: &str, provisioner: &str) -> PersistentVolume {
+    let volumes = kube_client::Api::<PersistentVolume>::all(sim.client());
+    let volume = pv(name).provisioned_by(provisioner).build();
+    volumes
+        .create(&PostParams::default(), &volume)
+        .await
+        .unwrap()
+}
+
+fn created(volume: &PersistentVolume) -> Timestamp {
+    volume.metadata.creation_timestamp.as_ref().unwrap().0
+}
+
+/// Starts a controller on `driver` against `sim`.
+async fn start(sim: KubeSim, driver: &Timed) -> Env {
+    Env::start_on(sim, quick(), driver.fake.clone(), driver.clone(), |c| c).await
+}
+
+/// More than the window plus a resync (`quick` resyncs every 2 s): any further call
+/// would have happened by then.
+async fn past_window_and_resync() {
+    tokio::time::sleep(WINDOW + Duration::from_millis(2500)).await;
+}
+
+#[tokio::test]
+async fn a_young_volume_is_swept_at_its_first_sync_after_a_restart_and_once_when_its_window_ends() {
+    let sim = Env::sim().await;
+    // A PV an earlier life of the controller saved just before it stopped.
+    let window = Duration::from_secs(3);
+    let volume = create_pv(&sim, "pvc-young", ME).await;
+    let driver = Timed::new(Some(window));
+    let env = start(sim, &driver).await;
+
+    let calls = driver.wait_calls("pvc-young", 2).await;
+    let deadline = created(&volume) + window;
+    assert!(
+        calls[1] >= deadline,
+        "the second call waits for the window to end: {calls:?}, created {}",
+        created(&volume)
+    );
+    past_window_and_resync().await;
+    assert_eq!(driver.calls("pvc-young").len(), 2, "and never again");
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_volume_this_controller_saves_is_swept_once_more_when_its_window_ends() {
+    let driver = Timed::new(Some(WINDOW));
+    let env = Env::start_driver(quick(), driver.fake.clone(), driver.clone(), |c| c).await;
+    env.create_class(fast_class()).await;
+    env.create_claim(claim("data")).await;
+    let volume = env.bound_volume("data").await;
+    let name = volume.metadata.name.clone().unwrap();
+
+    // At the save, then at the end of the window (the first sync adds nothing).
+    let calls = driver.wait_calls(&name, 2).await;
+    assert!(calls[1] >= created(&volume) + WINDOW, "{calls:?}");
+    past_window_and_resync().await;
+    assert_eq!(driver.calls(&name).len(), 2);
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_volume_older_than_the_window_is_not_swept() {
+    let sim = Env::sim().await;
+    create_pv(&sim, "pvc-old", ME).await;
+    // Older than the window when the controller starts (creation times are whole seconds).
+    tokio::time::sleep(WINDOW + Duration::from_secs(1)).await;
+    create_pv(&sim, "pvc-young", ME).await;
+    let driver = Timed::new(Some(WINDOW));
+    let env = start(sim, &driver).await;
+
+    driver.wait_calls("pvc-young", 2).await;
+    past_window_and_resync().await;
+    assert_eq!(driver.calls("pvc-old"), []);
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_volume_of_another_provisioner_is_not_swept() {
+    let sim = Env::sim().await;
+    create_pv(&sim, "pvc-theirs", "example.com/other").await;
+    create_pv(&sim, "pvc-young", ME).await;
+    let driver = Timed::new(Some(WINDOW));
+    let env = start(sim, &driver).await;
+
+    driver.wait_calls("pvc-young", 2).await;
+    past_window_and_resync().await;
+    assert_eq!(driver.calls("pvc-theirs"), []);
+    env.stop().await;
+}
+
+// A guard for drivers without a window: it cannot fail for want of the sweep, only if
+// the sweep ran without being asked for.
+#[tokio::test]
+async fn without_a_window_volumes_are_not_swept_again() {
+    let sim = Env::sim().await;
+    create_pv(&sim, "pvc-young", ME).await;
+    let driver = Timed::new(None);
+    let env = start(sim, &driver).await;
+    // A PV saved in this run proves the volume workers ran meanwhile.
+    env.create_class(fast_class()).await;
+    env.create_claim(claim("data")).await;
+    let volume = env.bound_volume("data").await;
+    let name = volume.metadata.name.clone().unwrap();
+
+    past_window_and_resync().await;
+    assert_eq!(driver.calls("pvc-young"), []);
+    assert_eq!(driver.calls(&name).len(), 1, "only at the save");
+    env.stop().await;
+}
