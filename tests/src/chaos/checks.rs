@@ -123,7 +123,7 @@ pub struct Findings {
 }
 
 impl Findings {
-    fn violation(&mut self, line: String) {
+    pub(crate) fn violation(&mut self, line: String) {
         self.violations.push(line);
     }
     fn note(&mut self, line: String) {

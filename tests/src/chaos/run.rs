@@ -24,6 +24,44 @@ const PHASE_LIMIT: Duration = Duration::from_secs(60);
 const TICK: Duration = Duration::from_millis(50);
 /// How often a snapshot is taken while settling.
 const SAMPLE: Duration = Duration::from_millis(250);
+/// Requests per second (API, not counting leases and lists; or CNS) above which a quiet
+/// system counts as busy: a retry loop that changes nothing.
+const BUSY: f64 = 10.0;
+
+/// Requests counted since the run began settling.
+#[derive(Clone, Copy, Debug, Default)]
+struct Activity {
+    /// API requests but lists and lease traffic.
+    api: u64,
+    /// CNS calls.
+    cns: usize,
+}
+
+impl Activity {
+    /// Adds the API requests logged since the last count (and forgets them), and takes
+    /// the CNS call count.
+    fn count(&mut self, world: &World) {
+        let requests = world.kube.requests();
+        world.kube.clear_requests();
+        let counted = requests
+            .iter()
+            .filter(|r| r.resource != "leases" && r.verb != "list" && r.verb != "watch")
+            .count();
+        self.api += u64::try_from(counted).unwrap_or(u64::MAX);
+        self.cns = world.shared.cns.requests().len();
+    }
+
+    /// API requests and CNS calls per second since `earlier`, over `elapsed`.
+    fn rates_since(&self, earlier: &Self, elapsed: Duration) -> (f64, f64) {
+        let secs = elapsed.as_secs_f64().max(0.001);
+        #[allow(clippy::cast_precision_loss)] // counts far below 2^52
+        let rates = (
+            (self.api - earlier.api) as f64 / secs,
+            (self.cns - earlier.cns) as f64 / secs,
+        );
+        rates
+    }
+}
 
 /// Runs seed `seed` with `claims` claims and reports what the checks found.
 pub async fn run_seed(seed: u64, claims: usize) -> SeedReport {
@@ -175,8 +213,11 @@ async fn settle(world: &mut World, phase: Phase) -> anyhow::Result<Findings> {
     let started = Instant::now();
     let mut last = None;
     let mut stable_since = started;
+    let mut activity = Activity::default();
+    let mut activity_since = activity;
     loop {
         wait_until(world, Instant::now() + SAMPLE).await?;
+        activity.count(world);
         let now = Instant::now();
         let snapshot = match Snapshot::take(&shared).await {
             Ok(snapshot) => snapshot,
@@ -190,6 +231,7 @@ async fn settle(world: &mut World, phase: Phase) -> anyhow::Result<Findings> {
         if last != Some(fingerprint) {
             last = Some(fingerprint);
             stable_since = now;
+            activity_since = activity;
         }
         let stable = now - stable_since;
         let over = now - started >= PHASE_LIMIT;
@@ -210,10 +252,20 @@ async fn settle(world: &mut World, phase: Phase) -> anyhow::Result<Findings> {
                      {PHASE_LIMIT:?}"
                 ));
             }
+            let (api, cns) = activity.rates_since(&activity_since, stable);
+            if api > BUSY || cns > BUSY {
+                findings.violation(format!(
+                    "the controllers stay busy while nothing changes: {api:.1} API requests/s \
+                     (not counting leases and lists), {cns:.1} CNS calls/s over {:.1}s",
+                    stable.as_secs_f64()
+                ));
+            }
             shared.log(format!(
-                "{phase:?}: checked after {:.1}s ({} violations)",
+                "{phase:?}: checked after {:.1}s ({} violations; quiet for {:.1}s with {api:.1} \
+                 API requests/s, {cns:.1} CNS calls/s)",
                 (now - started).as_secs_f64(),
-                findings.violations.len()
+                findings.violations.len(),
+                stable.as_secs_f64()
             ));
             return Ok(findings);
         }
