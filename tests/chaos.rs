@@ -13,7 +13,8 @@ const JOBS: usize = 2;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seeded_chaos_keeps_every_volume_safe() {
     let mut failures = String::new();
-    let summary = chaos::run_seeds(SEEDS, CLAIMS, JOBS, |report| {
+    let panics = chaos::PanicLog::install();
+    let summary = chaos::run_seeds(SEEDS, CLAIMS, JOBS, Some(panics), |report| {
         println!("{}", report.summary());
         if !report.passed() {
             let details = report.details(false);

@@ -85,12 +85,19 @@ fn main() -> ExitCode {
         }
     };
     let verbose = args.verbose;
-    let summary = runtime.block_on(chaos::run_seeds(seeds, args.claims, args.jobs, |report| {
-        println!("{}", report.summary());
-        if verbose || !report.passed() {
-            print!("{}", report.details(verbose));
-        }
-    }));
+    let panics = chaos::PanicLog::install();
+    let summary = runtime.block_on(chaos::run_seeds(
+        seeds,
+        args.claims,
+        args.jobs,
+        Some(panics),
+        |report| {
+            println!("{}", report.summary());
+            if verbose || !report.passed() {
+                print!("{}", report.details(verbose));
+            }
+        },
+    ));
     println!("{}", summary.line(args.claims));
     if summary.failed.is_empty() {
         ExitCode::SUCCESS

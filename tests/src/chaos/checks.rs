@@ -27,6 +27,8 @@ const DISRUPTION_MARGIN: Duration = Duration::from_secs(3);
 /// Which invariants apply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
+    /// During the chaos (panics, replicas that failed for another reason than the lease).
+    Chaos,
     /// After the chaos, everything quiet.
     Quiescent,
     /// After every `CnsVolumeMetadata` object was deleted.

@@ -20,6 +20,7 @@ pub mod checks;
 pub mod faults;
 pub mod names;
 pub mod objects;
+pub mod panics;
 pub mod partition;
 pub mod replica;
 pub mod report;
@@ -32,16 +33,19 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+pub use panics::PanicLog;
 pub use report::{SeedReport, Summary, replay_command};
 pub use run::run_seed;
 pub use schedule::Schedule;
 
 /// Runs `seeds` with `claims` claims each, `jobs` at a time, calling `each` with every
-/// report as it finishes; returns the summary.
+/// report as it finishes; returns the summary. With `panics`, a panic on a thread of a
+/// seed's replicas, or on another thread while the seed ran, is a violation of that seed.
 pub async fn run_seeds(
     seeds: impl IntoIterator<Item = u64>,
     claims: usize,
     jobs: usize,
+    panics: Option<PanicLog>,
     mut each: impl FnMut(&SeedReport),
 ) -> Summary {
     let started = tokio::time::Instant::now();
@@ -49,9 +53,10 @@ pub async fn run_seeds(
     let mut runs = JoinSet::new();
     for seed in seeds {
         let permits = permits.clone();
+        let panics = panics.clone();
         runs.spawn(async move {
             let _permit = permits.acquire_owned().await;
-            let run = tokio::spawn(run_seed(seed, claims)).await;
+            let run = tokio::spawn(run::run_seed_watching(seed, claims, panics)).await;
             run.unwrap_or_else(|e| {
                 let mut report = SeedReport::new(seed, claims);
                 report.error = Some(format!("the run panicked: {e}"));

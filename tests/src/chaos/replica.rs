@@ -31,6 +31,8 @@ pub struct ReplicaSpec {
     pub vc: VcConfig,
     /// The controllers' settings.
     pub settings: Settings,
+    /// The seed of the run, in thread names (`replica-s<seed>-<index>.<start>`).
+    pub seed: u64,
 }
 
 /// How long a graceful stop may take before the replica is killed (as a kubelet's
@@ -106,7 +108,10 @@ impl Replica {
         self.starts += 1;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
-            .thread_name(format!("replica-{}.{}", self.index, self.starts))
+            .thread_name(format!(
+                "replica-s{}-{}.{}",
+                self.spec.seed, self.index, self.starts
+            ))
             .enable_all()
             .build()
             .context("cannot build a replica runtime")?;

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use super::actions::{global_action, run_chain};
 use super::checks::{Findings, Phase, Snapshot, check};
+use super::panics::PanicLog;
 use super::report::SeedReport;
 use super::schedule::{Schedule, Step};
 use super::world::{RESYNC, World, cns_methods, is_not_found, retry};
@@ -65,6 +66,38 @@ impl Activity {
 
 /// Runs seed `seed` with `claims` claims and reports what the checks found.
 pub async fn run_seed(seed: u64, claims: usize) -> SeedReport {
+    run_seed_watching(seed, claims, None).await
+}
+
+/// [`run_seed`], with the panics of the process counted against the seed.
+pub async fn run_seed_watching(seed: u64, claims: usize, panics: Option<PanicLog>) -> SeedReport {
+    let before = panics.as_ref().map_or(0, PanicLog::len);
+    let mut report = run_schedule(seed, claims).await;
+    if let Some(panics) = panics {
+        let ours = format!("replica-s{seed}-");
+        let seen: Vec<String> = panics
+            .since(before)
+            .into_iter()
+            .filter(|p| p.starts_with(&ours) || !p.starts_with("replica-"))
+            .collect();
+        if !seen.is_empty() {
+            let lines = seen
+                .into_iter()
+                .map(|p| format!("a thread panicked: {p}"))
+                .collect();
+            report.phases.push((
+                Phase::Chaos,
+                Findings {
+                    violations: lines,
+                    notes: Vec::new(),
+                },
+            ));
+        }
+    }
+    report
+}
+
+async fn run_schedule(seed: u64, claims: usize) -> SeedReport {
     let schedule = Schedule::generate(seed, claims);
     let started = tokio::time::Instant::now();
     let mut report = SeedReport::new(seed, claims);

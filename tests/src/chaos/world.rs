@@ -258,6 +258,7 @@ impl World {
             kube: kube_client::Config::new(uri),
             vc: shared.cns.vc_config().timeout(CNS_TIMEOUT),
             settings: settings(schedule)?,
+            seed: schedule.seed,
         });
         let mut replicas = vec![Replica::new(0, spec.clone()), Replica::new(1, spec)];
         for replica in &mut replicas {
