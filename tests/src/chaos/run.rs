@@ -239,8 +239,9 @@ fn calm(world: &mut World) -> anyhow::Result<()> {
 }
 
 /// Waits until nothing changes for [`QUIET`] and the checks pass, or nothing changes for
-/// [`LONG_QUIET`] (only metadata violations wait for [`PHASE_LIMIT`]: the reconciler's
-/// retries back off for minutes), then returns the checks' findings.
+/// [`LONG_QUIET`] (with a `CnsVolumeMetadata` violation, until [`PHASE_LIMIT`]: the
+/// reconciler is not woken by claim or PV changes, and its retries back off for
+/// minutes), then returns the checks' findings.
 async fn settle(world: &mut World, phase: Phase) -> anyhow::Result<Findings> {
     let shared = world.shared.clone();
     let started = Instant::now();
@@ -272,12 +273,11 @@ async fn settle(world: &mut World, phase: Phase) -> anyhow::Result<Findings> {
             continue;
         }
         let mut findings = check(&snapshot, &shared.records(), phase);
-        let only_metadata = findings
+        let metadata = findings
             .violations
             .iter()
-            .all(|v| v.starts_with("cnsvolumemetadata") || v.starts_with("deleted cnsvolume"));
-        let done =
-            findings.violations.is_empty() || over || (stable >= LONG_QUIET && !only_metadata);
+            .any(|v| v.starts_with("cnsvolumemetadata") || v.starts_with("deleted cnsvolume"));
+        let done = findings.violations.is_empty() || over || (stable >= LONG_QUIET && !metadata);
         if done {
             if over && stable < QUIET {
                 findings.notes.push(format!(

@@ -32,6 +32,9 @@ pub const RESYNC: Duration = Duration::from_secs(5);
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// The CNS client's HTTP timeout (slow CNS windows go beyond it).
 pub const CNS_TIMEOUT: Duration = Duration::from_millis(1_500);
+/// The CNS client's task timeout, compressed like the rest (default 300 s): a create
+/// whose outcome is unknown may land within it, so a cleanup waits that long.
+pub const CNS_TASK_TIMEOUT: Duration = Duration::from_secs(4);
 /// Lease timings: short, so that a partition outlives the lease.
 pub const LEASE: (Duration, Duration, Duration) = (
     Duration::from_secs(2),
@@ -256,7 +259,11 @@ impl World {
         let uri: http::Uri = kube.url().parse().context("kube-sim's URL")?;
         let spec = Arc::new(ReplicaSpec {
             kube: kube_client::Config::new(uri),
-            vc: shared.cns.vc_config().timeout(CNS_TIMEOUT),
+            vc: shared
+                .cns
+                .vc_config()
+                .timeout(CNS_TIMEOUT)
+                .task_timeout(CNS_TASK_TIMEOUT),
             settings: settings(schedule)?,
             seed: schedule.seed,
         });
