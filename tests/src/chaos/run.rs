@@ -1,6 +1,7 @@
 //! One run: the schedule, then quiescence and the checks, then teardown and the strict
 //! checks.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use kube_client::ResourceExt;
@@ -30,10 +31,10 @@ const SAMPLE: Duration = Duration::from_millis(250);
 const BUSY: f64 = 10.0;
 
 /// Requests counted since the run began settling.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Activity {
-    /// API requests but lists and lease traffic.
-    api: u64,
+    /// API requests but lists, watches and lease traffic, by `verb resource`.
+    api: BTreeMap<String, u64>,
     /// CNS calls.
     cns: usize,
 }
@@ -44,21 +45,40 @@ impl Activity {
     fn count(&mut self, world: &World) {
         let requests = world.kube.requests();
         world.kube.clear_requests();
-        let counted = requests
+        for r in requests
             .iter()
             .filter(|r| r.resource != "leases" && r.verb != "list" && r.verb != "watch")
-            .count();
-        self.api += u64::try_from(counted).unwrap_or(u64::MAX);
+        {
+            *self
+                .api
+                .entry(format!("{} {}", r.verb, r.resource))
+                .or_default() += 1;
+        }
         self.cns = world.shared.cns.requests().len();
     }
 
-    /// API requests and CNS calls per second since `earlier`, over `elapsed`.
-    fn rates_since(&self, earlier: &Self, elapsed: Duration) -> (f64, f64) {
+    /// API requests and CNS calls per second since `earlier`, over `elapsed`, and the
+    /// busiest API requests.
+    fn rates_since(&self, earlier: &Self, elapsed: Duration) -> (f64, f64, String) {
         let secs = elapsed.as_secs_f64().max(0.001);
+        let mut busiest: Vec<(u64, &str)> = self
+            .api
+            .iter()
+            .map(|(k, n)| (n - earlier.api.get(k).copied().unwrap_or(0), k.as_str()))
+            .filter(|(n, _)| *n > 0)
+            .collect();
+        busiest.sort_unstable_by(|a, b| b.cmp(a));
+        let api: u64 = busiest.iter().map(|(n, _)| n).sum();
+        let top: Vec<String> = busiest
+            .iter()
+            .take(3)
+            .map(|(n, k)| format!("{n} {k}"))
+            .collect();
         #[allow(clippy::cast_precision_loss)] // counts far below 2^52
         let rates = (
-            (self.api - earlier.api) as f64 / secs,
+            api as f64 / secs,
             (self.cns - earlier.cns) as f64 / secs,
+            top.join(", "),
         );
         rates
     }
@@ -248,7 +268,7 @@ async fn settle(world: &mut World, phase: Phase) -> anyhow::Result<Findings> {
     let mut last = None;
     let mut stable_since = started;
     let mut activity = Activity::default();
-    let mut activity_since = activity;
+    let mut activity_since = activity.clone();
     loop {
         wait_until(world, Instant::now() + SAMPLE).await?;
         activity.count(world);
@@ -265,7 +285,7 @@ async fn settle(world: &mut World, phase: Phase) -> anyhow::Result<Findings> {
         if last != Some(fingerprint) {
             last = Some(fingerprint);
             stable_since = now;
-            activity_since = activity;
+            activity_since = activity.clone();
         }
         let stable = now - stable_since;
         let over = now - started >= PHASE_LIMIT;
@@ -285,11 +305,12 @@ async fn settle(world: &mut World, phase: Phase) -> anyhow::Result<Findings> {
                      {PHASE_LIMIT:?}"
                 ));
             }
-            let (api, cns) = activity.rates_since(&activity_since, stable);
+            let (api, cns, top) = activity.rates_since(&activity_since, stable);
             if api > BUSY || cns > BUSY {
                 findings.violation(format!(
                     "the controllers stay busy while nothing changes: {api:.1} API requests/s \
-                     (not counting leases and lists), {cns:.1} CNS calls/s over {:.1}s",
+                     (not counting leases and lists; most: {top}), {cns:.1} CNS calls/s over \
+                     {:.1}s",
                     stable.as_secs_f64()
                 ));
             }
