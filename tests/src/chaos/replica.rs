@@ -44,12 +44,14 @@ const RESTART_DELAY: Duration = Duration::from_millis(300);
 enum State {
     /// Not running; with `restart_at`, the harness brings it back then.
     Down { restart_at: Option<Instant> },
-    /// Running (or stopping, with `stopping` set).
+    /// Running (or stopping, with `stopping` set; `then_start` when a start came
+    /// meanwhile).
     Up {
         runtime: Runtime,
         stop: Option<oneshot::Sender<()>>,
         exit: oneshot::Receiver<anyhow::Result<()>>,
         stopping: Option<Instant>,
+        then_start: bool,
     },
 }
 
@@ -97,13 +99,22 @@ impl Replica {
         &self.partition
     }
 
-    /// Starts it on a new runtime; nothing if it is up.
+    /// Starts it on a new runtime; nothing if it is up; once stopped if it is stopping.
     ///
     /// # Errors
     /// When the runtime cannot be built.
     pub fn start(&mut self) -> anyhow::Result<()> {
-        if self.is_up() {
-            return Ok(());
+        match &mut self.state {
+            State::Up {
+                stopping: Some(_),
+                then_start,
+                ..
+            } => {
+                *then_start = true;
+                return Ok(());
+            }
+            State::Up { .. } => return Ok(()),
+            State::Down { .. } => {}
         }
         self.starts += 1;
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -132,6 +143,7 @@ impl Replica {
             stop: Some(stop),
             exit,
             stopping: None,
+            then_start: false,
         };
         Ok(())
     }
@@ -178,9 +190,15 @@ impl Replica {
                 Ok(Some(format!("replica {index} restarted after it exited")))
             }
             State::Down { .. } => Ok(None),
-            State::Up { exit, stopping, .. } => match exit.try_recv() {
+            State::Up {
+                exit,
+                stopping,
+                then_start,
+                ..
+            } => match exit.try_recv() {
                 Ok(result) => {
                     let graceful = stopping.is_some();
+                    let restart = !graceful || *then_start;
                     let line = match (&result, graceful) {
                         (Ok(()), true) => format!("replica {index} stopped"),
                         (Err(e), true) => format!("replica {index} stopped with an error: {e:#}"),
@@ -188,7 +206,7 @@ impl Replica {
                         (Err(e), false) => format!("replica {index} exited: {e:#}"),
                     };
                     self.kill();
-                    if !graceful {
+                    if restart {
                         self.state = State::Down {
                             restart_at: Some(now + RESTART_DELAY),
                         };
@@ -197,7 +215,13 @@ impl Replica {
                 }
                 Err(oneshot::error::TryRecvError::Empty) => match stopping {
                     Some(since) if now.duration_since(*since) > STOP_GRACE => {
+                        let restart = *then_start;
                         self.kill();
+                        if restart {
+                            self.state = State::Down {
+                                restart_at: Some(now + RESTART_DELAY),
+                            };
+                        }
                         Ok(Some(format!(
                             "replica {index} did not stop within {STOP_GRACE:?}: killed"
                         )))
