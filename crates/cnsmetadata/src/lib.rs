@@ -8,6 +8,7 @@ mod events;
 mod plan;
 mod reconciler;
 mod record;
+mod related;
 mod resource;
 mod run;
 mod sync;

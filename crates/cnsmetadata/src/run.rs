@@ -25,6 +25,7 @@ use crate::{
     backoff::PerObjectBackoff,
     config::{Config, ConfigError},
     reconciler::{Context, ReconcileError, error_policy, reconcile},
+    related::{ClaimKey, Related},
     resource::CnsVolumeMetadata,
     trigger::Triggers,
 };
@@ -42,8 +43,16 @@ pub enum Error {
 }
 
 /// A reflector filling `writer` with every `K`, managedFields dropped; runs until dropped.
-async fn fill_cache<K>(api: Api<K>, writer: Writer<K>, what: &'static str)
-where
+/// `concerned` tells which claims each event may have changed the resolution of (it sees
+/// every event after the store applied it); the objects naming them are reconciled, when a
+/// term is running.
+async fn fill_cache<K>(
+    api: Api<K>,
+    writer: Writer<K>,
+    what: &'static str,
+    triggers: Arc<Triggers>,
+    concerned: impl Fn(&watcher::Event<K>) -> Vec<ClaimKey>,
+) where
     K: Resource<DynamicType = ()>
         + Clone
         + DeserializeOwned
@@ -57,10 +66,35 @@ where
         .modify(|object: &mut K| object.managed_fields_mut().clear())
         .reflect(writer)
         .for_each(|event| {
-            if let Err(error) = event {
-                warn!(cache = what, error = %error_chain(&error), "watch failed; retrying");
+            let next = match event {
+                Ok(event) => {
+                    let claims = concerned(&event);
+                    if claims.is_empty() {
+                        None
+                    } else {
+                        triggers.users_of(&claims)
+                    }
+                }
+                Err(error) => {
+                    warn!(cache = what, error = %error_chain(&error), "watch failed; retrying");
+                    None
+                }
+            };
+            async move {
+                if let Some((mut queue, objects)) = next {
+                    debug!(
+                        cache = what,
+                        objects = objects.len(),
+                        "a claim or volume changed; reconciling the objects using it"
+                    );
+                    for object in objects {
+                        // Fails only when the term ended meanwhile; the next one reconciles all.
+                        if queue.send(object).await.is_err() {
+                            break;
+                        }
+                    }
+                }
             }
-            future::ready(())
         })
         .await;
 }
@@ -128,7 +162,10 @@ pub async fn run(
 /// filled, each time `*leading.borrow()` turns `true` a term starts: every object is
 /// reconciled (the new leader catches up on whatever happened meanwhile), then each
 /// object again on its creation, a change of spec or finalizers, the start of its
-/// deletion, and its retries, with [`Config::worker_threads`] workers.
+/// deletion, a change of a supervisor claim it names or of that claim's PV (the claim
+/// appears, binds or goes; the PV appears, changes driver, volume handle or `claimRef`,
+/// or goes: seen in the same caches, no extra watch), and its retries, with
+/// [`Config::worker_threads`] workers.
 ///
 /// # Guarantees
 /// - When `leading` turns `false`, no new reconcile starts; the ones running finish, the
@@ -211,16 +248,22 @@ pub(crate) async fn serve(
     let (claims, claims_writer) = reflector::store();
     let (volumes, volumes_writer) = reflector::store();
     let (objects, objects_writer) = reflector::store();
+    let related = Arc::new(Related::default());
+    let related_volumes = related.clone();
     let watches = future::join3(
         fill_cache(
             Api::<PersistentVolumeClaim>::all(client.clone()),
             claims_writer,
             "claims",
+            triggers.clone(),
+            move |event| related.observe_claim(event),
         ),
         fill_cache(
             Api::<PersistentVolume>::all(client.clone()),
             volumes_writer,
             "volumes",
+            triggers.clone(),
+            move |event| related_volumes.observe_volume(event),
         ),
         watch_objects(
             client.clone(),
@@ -305,10 +348,11 @@ async fn lead(
             workers,
             "leading: reconciling every CnsVolumeMetadata object"
         );
-        let queue = triggers.subscribe();
+        let term = triggers.subscribe();
         // `Shared` makes the future `Sync`, as `graceful_shutdown_on` wants.
         let step_down = until_not_leading(leading.clone()).boxed().shared();
-        Controller::for_stream(queue.map(Ok), objects.clone())
+        Controller::for_stream(term.objects.map(Ok), objects.clone())
+            .reconcile_on(term.related)
             .with_config(ControllerConfig::default().concurrency(workers))
             .reconcile_all_on(stream::once(future::ready(())))
             .graceful_shutdown_on(shutdown.clone())
@@ -430,6 +474,180 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(20), poll)
             .await
             .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
+    }
+
+    /// A kube-sim with the CRD and the namespace `tenant`.
+    async fn sim_with_crd() -> kube_sim::KubeSim {
+        let sim = kube_sim::KubeSim::builder().start().await.unwrap();
+        let crds: Api<CustomResourceDefinition> = Api::all(sim.client());
+        crds.create(&PostParams::default(), &crate::crd())
+            .await
+            .unwrap();
+        let namespaces: Api<Namespace> = Api::all(sim.client());
+        let tenant = Namespace {
+            metadata: ObjectMeta {
+                name: Some("tenant".into()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        namespaces
+            .create(&PostParams::default(), &tenant)
+            .await
+            .unwrap();
+        sim
+    }
+
+    #[tokio::test]
+    async fn claims_that_bind_and_volumes_that_appear_reconcile_their_objects_at_once() {
+        let sim = sim_with_crd().await;
+        let client = sim.client();
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "tenant");
+        let pvs: Api<PersistentVolume> = Api::all(client.clone());
+        pvcs.create(
+            &PostParams::default(),
+            &bound_claim("tenant", "gc-1-vol-a", ""),
+        )
+        .await
+        .unwrap();
+
+        // Retries wait an hour: only a trigger can reconcile the object within the test.
+        let hour = Duration::from_secs(3600);
+        let backoff = Arc::new(PerObjectBackoff::new(hour, hour));
+        let backend = InMemoryBackend::new();
+        let triggers = Arc::new(Triggers::default());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (leader, leading) = watch::channel(true);
+        let running = tokio::spawn(serve(
+            client.clone(),
+            Arc::new(backend.clone()),
+            Config::default().cluster_id("cluster-7"),
+            leading,
+            async move {
+                let _ = stopped.await;
+            },
+            triggers.clone(),
+            backoff.clone(),
+        ));
+        let objects: Api<CnsVolumeMetadata> = Api::namespaced(client.clone(), "tenant");
+        let mut object = CnsVolumeMetadata::new("gc-1-data", pvc_spec());
+        object.metadata.namespace = Some("tenant".into());
+        objects
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap();
+        let status = || async {
+            let object = objects.get("gc-1-data").await.unwrap();
+            object.status.volume_status.first().cloned()
+        };
+        let failed_with = |what: &'static str| {
+            let status = &status;
+            async move {
+                let poll = async {
+                    loop {
+                        if let Some(s) = status().await
+                            && !s.updated
+                            && s.error_message.contains(what)
+                        {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                };
+                tokio::time::timeout(Duration::from_secs(20), poll)
+                    .await
+                    .unwrap_or_else(|_| panic!("timed out waiting for a failure: {what}"));
+            }
+        };
+        failed_with("is not bound").await;
+        assert_eq!(backoff.len(), 1, "the failure waits an hour");
+
+        // The claim binds to a PV that does not exist yet: reconciled at once, still failing.
+        let mut claim = pvcs.get("gc-1-vol-a").await.unwrap();
+        claim.spec.as_mut().unwrap().volume_name = Some("pv-a".into());
+        pvcs.replace("gc-1-vol-a", &PostParams::default(), &claim)
+            .await
+            .unwrap();
+        failed_with("persistentvolumes \"pv-a\" not found").await;
+        assert!(backend.calls().is_empty());
+
+        // The PV appears: reconciled at once, pushed.
+        pvs.create(
+            &PostParams::default(),
+            &csi_volume("pv-a", crate::VSPHERE_CSI_DRIVER, "fcd-a"),
+        )
+        .await
+        .unwrap();
+        eventually("the entity pushed once the PV appears", || {
+            backend.successful_updates().len() == 1
+        })
+        .await;
+        eventually("the retry delay forgotten", || backoff.is_empty()).await;
+        let pushed = backend.successful_updates();
+        assert_eq!(pushed[0].volume_id, "fcd-a");
+
+        // A status-only change of the claim or PV triggers nothing.
+        let mut claim = pvcs.get("gc-1-vol-a").await.unwrap();
+        claim.metadata.labels = Some([("seen".to_owned(), "yes".to_owned())].into());
+        pvcs.replace("gc-1-vol-a", &PostParams::default(), &claim)
+            .await
+            .unwrap();
+
+        // The PV gets another handle: the entity moves to it.
+        let mut pv = pvs.get("pv-a").await.unwrap();
+        pv.spec
+            .as_mut()
+            .unwrap()
+            .csi
+            .as_mut()
+            .unwrap()
+            .volume_handle = "fcd-b".into();
+        pvs.replace("pv-a", &PostParams::default(), &pv)
+            .await
+            .unwrap();
+        eventually("the entity pushed to the new handle", || {
+            backend
+                .successful_updates()
+                .iter()
+                .any(|u| u.volume_id == "fcd-b" && !u.entity_metadata.delete)
+        })
+        .await;
+        let calls = backend.calls().len();
+        let on_a: Vec<bool> = backend
+            .successful_updates()
+            .iter()
+            .filter(|u| u.volume_id == "fcd-a")
+            .map(|u| u.entity_metadata.delete)
+            .collect();
+        assert_eq!(
+            on_a,
+            [false, true],
+            "one push to fcd-a (no reconcile for the label), then its removal"
+        );
+
+        // Not leading: claim and PV changes reconcile nothing.
+        leader.send(false).unwrap();
+        eventually("the term to end", || !triggers.in_term()).await;
+        let mut pv = pvs.get("pv-a").await.unwrap();
+        pv.spec
+            .as_mut()
+            .unwrap()
+            .csi
+            .as_mut()
+            .unwrap()
+            .volume_handle = "fcd-c".into();
+        pvs.replace("pv-a", &PostParams::default(), &pv)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(backend.calls().len(), calls, "a standby reconciles nothing");
+
+        stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(20), running)
+            .await
+            .expect("stops")
+            .unwrap()
+            .unwrap();
     }
 
     #[tokio::test]

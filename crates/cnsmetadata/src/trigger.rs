@@ -6,6 +6,11 @@
 //! what reconciles it (and forgets deleted objects at once, unlike kube's
 //! `predicate_filter`, which keeps entries for an hour), and hands the objects to reconcile
 //! to the controller of the current leadership term, if there is one.
+//!
+//! It also keeps an index from each supervisor claim to the objects whose
+//! `spec.volumenames` name it (one entry per name, gone with the object), so that a claim
+//! or PV change that [`Related`](crate::related::Related) reports reconciles the objects
+//! using the claim at once, instead of after their retry delay.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -17,7 +22,7 @@ use futures::channel::mpsc;
 use kube_client::{Resource, ResourceExt};
 use kube_runtime::{reflector::ObjectRef, watcher};
 
-use crate::{backoff::PerObjectBackoff, resource::CnsVolumeMetadata};
+use crate::{backoff::PerObjectBackoff, related::ClaimKey, resource::CnsVolumeMetadata};
 
 /// Objects waiting for the term's controller; the watch waits when it is full.
 const QUEUE: usize = 1024;
@@ -34,14 +39,47 @@ pub(crate) fn trigger_hash(object: &CnsVolumeMetadata) -> u64 {
     hasher.finish()
 }
 
+/// What is remembered of an object the watch holds.
+#[derive(Clone, PartialEq, Eq)]
+struct Seen {
+    uid: Option<String>,
+    /// [`trigger_hash`].
+    hash: u64,
+    /// The claims `spec.volumenames` names, in the object's namespace.
+    claims: Vec<ClaimKey>,
+}
+
+impl Seen {
+    fn of(object: &CnsVolumeMetadata) -> Self {
+        let namespace = object.namespace().unwrap_or_default();
+        let mut claims: Vec<ClaimKey> = object
+            .spec
+            .volume_names
+            .iter()
+            .map(|name| ObjectRef::new(name).within(&namespace))
+            .collect();
+        claims.sort_by(|a, b| a.name.cmp(&b.name));
+        claims.dedup();
+        Self {
+            uid: object.metadata.uid.clone(),
+            hash: trigger_hash(object),
+            claims,
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
-    /// UID and trigger hash of every object the watch holds.
-    seen: HashMap<Key, (Option<String>, u64)>,
+    /// Every object the watch holds.
+    seen: HashMap<Key, Seen>,
+    /// The objects naming each claim (the reverse of `Seen::claims`).
+    users: HashMap<ClaimKey, HashSet<Key>>,
     /// While the watch lists again (from `Init` to `InitDone`).
     relist: Option<Relist>,
-    /// The controller of the current leadership term.
+    /// The controller of the current leadership term: objects that changed.
     subscriber: Option<mpsc::Sender<CnsVolumeMetadata>>,
+    /// The same controller: objects whose claims or volumes changed.
+    related: Option<mpsc::Sender<Key>>,
 }
 
 /// A list in progress. The reflector's store still holds the previous list until
@@ -55,6 +93,18 @@ struct Relist {
 
 /// Objects to reconcile, and the queue of the term they go to.
 pub(crate) type Triggered = (mpsc::Sender<CnsVolumeMetadata>, Vec<CnsVolumeMetadata>);
+
+/// Objects to reconcile because a claim or volume they use changed, and the queue of the
+/// term they go to.
+pub(crate) type RelatedTriggered = (mpsc::Sender<Key>, Vec<Key>);
+
+/// The queues of one leadership term.
+pub(crate) struct Term {
+    /// Objects created or changed.
+    pub(crate) objects: mpsc::Receiver<CnsVolumeMetadata>,
+    /// Objects whose claims or volumes changed.
+    pub(crate) related: mpsc::Receiver<Key>,
+}
 
 /// Per-object trigger state and the current term's queue; see the module docs.
 #[derive(Default)]
@@ -70,22 +120,55 @@ impl Triggers {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Starts a term: the objects to reconcile from now on go to the returned queue.
-    pub(crate) fn subscribe(&self) -> mpsc::Receiver<CnsVolumeMetadata> {
-        let (sender, receiver) = mpsc::channel(QUEUE);
-        self.state().subscriber = Some(sender);
-        receiver
+    /// Starts a term: the objects to reconcile from now on go to the returned queues.
+    pub(crate) fn subscribe(&self) -> Term {
+        let (sender, objects) = mpsc::channel(QUEUE);
+        let (related_sender, related) = mpsc::channel(QUEUE);
+        let mut state = self.state();
+        state.subscriber = Some(sender);
+        state.related = Some(related_sender);
+        Term { objects, related }
     }
 
     /// Ends the term: events are only remembered until the next one.
     pub(crate) fn unsubscribe(&self) {
-        self.state().subscriber = None;
+        let mut state = self.state();
+        state.subscriber = None;
+        state.related = None;
     }
 
     /// Number of objects whose trigger state is kept.
     #[cfg(test)]
     pub(crate) fn tracked(&self) -> usize {
         self.state().seen.len()
+    }
+
+    /// Whether a term is running.
+    #[cfg(test)]
+    pub(crate) fn in_term(&self) -> bool {
+        self.state().subscriber.is_some()
+    }
+
+    /// Number of claims in the index of users.
+    #[cfg(test)]
+    pub(crate) fn indexed_claims(&self) -> usize {
+        self.state().users.len()
+    }
+
+    /// The objects naming any of `claims`, with the queue to send them to, when a term is
+    /// running and there are some. A lookup per claim in the index: no scan.
+    pub(crate) fn users_of(&self, claims: &[ClaimKey]) -> Option<RelatedTriggered> {
+        let state = self.state();
+        let queue = state.related.clone()?;
+        let mut users: Vec<Key> = Vec::new();
+        for claim in claims {
+            for user in state.users.get(claim).into_iter().flatten() {
+                if !users.contains(user) {
+                    users.push(user.clone());
+                }
+            }
+        }
+        (!users.is_empty()).then_some((queue, users))
     }
 
     /// Records one watch event; deleted objects (and objects a relist no longer shows)
@@ -111,7 +194,7 @@ impl Triggers {
             }
             watcher::Event::Delete(object) => {
                 let key = ObjectRef::from_obj(object);
-                state.seen.remove(&key);
+                state.forget(&key);
                 backoff.reset(&key);
                 None
             }
@@ -120,7 +203,15 @@ impl Triggers {
                 None
             }
             watcher::Event::InitDone => state.relist.take().map(|relist| {
-                state.seen.retain(|key, _| relist.listed.contains(key));
+                let gone: Vec<Key> = state
+                    .seen
+                    .keys()
+                    .filter(|key| !relist.listed.contains(key))
+                    .cloned()
+                    .collect();
+                for key in &gone {
+                    state.forget(key);
+                }
                 backoff.retain(|key| relist.listed.contains(key));
                 relist.changed
             }),
@@ -131,10 +222,42 @@ impl Triggers {
 }
 
 impl State {
-    /// Remembers what reconciles `object`; whether that changed.
+    /// Remembers what reconciles `object` and the claims it names; whether what reconciles
+    /// it changed.
     fn changed(&mut self, object: &CnsVolumeMetadata) -> bool {
-        let now = (object.metadata.uid.clone(), trigger_hash(object));
-        self.seen.insert(ObjectRef::from_obj(object), now.clone()) != Some(now)
+        let key = ObjectRef::from_obj(object);
+        let now = Seen::of(object);
+        let before = self.seen.insert(key.clone(), now.clone());
+        if before.as_ref().map(|b| &b.claims) != Some(&now.claims) {
+            if let Some(before) = &before {
+                self.unindex(&key, &before.claims);
+            }
+            for claim in &now.claims {
+                self.users
+                    .entry(claim.clone())
+                    .or_default()
+                    .insert(key.clone());
+            }
+        }
+        before.is_none_or(|b| b.uid != now.uid || b.hash != now.hash)
+    }
+
+    /// Forgets a deleted object.
+    fn forget(&mut self, key: &Key) {
+        if let Some(before) = self.seen.remove(key) {
+            self.unindex(key, &before.claims);
+        }
+    }
+
+    fn unindex(&mut self, key: &Key, claims: &[ClaimKey]) {
+        for claim in claims {
+            if let Some(users) = self.users.get_mut(claim) {
+                users.remove(key);
+                if users.is_empty() {
+                    self.users.remove(claim);
+                }
+            }
+        }
     }
 }
 
@@ -189,7 +312,7 @@ mod tests {
                 .observe(&watcher::Event::Apply(a.clone()), &backoff)
                 .is_none()
         );
-        let mut queue = triggers.subscribe();
+        let mut queue = triggers.subscribe().objects;
         assert!(
             triggers
                 .observe(&watcher::Event::Apply(a.clone()), &backoff)
@@ -261,6 +384,54 @@ mod tests {
     }
 
     #[test]
+    fn claims_map_to_the_objects_naming_them_while_a_term_runs() {
+        let triggers = Triggers::default();
+        let backoff = PerObjectBackoff::default();
+        let claim = |name: &str| ObjectRef::new(name).within("tenant");
+        let mut a = object("gc-1-a", "u1");
+        a.spec.volume_names = vec!["vol-1".into(), "vol-2".into()];
+        let mut b = object("gc-1-b", "u2");
+        b.spec.volume_names = vec!["vol-2".into()];
+        let mut elsewhere = b.clone();
+        elsewhere.metadata.namespace = Some("team-a".into());
+        for object in [&a, &b, &elsewhere] {
+            triggers.observe(&watcher::Event::Apply(object.clone()), &backoff);
+        }
+        assert!(
+            triggers.users_of(&[claim("vol-2")]).is_none(),
+            "no term: nothing to send"
+        );
+        let term = triggers.subscribe();
+        let users = |claims: &[ClaimKey]| {
+            let mut users = triggers
+                .users_of(claims)
+                .map(|(_, u)| u)
+                .unwrap_or_default();
+            users.sort_by(|x, y| x.name.cmp(&y.name));
+            users
+        };
+        let (key_a, key_b) = (ObjectRef::from_obj(&a), ObjectRef::from_obj(&b));
+        assert_eq!(users(&[claim("vol-1")]), vec![key_a.clone()]);
+        assert_eq!(
+            users(&[claim("vol-2"), claim("vol-1")]),
+            [key_a.clone(), key_b.clone()]
+        );
+        assert!(users(&[claim("vol-3")]).is_empty());
+
+        // A spec edit moves the object in the index; a deletion removes it.
+        let mut edited = a.clone();
+        edited.spec.volume_names = vec!["vol-3".into()];
+        triggers.observe(&watcher::Event::Apply(edited.clone()), &backoff);
+        assert!(users(&[claim("vol-1")]).is_empty());
+        assert_eq!(users(&[claim("vol-3")]), [key_a]);
+        triggers.observe(&watcher::Event::Delete(edited), &backoff);
+        triggers.observe(&watcher::Event::Delete(b), &backoff);
+        assert!(users(&[claim("vol-3"), claim("vol-2")]).is_empty());
+        assert_eq!(triggers.indexed_claims(), 1, "only team-a/vol-2 is left");
+        drop(term);
+    }
+
+    #[test]
     fn a_relist_forgets_objects_deleted_while_the_watch_was_down() {
         let triggers = Triggers::default();
         let backoff = PerObjectBackoff::default();
@@ -274,6 +445,7 @@ mod tests {
         assert_eq!(triggers.tracked(), 2, "kept until the list is complete");
         triggers.observe(&watcher::Event::InitDone, &backoff);
         assert_eq!(triggers.tracked(), 1);
+        assert_eq!(triggers.indexed_claims(), 1, "b's claim only");
         assert_eq!(backoff.len(), 1);
         assert_eq!(
             backoff.peek(&ObjectRef::from_obj(&a)),
