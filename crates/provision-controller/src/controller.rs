@@ -72,8 +72,11 @@ use crate::{
 /// - With [`Provisioner::late_asset_window`], the driver hears again of each PV we
 ///   provisioned that is younger than the window and not being deleted: at its first
 ///   sync in this process (unless this process just saved it) and once when the window
-///   has passed since its creation, bounded by [`Config::provision_timeout`]; a failure is
-///   logged and fails no sync. Without a window nothing of this runs.
+///   has passed since its creation, bounded by [`Config::provision_timeout`].
+/// - A failed [`Provisioner::volume_saved`] (after a save or a late-asset sweep) fails
+///   nothing and is made again by the volume workers, after 1 s doubling up to
+///   [`Config::resync_period`], until it succeeds, while the PV exists, is ours and is
+///   not being deleted; only the leading replica does so, never after shutdown.
 /// - [`Provisioner::delete`] is called only after a fresh read of the PV shows the same
 ///   object still Released with reclaim policy Delete.
 #[doc(alias = "NewProvisionController")]
@@ -276,8 +279,8 @@ pub(crate) struct Context {
     /// Claim UID -> our own last finalizer write, whose watch event is
     /// not queued again (it would only repeat the sync that wrote it).
     pub(crate) own_writes: Mutex<HashMap<String, OwnWrite>>,
-    /// Young PVs whose driver hears of them again when their late-asset window ends
-    /// ([`Provisioner::late_asset_window`]).
+    /// PVs whose driver hears of them again: when their late-asset window ends
+    /// ([`Provisioner::late_asset_window`]), or after a failed [`Provisioner::volume_saved`].
     pub(crate) late: late::LateAssets,
 }
 

@@ -171,8 +171,9 @@ pub trait Provisioner: Send + Sync + 'static {
     /// nothing.
     ///
     /// # Errors
-    /// A failure is logged; the asset `saved` names is kept whatever happens, and the
-    /// leftovers are tried again when the PV is deleted.
+    /// A failure is logged and fails nothing; the asset `saved` names is kept whatever
+    /// happens. The call is made again (1 s doubling, up to the resync period) until it
+    /// succeeds, while the PV exists, is ours and is not being deleted.
     async fn volume_saved(&self, saved: &PersistentVolume) -> Result<(), DeleteError> {
         let _ = saved;
         Ok(())

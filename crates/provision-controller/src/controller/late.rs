@@ -1,14 +1,21 @@
-//! Late assets: with [`Provisioner::late_asset_window`](crate::Provisioner::late_asset_window),
-//! the driver hears of a young PV we provisioned again
-//! ([`Provisioner::volume_saved`](crate::Provisioner::volume_saved)) at its first sync in
-//! this process and once more when the window has passed since the PV was created, so an
-//! asset made for its claim that landed late (a create that timed out, sent by a replica
-//! that may have died since) is released too.
+//! Late assets and owed sweeps: the driver hears of a saved PV
+//! ([`Provisioner::volume_saved`](crate::Provisioner::volume_saved)) after every save, and
+//! until it has heard of it without failing.
 //!
-//! The state is one entry per young PV already swept once and waiting for its last sweep:
-//! an entry is dropped at that sweep, or when the PV is gone, being deleted, no longer
-//! ours or re-created under its name, so it never outgrows the PVs younger than the
-//! window.
+//! - With [`Provisioner::late_asset_window`](crate::Provisioner::late_asset_window), a
+//!   young PV we provisioned is swept again at its first sync in this process and once
+//!   more when the window has passed since the PV was created, so an asset made for its
+//!   claim that landed late (a create that timed out, sent by a replica that may have
+//!   died since) is released too.
+//! - A sweep that fails (after a save, at a first sync, or when the window ends) is owed:
+//!   the PV is queued again after a backoff (1 s doubling, capped at the resync period)
+//!   and swept again at that sync, until the driver answers without failing. It runs in
+//!   the volume worker, so only while leading.
+//!
+//! The state is one entry per PV with a sweep still due (the last sweep of its window, or
+//! an owed one): an entry is dropped once nothing is due any more, or when the PV is gone,
+//! being deleted, no longer ours or re-created under its name, so it never outgrows the
+//! PVs that are young or whose driver keeps failing.
 
 use std::{
     collections::HashMap,
@@ -17,6 +24,7 @@ use std::{
 };
 
 use k8s_openapi::{api::core::v1::PersistentVolume, jiff::Timestamp};
+use tokio::time::Instant;
 
 use super::{
     Context,
@@ -24,15 +32,49 @@ use super::{
 };
 use crate::{DeleteError, annotations};
 
-/// Young PVs swept once in this process, by name, with their UID: each waits for its
-/// last sweep when its window ends.
+/// The delay before the first retry of a failed sweep; each further failure doubles it,
+/// up to the resync period.
+pub(crate) const FIRST_RETRY: Duration = Duration::from_secs(1);
+
+/// The sweeps still due for one PV.
+#[derive(Clone, Debug)]
+struct Entry {
+    /// The PV's UID: a PV re-created under the name is another PV.
+    uid: String,
+    /// Swept once in this process while young: the last sweep is due when its late-asset
+    /// window ends.
+    last_due: bool,
+    /// A sweep that failed, to be made again.
+    owed: Option<Owed>,
+}
+
+impl Entry {
+    fn new(uid: &str) -> Self {
+        Self {
+            uid: uid.to_owned(),
+            last_due: false,
+            owed: None,
+        }
+    }
+}
+
+/// A failed sweep, to be made again.
+#[derive(Clone, Copy, Debug)]
+struct Owed {
+    /// Failed calls in a row.
+    attempts: u32,
+    /// When the next call is due.
+    due: Instant,
+}
+
+/// PVs with a sweep still due, by name.
 #[derive(Default)]
 pub(crate) struct LateAssets {
-    pending: Mutex<HashMap<String, String>>,
+    pending: Mutex<HashMap<String, Entry>>,
 }
 
 impl LateAssets {
-    fn pending(&self) -> MutexGuard<'_, HashMap<String, String>> {
+    fn pending(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
         self.pending
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -44,10 +86,63 @@ impl LateAssets {
         self.pending().retain(|name, _| exists(name));
     }
 
+    /// Records how a sweep of the PV `name` (UID `uid`) ended: a success pays what was
+    /// owed, a failure makes the sweep owed. Returns the failures in a row and the delay
+    /// before the next attempt after a failure (at most `cap`).
+    fn settle(
+        &self,
+        name: &str,
+        uid: &str,
+        failed: bool,
+        cap: Duration,
+    ) -> Option<(u32, Duration)> {
+        let mut pending = self.pending();
+        if failed {
+            let entry = pending
+                .entry(name.to_owned())
+                .or_insert_with(|| Entry::new(uid));
+            if entry.uid != uid {
+                *entry = Entry::new(uid);
+            }
+            let attempts = entry.owed.map_or(0, |o| o.attempts).saturating_add(1);
+            let delay = retry_delay(attempts, cap);
+            entry.owed = Some(Owed {
+                attempts,
+                due: Instant::now() + delay,
+            });
+            return Some((attempts, delay));
+        }
+        if let Some(entry) = pending.get_mut(name)
+            && entry.uid == uid
+        {
+            entry.owed = None;
+            if !entry.last_due {
+                pending.remove(name);
+            }
+        }
+        None
+    }
+
+    /// PVs with a sweep still due.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.pending().len()
     }
+
+    /// PVs with a failed sweep still owed.
+    #[cfg(test)]
+    pub(crate) fn owed(&self) -> usize {
+        self.pending().values().filter(|e| e.owed.is_some()).count()
+    }
+}
+
+/// The delay before attempt `failures + 1` after `failures` failed sweeps in a row:
+/// [`FIRST_RETRY`], doubled for each further failure, at most `cap`.
+pub(crate) fn retry_delay(failures: u32, cap: Duration) -> Duration {
+    let factor = 1u32
+        .checked_shl(failures.saturating_sub(1))
+        .unwrap_or(u32::MAX);
+    FIRST_RETRY.saturating_mul(factor).min(cap)
 }
 
 /// What a sync of a PV does about late assets.
@@ -98,63 +193,88 @@ pub(crate) fn plan(
     }
 }
 
-/// The late-asset part of a volume sync; never fails the sync. `volume` is `None` when
-/// the PV named `name` is gone.
+/// The sweep part of a volume sync: the late-asset sweeps, and a failed sweep when it is
+/// due again. Never fails the sync; a call waits for the driver at most
+/// [`Config::provision_timeout`](crate::Config::provision_timeout). `volume` is `None` when
+/// the PV named `name` is not in the cache.
 pub(crate) async fn sweep(ctx: &Context, name: &str, volume: Option<&PersistentVolume>) {
-    let Some(window) = ctx.provisioner.late_asset_window() else {
-        return;
-    };
     let Some(volume) = volume else {
-        ctx.late.pending().remove(name);
+        // A PV we just saved that the cache does not show yet keeps its entry: its
+        // arrival in the cache queues it again.
+        if !ctx.caches.volume_exists(name) {
+            ctx.late.pending().remove(name);
+        }
         return;
     };
-    let step = {
+    let window = ctx.provisioner.late_asset_window();
+    let now = Instant::now();
+    let (step, owed) = {
         let mut pending = ctx.late.pending();
-        let step = plan(
-            volume,
-            ctx.names(),
-            window,
-            Timestamp::now(),
-            pending.get(name).map(String::as_str),
-        );
-        match step {
-            Sweep::First(_) => {
-                let uid = volume.metadata.uid.clone().unwrap_or_default();
-                pending.insert(name.to_owned(), uid);
-            }
-            Sweep::Wait(_) => {}
-            Sweep::Last | Sweep::Nothing => {
-                pending.remove(name);
-            }
+        let uid = volume.metadata.uid.as_deref().unwrap_or_default();
+        // An entry of another PV of this name does not count.
+        let entry = pending.get(name).filter(|e| e.uid == uid).cloned();
+        let names = ctx.names();
+        if (window.is_none() && entry.is_none())
+            || volume.metadata.deletion_timestamp.is_some()
+            || !super::volume::is_ours(volume, names)
+        {
+            pending.remove(name);
+            return;
         }
-        step
+        let swept = entry
+            .as_ref()
+            .filter(|e| e.last_due)
+            .map(|e| e.uid.as_str());
+        let step = window.map_or(Sweep::Nothing, |window| {
+            plan(volume, names, window, Timestamp::now(), swept)
+        });
+        let owed = entry.and_then(|e| e.owed);
+        let last_due = matches!(step, Sweep::First(_) | Sweep::Wait(_));
+        if last_due || owed.is_some() {
+            let entry = pending
+                .entry(name.to_owned())
+                .or_insert_with(|| Entry::new(uid));
+            if entry.uid != uid {
+                *entry = Entry::new(uid);
+            }
+            entry.last_due = last_due;
+        } else {
+            pending.remove(name);
+        }
+        (step, owed)
     };
-    match step {
-        Sweep::Nothing => {}
-        // Queued again on every sync until then: of several delayed adds of a key the
-        // queue keeps the earliest, which may be a retry that comes first.
-        Sweep::Wait(remaining) => ctx.volume_queue.add_after(name.to_owned(), remaining),
-        Sweep::First(remaining) => {
-            tracing::debug!(
-                pv = name,
-                ?remaining,
-                "young volume: asking the driver to release late assets now and when its window ends"
-            );
-            volume_saved(ctx, name, volume).await;
-            ctx.volume_queue.add_after(name.to_owned(), remaining);
-        }
-        Sweep::Last => {
-            tracing::debug!(
-                pv = name,
-                "late-asset window ended: asking the driver to release late assets"
-            );
-            volume_saved(ctx, name, volume).await;
-        }
+    // Queued again on every sync until then: of several delayed adds of a key the
+    // queue keeps the earliest, which may be a retry that comes first.
+    if let Sweep::First(remaining) | Sweep::Wait(remaining) = step {
+        ctx.volume_queue.add_after(name.to_owned(), remaining);
     }
+    match (step, owed) {
+        (Sweep::First(remaining), _) => tracing::debug!(
+            pv = name,
+            ?remaining,
+            "young volume: asking the driver to release late assets now and when its window ends"
+        ),
+        (Sweep::Last, _) => tracing::debug!(
+            pv = name,
+            "late-asset window ended: asking the driver to release late assets"
+        ),
+        (Sweep::Wait(_) | Sweep::Nothing, Some(owed)) if owed.due <= now => tracing::debug!(
+            pv = name,
+            failures = owed.attempts,
+            "asking the driver again to release what else it holds for the claim of the volume"
+        ),
+        (Sweep::Wait(_) | Sweep::Nothing, Some(owed)) => {
+            ctx.volume_queue
+                .add_after(name.to_owned(), owed.due.saturating_duration_since(now));
+            return;
+        }
+        (Sweep::Wait(_) | Sweep::Nothing, None) => return,
+    }
+    volume_saved(ctx, volume).await;
 }
 
-/// Records that the driver just heard of the saved PV `saved` (after a save or reuse in
-/// this process), so that its first sync here only waits for the last sweep.
+/// Records that the driver is about to hear of the saved PV `saved` (after a save or
+/// reuse in this process), so that its first sync here only waits for the last sweep.
 pub(crate) fn saved(ctx: &Context, saved: &PersistentVolume) {
     let Some(window) = ctx.provisioner.late_asset_window() else {
         return;
@@ -163,24 +283,53 @@ pub(crate) fn saved(ctx: &Context, saved: &PersistentVolume) {
         return;
     };
     let mut pending = ctx.late.pending();
-    let swept = pending.get(name).map(String::as_str);
+    let swept = pending
+        .get(name)
+        .filter(|e| e.last_due)
+        .map(|e| e.uid.as_str());
     if let Sweep::First(_) = plan(saved, ctx.names(), window, Timestamp::now(), swept) {
-        pending.insert(name.clone(), uid.clone());
+        let entry = pending
+            .entry(name.clone())
+            .or_insert_with(|| Entry::new(uid));
+        if entry.uid != *uid {
+            *entry = Entry::new(uid);
+        }
+        entry.last_due = true;
     }
 }
 
-async fn volume_saved(ctx: &Context, name: &str, volume: &PersistentVolume) {
-    let error = match call(
+/// Tells the driver that `volume` is saved
+/// ([`Provisioner::volume_saved`](crate::Provisioner::volume_saved)), bounded by the
+/// provision timeout, and records how that ended. Never fails: a failure is logged with
+/// the failures in a row, the sweep is owed, and the PV is queued in the volume queue for
+/// the next attempt (ignored once the queue is shut down).
+pub(crate) async fn volume_saved(ctx: &Context, volume: &PersistentVolume) {
+    let name = volume.metadata.name.as_deref().unwrap_or_default();
+    let uid = volume.metadata.uid.as_deref().unwrap_or_default();
+    let result = match call(
         ctx.config.provision_timeout,
         ctx.provisioner.volume_saved(volume),
     )
     .await
     {
-        Ok(Ok(()) | Err(DeleteError::Ignored { .. })) => return,
-        Ok(Err(DeleteError::Failed(e))) => chain(&*e),
-        Err(e) => chain(&e.into_op("volume_saved")),
+        Ok(Ok(()) | Err(DeleteError::Ignored { .. })) => Ok(()),
+        Ok(Err(DeleteError::Failed(e))) => Err(chain(&*e)),
+        Err(e) => Err(chain(&e.into_op("volume_saved"))),
     };
-    tracing::warn!(pv = name, %error, "the driver failed to release late assets made for the claim of the volume; the volume is kept and synced as usual");
+    if name.is_empty() || uid.is_empty() {
+        // Not a PV as the API server stores it: nothing to sweep again.
+        if let Err(error) = result {
+            tracing::warn!(pv = name, %error, "the driver failed to release what else it holds for the claim of the saved volume; the volume is kept");
+        }
+        return;
+    }
+    let cap = ctx.config.resync_period;
+    let Some((attempts, retry_in)) = ctx.late.settle(name, uid, result.is_err(), cap) else {
+        return;
+    };
+    let error = result.err().unwrap_or_default();
+    tracing::warn!(pv = name, attempts, ?retry_in, %error, "the driver failed to release what else it holds for the claim of the saved volume; the volume is kept and synced as usual, and the driver is asked again");
+    ctx.volume_queue.add_after(name.to_owned(), retry_in);
 }
 
 #[cfg(test)]

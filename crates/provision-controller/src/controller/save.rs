@@ -195,23 +195,13 @@ pub(crate) fn same_source(a: &PersistentVolume, b: &PersistentVolume) -> bool {
 }
 
 /// Tells the driver that `saved` is stored
-/// ([`Provisioner::volume_saved`](crate::Provisioner::volume_saved)); a failure is logged
-/// and fails nothing.
+/// ([`Provisioner::volume_saved`](crate::Provisioner::volume_saved)); a failure is logged,
+/// fails nothing, and is retried by the volume worker until the driver answers without
+/// failing (see [`late`](super::late)).
 async fn volume_saved(ctx: &Context, saved: &PersistentVolume) {
     // The first sync of the PV here then only waits for the end of its late-asset window.
     super::late::saved(ctx, saved);
-    let name = saved.metadata.name.as_deref().unwrap_or_default();
-    let error = match call(
-        ctx.config.provision_timeout,
-        ctx.provisioner.volume_saved(saved),
-    )
-    .await
-    {
-        Ok(Ok(()) | Err(DeleteError::Ignored { .. })) => return,
-        Ok(Err(DeleteError::Failed(e))) => chain(&*e),
-        Err(e) => chain(&e.into_op("volume_saved")),
-    };
-    tracing::warn!(pv = name, %error, "the driver failed to release what else it holds for the claim of the saved PV; the PV is kept");
+    super::late::volume_saved(ctx, saved).await;
 }
 
 /// Another PV was saved under the name of `ours` first (another replica provisioned the

@@ -15,7 +15,7 @@ use kube_client::api::PostParams;
 use kube_sim::KubeSim;
 use provision_controller::{
     DeleteError, ProvisionError, ProvisionOptions, Provisioner,
-    testing::{FakeProvisioner, pv},
+    testing::{DeleteStep, FakeProvisioner, pv},
 };
 
 use crate::{Env, ME, claim, eventually, fast_class, quick};
@@ -139,6 +139,33 @@ async fn a_volume_this_controller_saves_is_swept_once_more_when_its_window_ends(
     assert!(calls[1] >= created(&volume) + WINDOW, "{calls:?}");
     past_window_and_resync().await;
     assert_eq!(driver.calls(&name).len(), 2);
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_failed_window_end_sweep_is_retried_until_it_succeeds() {
+    let driver = Timed::new(Some(WINDOW));
+    // The call after the save succeeds, the one when the window ends fails.
+    let fake = driver
+        .fake
+        .clone()
+        .script_volume_saved([DeleteStep::Succeed, DeleteStep::Fail]);
+    let env = Env::start_driver(quick(), fake, driver.clone(), |c| c).await;
+    env.create_class(fast_class()).await;
+    env.create_claim(claim("data")).await;
+    let volume = env.bound_volume("data").await;
+    let name = volume.metadata.name.clone().unwrap();
+
+    let calls = driver.wait_calls(&name, 3).await;
+    assert!(calls[1] >= created(&volume) + WINDOW, "{calls:?}");
+    // The first retry comes 1 s after the failure (a margin for the two clocks).
+    let gap = calls[2].duration_since(calls[1]);
+    assert!(
+        gap >= k8s_openapi::jiff::SignedDuration::from_millis(900),
+        "{calls:?}"
+    );
+    past_window_and_resync().await;
+    assert_eq!(driver.calls(&name).len(), 3, "no call once one succeeded");
     env.stop().await;
 }
 

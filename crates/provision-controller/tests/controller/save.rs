@@ -522,10 +522,47 @@ async fn a_failing_volume_saved_hook_fails_nothing() {
     env.create_claim(claim("data")).await;
     env.bound_volume("data").await;
     wait_intent_removed(&env).await;
+    // Asked again (after 1 s), and it succeeds then.
+    wait_volume_saved_calls(&env, 2).await;
     settle().await;
     assert_eq!(env.fake.provision_calls().len(), 1, "not retried");
-    assert_eq!(env.fake.volume_saved_calls().len(), 1);
+    assert_eq!(env.fake.volume_saved_calls().len(), 2);
     assert!(env.events("data", PROVISIONING_FAILED).await.is_empty());
     assert!(env.fake.delete_calls().is_empty());
+    env.stop().await;
+}
+
+async fn wait_volume_saved_calls(env: &Env, n: usize) -> Vec<PersistentVolume> {
+    eventually(&format!("{n} volume_saved calls"), || async {
+        let calls = env.fake.volume_saved_calls();
+        (calls.len() >= n).then_some(calls)
+    })
+    .await
+}
+
+// Without a late-asset window the call after the save is the only one: a leftover it
+// failed to release (a transient backend fault) would stay forever under Retain.
+#[tokio::test]
+async fn a_volume_saved_hook_that_fails_twice_is_asked_again_until_it_succeeds() {
+    let fake = FakeProvisioner::new().script_volume_saved([DeleteStep::Fail, DeleteStep::Fail]);
+    let env = Env::start(quick(), fake).await;
+    env.create_class(fast_class()).await;
+    let uid = env.create_claim(claim("data")).await;
+    let volume = env.bound_volume("data").await;
+    // After 1 s, then 2 s (the cap: `quick` resyncs every 2 s).
+    let calls = wait_volume_saved_calls(&env, 3).await;
+    for call in &calls {
+        assert_eq!(call.metadata.name, Some(format!("pvc-{uid}")));
+        assert_eq!(call.metadata.uid, volume.metadata.uid, "the PV as saved");
+    }
+    // Past the longest backoff and a resync: no call once one succeeded.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(env.fake.volume_saved_calls().len(), 3);
+    assert_eq!(
+        env.fake.provision_calls().len(),
+        1,
+        "the claim is not retried"
+    );
+    assert!(env.events("data", PROVISIONING_FAILED).await.is_empty());
     env.stop().await;
 }

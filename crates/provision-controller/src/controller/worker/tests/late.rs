@@ -107,7 +107,8 @@ async fn a_failing_volume_saved_fails_no_volume_sync() {
         2,
         "both sweeps ran and failed"
     );
-    assert_eq!(h.ctx.volume_queue.num_requeues("v"), 0, "nothing retried");
+    assert_eq!(h.ctx.volume_queue.num_requeues("v"), 0, "no sync failed");
+    assert_eq!(h.ctx.late.owed(), 1, "the failed sweep is owed");
 }
 
 /// A driver whose `volume_saved` never returns.
@@ -146,4 +147,215 @@ async fn a_hanging_volume_saved_is_cut_at_the_provision_timeout() {
     volume::sync_volume(&h.ctx, "v").await.unwrap();
     assert_eq!(start.elapsed(), Duration::from_secs(5));
     assert_eq!(fake.volume_saved_calls().len(), 1);
+}
+
+/// The fake, with the (tokio) time of every `volume_saved` call.
+#[derive(Clone)]
+struct Clocked {
+    fake: FakeProvisioner,
+    window: Option<Duration>,
+    at: Arc<Mutex<Vec<Instant>>>,
+}
+
+impl Clocked {
+    fn new(fake: FakeProvisioner, window: Option<Duration>) -> Self {
+        Self {
+            fake,
+            window,
+            at: Arc::default(),
+        }
+    }
+
+    /// Seconds from `start` to each call.
+    fn seconds(&self, start: Instant) -> Vec<u64> {
+        let at = self.at.lock().unwrap();
+        at.iter().map(|t| (*t - start).as_secs()).collect()
+    }
+}
+
+#[async_trait::async_trait]
+impl Provisioner for Clocked {
+    async fn provision(
+        &self,
+        options: &crate::ProvisionOptions,
+    ) -> Result<PersistentVolume, crate::ProvisionError> {
+        self.fake.provision(options).await
+    }
+    async fn delete(&self, volume: &PersistentVolume) -> Result<(), crate::DeleteError> {
+        self.fake.delete(volume).await
+    }
+    async fn volume_saved(&self, saved: &PersistentVolume) -> Result<(), crate::DeleteError> {
+        self.at.lock().unwrap().push(Instant::now());
+        self.fake.volume_saved(saved).await
+    }
+    fn late_asset_window(&self) -> Option<Duration> {
+        self.window
+    }
+}
+
+/// A harness on `driver` (no API server: the flows under test make no API call).
+fn clocked_harness(config: Config, driver: &Clocked) -> Harness {
+    let mut h = harness(config, driver.fake.clone(), true);
+    Arc::get_mut(&mut h.ctx)
+        .expect("only the harness holds the context")
+        .provisioner = Arc::new(driver.clone());
+    h
+}
+
+#[test]
+fn the_retry_delay_doubles_from_one_second_up_to_the_cap() {
+    let cap = Duration::from_secs(300);
+    let delays: Vec<u64> = [1, 2, 3, 4, 8, 9, 10, 40, u32::MAX]
+        .into_iter()
+        .map(|failures| crate::controller::late::retry_delay(failures, cap).as_secs())
+        .collect();
+    assert_eq!(delays, [1, 2, 4, 8, 128, 256, 300, 300, 300]);
+    assert_eq!(
+        crate::controller::late::retry_delay(1, Duration::from_millis(200)),
+        Duration::from_millis(200),
+        "a resync period shorter than a second caps the first retry too"
+    );
+}
+
+// Without a late-asset window the call after the save is the only one there is: a
+// failure is retried by the volume worker, 1 s doubling, capped at the resync period.
+#[tokio::test(start_paused = true)]
+async fn a_failed_save_path_sweep_is_retried_with_backoff_until_it_succeeds() {
+    let fake = FakeProvisioner::new().script_volume_saved(std::iter::repeat_n(DeleteStep::Fail, 4));
+    let driver = Clocked::new(fake.clone(), None);
+    let config = Config::default().resync_period(Duration::from_secs(3));
+    let mut h = clocked_harness(config, &driver);
+    // An old PV: without a window its age does not matter.
+    let volume = young("u1", Duration::from_secs(3600));
+    put(&mut h, volume.clone());
+    let worker = tokio::spawn(volume_worker(Arc::clone(&h.ctx)));
+
+    let start = Instant::now();
+    crate::controller::save::reuse_existing(&h.ctx, None, &volume, &volume).await;
+    assert_eq!(h.ctx.late.owed(), 1, "the failed call is owed");
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(
+        driver.seconds(start),
+        [0, 1, 3, 6, 9],
+        "after 1 s, 2 s, then the 3 s resync period (not 4 s); the fifth call succeeds"
+    );
+    assert_eq!(h.ctx.late.len(), 0, "the record is empty once it succeeded");
+    assert_eq!(h.ctx.volume_queue.num_requeues("v"), 0, "no sync failed");
+
+    h.ctx.volume_queue.shut_down();
+    worker.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_window_end_sweep_is_retried_until_it_succeeds() {
+    let fake = FakeProvisioner::new().script_volume_saved([
+        DeleteStep::Succeed,
+        DeleteStep::Fail,
+        DeleteStep::Fail,
+    ]);
+    let driver = Clocked::new(fake.clone(), Some(WINDOW));
+    let mut h = clocked_harness(Config::default(), &driver);
+    let start = Instant::now();
+
+    put(&mut h, young("u1", Duration::ZERO));
+    volume::sync_volume(&h.ctx, "v").await.unwrap();
+    assert_eq!((h.ctx.late.len(), h.ctx.late.owed()), (1, 0), "first sweep");
+    // The window has ended (creation times are wall-clock; this clock is paused).
+    put(&mut h, young("u1", WINDOW + Duration::from_secs(1)));
+    volume::sync_volume(&h.ctx, "v").await.unwrap();
+    assert_eq!(driver.seconds(start), [0, 0], "the last sweep, which fails");
+    assert_eq!((h.ctx.late.len(), h.ctx.late.owed()), (1, 1), "owed");
+
+    // A sync before the retry is due (a watch event) does not call the driver.
+    tokio::time::advance(Duration::from_millis(500)).await;
+    volume::sync_volume(&h.ctx, "v").await.unwrap();
+    assert_eq!(driver.seconds(start).len(), 2, "not due yet");
+
+    let worker = tokio::spawn(volume_worker(Arc::clone(&h.ctx)));
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(
+        driver.seconds(start),
+        [0, 0, 1, 3],
+        "retried after 1 s, then 2 s"
+    );
+    assert_eq!(h.ctx.late.len(), 0, "the record is empty once it succeeded");
+    h.ctx.volume_queue.shut_down();
+    worker.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_owed_sweep_is_dropped_when_the_volume_is_gone_being_deleted_or_not_ours() {
+    let fake = FakeProvisioner::new().script_volume_saved(std::iter::repeat_n(DeleteStep::Fail, 4));
+    let mut h = harness(Config::default(), fake.clone(), true);
+    let calls = || fake.volume_saved_calls().len();
+    let ctx = Arc::clone(&h.ctx);
+    let owe = |volume: PersistentVolume| {
+        let ctx = Arc::clone(&ctx);
+        async move {
+            crate::controller::save::reuse_existing(&ctx, None, &volume, &volume).await;
+            assert_eq!(ctx.late.owed(), 1);
+        }
+    };
+
+    let volume = young("u1", Duration::ZERO);
+    owe(volume.clone()).await;
+    tokio::time::advance(Duration::from_secs(5)).await;
+    h.volumes
+        .apply_watcher_event(&watcher::Event::Delete(volume.clone()));
+    volume::sync_volume(&h.ctx, "v").await.unwrap();
+    assert_eq!((calls(), h.ctx.late.len()), (1, 0), "gone: forgotten");
+
+    owe(volume.clone()).await;
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let mut deleting = volume.clone();
+    deleting.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
+    put(&mut h, deleting);
+    volume::sync_volume(&h.ctx, "v").await.unwrap();
+    assert_eq!(
+        (calls(), h.ctx.late.len()),
+        (2, 0),
+        "being deleted: forgotten"
+    );
+
+    owe(volume.clone()).await;
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let mut theirs = pv("v")
+        .phase("Available")
+        .provisioned_by("example.com/other")
+        .build();
+    theirs.metadata.uid = Some("u1".into());
+    put(&mut h, theirs);
+    volume::sync_volume(&h.ctx, "v").await.unwrap();
+    assert_eq!(
+        (calls(), h.ctx.late.len()),
+        (3, 0),
+        "no longer ours: forgotten"
+    );
+
+    // Re-created under the name: another PV, which owes nothing.
+    owe(volume.clone()).await;
+    tokio::time::advance(Duration::from_secs(5)).await;
+    put(&mut h, young("u2", Duration::ZERO));
+    volume::sync_volume(&h.ctx, "v").await.unwrap();
+    assert_eq!((calls(), h.ctx.late.len()), (4, 0), "re-created: forgotten");
+}
+
+// The retry is a key in the volume queue, not a task of its own: once the queue is shut
+// down (shutdown, or a lost lease) nothing calls the driver again.
+#[tokio::test(start_paused = true)]
+async fn an_owed_sweep_is_not_made_after_shutdown() {
+    let fake =
+        FakeProvisioner::new().script_volume_saved(std::iter::repeat_n(DeleteStep::Fail, 10));
+    let mut h = harness(Config::default(), fake.clone(), true);
+    let volume = young("u1", Duration::ZERO);
+    put(&mut h, volume.clone());
+    let worker = tokio::spawn(volume_worker(Arc::clone(&h.ctx)));
+    crate::controller::save::reuse_existing(&h.ctx, None, &volume, &volume).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(fake.volume_saved_calls().len(), 2, "retried while running");
+
+    h.ctx.volume_queue.shut_down();
+    worker.await.unwrap();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(fake.volume_saved_calls().len(), 2, "never after shutdown");
 }
