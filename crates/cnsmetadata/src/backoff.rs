@@ -17,13 +17,26 @@ use crate::resource::CnsVolumeMetadata;
 /// ([`reset`](Self::reset)) starts over. kube's `error_policy` never sees successes, so the
 /// reconciler resets the delay itself.
 ///
+/// The reconciler also starts over when the failing object is no longer the same problem:
+/// its spec or finalizers changed, or its deletion started. So a deletion that CNS refuses
+/// for a moment is retried after the initial delay, not after the minutes the object may
+/// have waited while it was failing for another reason (an unbound claim, an invalid
+/// spec).
+///
 /// Unlike Go, the key is namespace **and** name (objects of the same name in two
 /// namespaces do not share a delay) and the delay is capped.
 #[derive(Debug)]
 pub struct PerObjectBackoff {
     initial: Duration,
     max: Duration,
-    delays: Mutex<HashMap<ObjectRef<CnsVolumeMetadata>, Duration>>,
+    delays: Mutex<HashMap<ObjectRef<CnsVolumeMetadata>, Entry>>,
+}
+
+/// The next delay of one object, and the state of the object whose failures it counts.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    next: Duration,
+    state: u64,
 }
 
 impl PerObjectBackoff {
@@ -54,7 +67,7 @@ impl PerObjectBackoff {
         self.max
     }
 
-    fn delays(&self) -> MutexGuard<'_, HashMap<ObjectRef<CnsVolumeMetadata>, Duration>> {
+    fn delays(&self) -> MutexGuard<'_, HashMap<ObjectRef<CnsVolumeMetadata>, Entry>> {
         // The map holds plain durations; a panic elsewhere cannot leave it inconsistent.
         self.delays
             .lock()
@@ -64,16 +77,37 @@ impl PerObjectBackoff {
     /// Records a failure of `key` and returns how long to wait before retrying it.
     pub fn next_delay(&self, key: &ObjectRef<CnsVolumeMetadata>) -> Duration {
         let mut delays = self.delays();
-        let delay = delays.get(key).copied().unwrap_or(self.initial);
-        let next = delay.saturating_mul(2).min(self.max);
-        delays.insert(key.clone(), next);
+        let entry = delays.get(key).copied();
+        let delay = entry.map_or(self.initial, |e| e.next);
+        let state = entry.map_or(0, |e| e.state);
+        delays.insert(key.clone(), self.after(delay, state));
         delay
+    }
+
+    /// Records a failure of `key` in `state` (what triggers its reconciles: spec,
+    /// finalizers, deletion) and returns how long to wait before retrying it; failures in
+    /// another state are forgotten first.
+    pub(crate) fn next_delay_in(&self, key: &ObjectRef<CnsVolumeMetadata>, state: u64) -> Duration {
+        let mut delays = self.delays();
+        let delay = delays
+            .get(key)
+            .filter(|e| e.state == state)
+            .map_or(self.initial, |e| e.next);
+        delays.insert(key.clone(), self.after(delay, state));
+        delay
+    }
+
+    fn after(&self, delay: Duration, state: u64) -> Entry {
+        Entry {
+            next: delay.saturating_mul(2).min(self.max),
+            state,
+        }
     }
 
     /// The delay the next failure of `key` would get, without recording anything.
     #[must_use]
     pub fn peek(&self, key: &ObjectRef<CnsVolumeMetadata>) -> Duration {
-        self.delays().get(key).copied().unwrap_or(self.initial)
+        self.delays().get(key).map_or(self.initial, |e| e.next)
     }
 
     /// Forgets the failures of `key` (after a success, or once the object is gone).
@@ -158,6 +192,24 @@ mod tests {
         assert_eq!(backoff.len(), 2);
         backoff.reset(&a);
         assert_eq!(backoff.peek(&b), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn failures_in_another_state_start_over() {
+        let backoff = PerObjectBackoff::default();
+        let object = key("tenant", "gc-1-a");
+        let delays: Vec<u64> = (0..4)
+            .map(|_| backoff.next_delay_in(&object, 1).as_secs())
+            .collect();
+        assert_eq!(delays, [1, 2, 4, 8]);
+        assert_eq!(backoff.next_delay_in(&object, 2), Duration::from_secs(1));
+        assert_eq!(backoff.next_delay_in(&object, 2), Duration::from_secs(2));
+        assert_eq!(
+            backoff.next_delay(&object),
+            Duration::from_secs(4),
+            "same state"
+        );
+        assert_eq!(backoff.next_delay_in(&object, 2), Duration::from_secs(8));
     }
 
     #[test]

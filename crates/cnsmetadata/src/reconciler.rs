@@ -22,6 +22,7 @@ use crate::{
     record::{self, Edit, PUSHED_ANNOTATION, PushedEntry, Settle},
     resource::{CnsVolumeMetadata, VolumeStatus},
     sync::{Resolved, Target, best_effort_entries, push, targets},
+    trigger::trigger_hash,
     validate::{InvalidSpec, validate},
     write::{Written, write, write_status},
 };
@@ -189,14 +190,18 @@ pub async fn reconcile(
     Ok(action)
 }
 
-/// Schedules the retry of a failed object after its next backoff delay.
+/// Schedules the retry of a failed object after its next backoff delay. The delay starts
+/// over when the object's spec or finalizers changed or its deletion started since its
+/// last failure: a deletion never inherits the delay of earlier failures.
 #[must_use]
 pub fn error_policy(
     object: Arc<CnsVolumeMetadata>,
     error: &ReconcileError,
     ctx: Arc<Context>,
 ) -> Action {
-    let delay = ctx.backoff.next_delay(&ObjectRef::from_obj(&*object));
+    let delay = ctx
+        .backoff
+        .next_delay_in(&ObjectRef::from_obj(&*object), trigger_hash(&object));
     warn!(error = %error_chain(error), retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }
@@ -428,8 +433,11 @@ async fn update(
 
 /// Removes from CNS everything the object may have put there, then lets it go.
 ///
-/// What is removed: every recorded entry (tombstones too), plus what the spec describes when it is valid
-/// (objects last written by a version that kept no record). A volume whose claim or PV is
+/// What is removed: every recorded entry (tombstones too); for an object without a record
+/// (last written by a version that kept none), what its spec describes when it is valid.
+/// Only the removal of those entries holds the finalizer, and only while CNS refuses it.
+/// Entries the spec describes now but the record lacks were never pushed (every push is
+/// recorded first): they are removed once, best effort. A volume whose claim or PV is
 /// gone, or whose claim is unbound, has nothing on CNS that the record does not list. For
 /// an invalid spec without a record, the entries it plausibly stands for are removed once,
 /// best effort, without holding the finalizer.
@@ -449,7 +457,14 @@ async fn finish_deletion(
     if spec_valid {
         for target in targets(object, ctx) {
             match (target.entry, target.resolved) {
-                (Some(entry), _) => removals = record::union(&removals, &[entry]),
+                (Some(entry), _) if recorded.is_none() => {
+                    removals = record::union(&removals, &[entry]);
+                }
+                (Some(entry), _) => {
+                    if !removals.iter().any(|r| r.key() == entry.key()) {
+                        guessed.push(entry);
+                    }
+                }
                 (None, Resolved::Missing(reason)) => {
                     info!(volume = %target.volume_name, %reason, "no cns volume; nothing to remove");
                 }
@@ -469,9 +484,14 @@ async fn finish_deletion(
     }
     for entry in &guessed {
         if let Err(message) = push(ctx, entry, true).await {
+            let why = if spec_valid {
+                "which its record does not list (it was never pushed)"
+            } else {
+                "whose spec is invalid"
+            };
             let note = format!(
-                "Could not remove entity {:?} from volume {:?} while deleting {:?}, whose spec \
-                 is invalid: {message}. The entry may remain on CNS.",
+                "Could not remove entity {:?} from volume {:?} while deleting {:?}, {why}: \
+                 {message}. The entry may remain on CNS.",
                 entry.entity_name,
                 entry.volume_id,
                 object.name_any()

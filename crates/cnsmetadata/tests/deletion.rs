@@ -3,12 +3,13 @@
 
 mod support;
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use cnsmetadata::VolumeMetadataBackend as _;
 use cnsmetadata::{
     CnsVolumeMetadata, EntityReference, EntityType, FINALIZER, PUSHED_ANNOTATION,
-    REASON_UPDATE_FAILED, ReconcileError, VolumeMetadataUpdate, VolumeStatus,
+    REASON_UPDATE_FAILED, ReconcileError, VolumeMetadataUpdate, VolumeStatus, error_policy,
+    reconcile,
     testing::{Failure, bound_claim, pod_spec, pvc_spec},
 };
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
@@ -325,6 +326,120 @@ async fn a_failed_removal_keeps_the_finalizer_and_only_what_is_left_is_retried()
         Action::await_change()
     );
     assert!(h.get("tenant", "gc-1-web-0").await.is_none());
+}
+
+#[tokio::test]
+async fn a_volume_the_record_lacks_never_holds_the_deletion() {
+    let h = harness().await;
+    h.vsphere_volume("tenant", "gc-1-vol-a").await;
+    let d = h.direct(config()).await;
+    let synced = created_and_synced(&h, &d, "tenant", "gc-1-data", pvc_spec()).await;
+    assert_eq!(recorded_volumes(&synced), ["fcd-gc-1-vol-a"]);
+
+    // The claim is re-created bound to another PV, which the object never pushed to; CNS
+    // refuses every change of that volume.
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(h.client.clone(), "tenant");
+    claims
+        .delete("gc-1-vol-a", &Default::default())
+        .await
+        .unwrap();
+    h.volume(
+        "tenant",
+        "gc-1-vol-a",
+        "pv-other",
+        cnsmetadata::VSPHERE_CSI_DRIVER,
+        "fcd-other",
+    )
+    .await;
+    wait_for("the re-created claim in the cache", || async {
+        let claim = d
+            .claims
+            .get(&ObjectRef::new("gc-1-vol-a").within("tenant"))?;
+        let bound = claim.spec.as_ref()?.volume_name.as_deref()? == "pv-other";
+        bound.then_some(())
+    })
+    .await;
+    h.backend
+        .fail_volume("fcd-other", Failure::error("volume busy"));
+
+    delete_and_finish(&h, &d, "tenant", "gc-1-data").await;
+    let removals: Vec<(String, bool)> = h
+        .backend
+        .calls()
+        .iter()
+        .filter(|c| c.update.entity_metadata.delete)
+        .map(|c| (c.update.volume_id.clone(), c.failure.is_none()))
+        .collect();
+    assert_eq!(
+        removals,
+        [
+            ("fcd-gc-1-vol-a".to_owned(), true),
+            ("fcd-other".to_owned(), false)
+        ],
+        "the recorded entry is removed, the unrecorded one tried once"
+    );
+    let warnings = warning_notes(&h, "gc-1-data").await;
+    assert!(
+        warnings
+            .iter()
+            .any(|n| n.contains("\"fcd-other\"") && n.contains("never pushed")),
+        "{warnings:?}"
+    );
+}
+
+/// Reconciles the object as it is on the server once; on failure, the retry `error_policy`
+/// schedules.
+async fn step_with_retry(h: &Harness, d: &Direct, name: &str) -> Option<Action> {
+    let object = Arc::new(h.get("tenant", name).await.expect("object exists"));
+    match reconcile(object.clone(), d.ctx.clone()).await {
+        Ok(_) => None,
+        Err(error) => Some(error_policy(object, &error, d.ctx.clone())),
+    }
+}
+
+#[tokio::test]
+async fn a_deletion_refused_by_cns_retries_after_the_initial_delay_not_the_earlier_failures() {
+    let h = harness().await;
+    h.vsphere_volume("tenant", "gc-1-vol-a").await;
+    let d = h.direct(config()).await;
+    created_and_synced(&h, &d, "tenant", "gc-1-data", pvc_spec()).await;
+
+    // CNS refuses every update for a while: the live object's retries back off.
+    h.backend.fail_always(Failure::error("cns is down"));
+    let mut delays = Vec::new();
+    for _ in 0..6 {
+        let retry = step_with_retry(&h, &d, "gc-1-data").await;
+        delays.push(retry.expect("the push fails"));
+    }
+    let seconds = |s: u64| Action::requeue(Duration::from_secs(s));
+    assert_eq!(
+        delays,
+        [1, 2, 4, 8, 16, 32].map(seconds),
+        "the live object's failures back off"
+    );
+
+    // The deletion starts while CNS still refuses: its retries start over at 1 s.
+    h.delete("tenant", "gc-1-data").await;
+    let mut delays = Vec::new();
+    for _ in 0..2 {
+        let retry = step_with_retry(&h, &d, "gc-1-data").await;
+        delays.push(retry.expect("the removal fails"));
+    }
+    assert_eq!(delays, [1, 2].map(seconds));
+    let object = h.get("tenant", "gc-1-data").await.expect("still there");
+    assert_eq!(object.metadata.finalizers, Some(vec![FINALIZER.to_owned()]));
+
+    h.backend.stop_failing();
+    assert_eq!(step_with_retry(&h, &d, "gc-1-data").await, None);
+    assert!(h.get("tenant", "gc-1-data").await.is_none());
+    assert!(d.ctx.backoff().is_empty(), "success forgets the delay");
+    let removals = h
+        .backend
+        .successful_updates()
+        .into_iter()
+        .filter(|u| u.entity_metadata.delete)
+        .count();
+    assert_eq!(removals, 1);
 }
 
 #[tokio::test]
