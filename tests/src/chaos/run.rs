@@ -26,9 +26,12 @@ const PHASE_LIMIT: Duration = Duration::from_secs(60);
 const TICK: Duration = Duration::from_millis(50);
 /// How often a snapshot is taken while settling.
 const SAMPLE: Duration = Duration::from_millis(250);
-/// Requests per second (API, not counting leases and lists; or CNS) above which a quiet
-/// system counts as busy: a retry loop that changes nothing.
+/// Requests per second (API, not counting leases, lists and events; or CNS) above which
+/// a quiet system counts as busy: a retry loop that changes nothing.
 const BUSY: f64 = 10.0;
+/// Events per second above which a quiet system counts as busy (higher: a resync
+/// retries every failing claim at once, and each failure is an event).
+const BUSY_EVENTS: f64 = 30.0;
 
 /// Requests counted since the run began settling.
 #[derive(Clone, Debug, Default)]
@@ -57,9 +60,9 @@ impl Activity {
         self.cns = world.shared.cns.requests().len();
     }
 
-    /// API requests and CNS calls per second since `earlier`, over `elapsed`, and the
-    /// busiest API requests.
-    fn rates_since(&self, earlier: &Self, elapsed: Duration) -> (f64, f64, String) {
+    /// Per second since `earlier`, over `elapsed`: API requests but events, event
+    /// writes, CNS calls; and the busiest API requests.
+    fn rates_since(&self, earlier: &Self, elapsed: Duration) -> Rates {
         let secs = elapsed.as_secs_f64().max(0.001);
         let mut busiest: Vec<(u64, &str)> = self
             .api
@@ -68,19 +71,35 @@ impl Activity {
             .filter(|(n, _)| *n > 0)
             .collect();
         busiest.sort_unstable_by(|a, b| b.cmp(a));
-        let api: u64 = busiest.iter().map(|(n, _)| n).sum();
+        let (events, api): (Vec<_>, Vec<_>) =
+            busiest.iter().partition(|(_, k)| k.ends_with(" events"));
+        let sum = |v: &[&(u64, &str)]| -> u64 { v.iter().map(|(n, _)| n).sum() };
         let top: Vec<String> = busiest
             .iter()
             .take(3)
             .map(|(n, k)| format!("{n} {k}"))
             .collect();
         #[allow(clippy::cast_precision_loss)] // counts far below 2^52
-        let rates = (
-            api as f64 / secs,
-            (self.cns - earlier.cns) as f64 / secs,
-            top.join(", "),
-        );
-        rates
+        Rates {
+            api: sum(&api) as f64 / secs,
+            events: sum(&events) as f64 / secs,
+            cns: (self.cns - earlier.cns) as f64 / secs,
+            top: top.join(", "),
+        }
+    }
+}
+
+/// Request rates over a quiet window.
+struct Rates {
+    api: f64,
+    events: f64,
+    cns: f64,
+    top: String,
+}
+
+impl Rates {
+    fn busy(&self) -> bool {
+        self.api > BUSY || self.cns > BUSY || self.events > BUSY_EVENTS
     }
 }
 
@@ -305,21 +324,27 @@ async fn settle(world: &mut World, phase: Phase) -> anyhow::Result<Findings> {
                      {PHASE_LIMIT:?}"
                 ));
             }
-            let (api, cns, top) = activity.rates_since(&activity_since, stable);
-            if api > BUSY || cns > BUSY {
+            let rates = activity.rates_since(&activity_since, stable);
+            let Rates {
+                api,
+                events,
+                cns,
+                top,
+            } = &rates;
+            let counts = format!(
+                "{api:.1} API requests/s (not counting leases, lists and events), {events:.1} \
+                 events/s, {cns:.1} CNS calls/s over {:.1}s (most: {top})",
+                stable.as_secs_f64()
+            );
+            if rates.busy() {
                 findings.violation(format!(
-                    "the controllers stay busy while nothing changes: {api:.1} API requests/s \
-                     (not counting leases and lists; most: {top}), {cns:.1} CNS calls/s over \
-                     {:.1}s",
-                    stable.as_secs_f64()
+                    "the controllers stay busy while nothing changes: {counts}"
                 ));
             }
             shared.log(format!(
-                "{phase:?}: checked after {:.1}s ({} violations; quiet for {:.1}s with {api:.1} \
-                 API requests/s, {cns:.1} CNS calls/s)",
+                "{phase:?}: checked after {:.1}s ({} violations; quiet with {counts})",
                 (now - started).as_secs_f64(),
                 findings.violations.len(),
-                stable.as_secs_f64()
             ));
             return Ok(findings);
         }
