@@ -14,12 +14,14 @@ use super::checks::{Findings, Phase, Snapshot, check};
 use super::panics::PanicLog;
 use super::report::SeedReport;
 use super::schedule::{Schedule, Step};
-use super::world::{RESYNC, World, cns_methods, is_not_found, retry};
+use super::world::{World, cns_methods, is_not_found, retry};
 
 /// How long nothing may change before the checks run.
 const QUIET: Duration = Duration::from_secs(2);
-/// How long nothing may change before violations are final (longer than the resync).
-const LONG_QUIET: Duration = Duration::from_secs(RESYNC.as_secs() + 3);
+/// How long nothing may change before violations are final: longer than the resync,
+/// and than kube-runtime's watch backoff (up to 30 s): a replica cut off for a while
+/// may lead with caches that refresh only after its next watch attempt.
+const LONG_QUIET: Duration = Duration::from_secs(35);
 /// The most a phase waits for quiet (metadata retries back off for long).
 const PHASE_LIMIT: Duration = Duration::from_secs(60);
 /// How often the harness looks.
