@@ -512,16 +512,31 @@ fn metadata(snapshot: &Snapshot, records: &Records, phase: Phase, findings: &mut
                 .map(actual)
                 .filter(|e| e.key == want.key)
                 .collect();
+            let status = object
+                .status
+                .volume_status
+                .iter()
+                .find(|v| &v.volume_name == claim_name)
+                .map_or_else(
+                    || "no status".to_owned(),
+                    |v| {
+                        if v.updated {
+                            "status: updated".to_owned()
+                        } else {
+                            format!("status: {}", v.error_message)
+                        }
+                    },
+                );
             match found.as_slice() {
                 [] => findings.violation(format!(
                     "cnsvolumemetadata {name}: CNS volume {handle} (claim {claim_name}, PV \
-                     {pv_name}) has no entry for {} {}",
+                     {pv_name}) has no entry for {} {} ({status})",
                     want.key.0, want.key.1
                 )),
                 [one] if *one == want => {}
                 other => findings.violation(format!(
                     "cnsvolumemetadata {name}: CNS volume {handle} (claim {claim_name}) holds \
-                     {other:?}, the spec says {want:?}"
+                     {other:?}, the spec says {want:?} ({status})"
                 )),
             }
         }
