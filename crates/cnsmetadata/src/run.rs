@@ -1,7 +1,13 @@
 //! Wiring: caches, the trigger watch, leadership terms and the kube `Controller` (Go: `Add`
 //! and `add`).
 
-use std::{future::Future, sync::Arc};
+use std::{
+    future::Future,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+};
 
 use futures::{
     FutureExt, SinkExt, StreamExt,
@@ -101,39 +107,73 @@ async fn fill_cache<K>(
 
 /// The watch of every `CnsVolumeMetadata`: fills `writer`, and feeds `triggers` (which
 /// forgets deleted objects in `backoff` too); runs until dropped.
+///
+/// Each time `relist` changes, the watch starts over with a new list; once the list of
+/// generation `g` is complete (the store swapped), `listed` says `g`. A term starts from
+/// such a list: a watch that was broken (a replica cut off from the API server, watches
+/// failing) may still show objects another leader deleted meanwhile, and a reconcile of
+/// such an object would push its entity to CNS again, for good.
 async fn watch_objects(
     client: Client,
     writer: Writer<CnsVolumeMetadata>,
     triggers: Arc<Triggers>,
     backoff: Arc<PerObjectBackoff>,
+    relist: watch::Receiver<u64>,
+    listed: watch::Sender<u64>,
 ) {
-    watcher(
-        Api::<CnsVolumeMetadata>::all(client),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(|object: &mut CnsVolumeMetadata| object.metadata.managed_fields = None)
-    .reflect(writer)
-    .for_each(|event| {
-        let next = match event {
-            Ok(event) => triggers.observe(&event, &backoff),
-            Err(error) => {
-                warn!(cache = "cnsvolumemetadatas", error = %error_chain(&error), "watch failed; retrying");
-                None
-            }
-        };
+    let api = Api::<CnsVolumeMetadata>::all(client);
+    // The generation of the list the watch below is on. The stream is polled in one task
+    // and each event handled before the next is polled, so an `InitDone` handled below
+    // belongs to the generation stored here.
+    let generation = Arc::new(AtomicU64::new(0));
+    let current = generation.clone();
+    let events = stream::unfold(relist, move |mut relist| {
+        let api = api.clone();
+        let current = current.clone();
         async move {
-            if let Some((mut queue, objects)) = next {
-                for object in objects {
-                    // Fails only when the term ended meanwhile; the next one reconciles all.
-                    if queue.send(object).await.is_err() {
-                        break;
+            current.store(*relist.borrow_and_update(), Ordering::SeqCst);
+            let mut next = relist.clone();
+            let restart = async move {
+                if next.changed().await.is_err() {
+                    // No more terms: keep this watch.
+                    future::pending::<()>().await;
+                }
+            };
+            let watch = watcher(api, watcher::Config::default())
+                .default_backoff()
+                .take_until(restart);
+            Some((watch, relist))
+        }
+    })
+    .flatten();
+    events
+        .modify(|object: &mut CnsVolumeMetadata| object.metadata.managed_fields = None)
+        .reflect(writer)
+        .for_each(|event| {
+            let next = match event {
+                Ok(event) => {
+                    if matches!(event, watcher::Event::InitDone) {
+                        listed.send_replace(generation.load(Ordering::SeqCst));
+                    }
+                    triggers.observe(&event, &backoff)
+                }
+                Err(error) => {
+                    warn!(cache = "cnsvolumemetadatas", error = %error_chain(&error), "watch failed; retrying");
+                    None
+                }
+            };
+            async move {
+                if let Some((mut queue, objects)) = next {
+                    for object in objects {
+                        // Fails only when the term ended meanwhile; the next one reconciles all.
+                        if queue.send(object).await.is_err() {
+                            break;
+                        }
                     }
                 }
             }
-        }
-    })
-    .await;
+        })
+        .await;
 }
 
 /// Runs the `CnsVolumeMetadata` reconciler until `shutdown` completes; the same as
@@ -159,15 +199,18 @@ pub async fn run(
 /// [`ClusterFlavor::Workload`]. Otherwise it starts at once, leader or not, the caches of
 /// supervisor claims and volumes (managedFields dropped) and the watch of
 /// `CnsVolumeMetadata` objects of every namespace, so that a standby is warm. Once they are
-/// filled, each time `*leading.borrow()` turns `true` a term starts: every object is
-/// reconciled (the new leader catches up on whatever happened meanwhile), then each
-/// object again on its creation, a change of spec or finalizers, the start of its
+/// filled, each time `*leading.borrow()` turns `true` a term starts: the objects are
+/// listed again, every object is reconciled (the new leader catches up on whatever
+/// happened meanwhile), then each object again on its creation, a change of spec or finalizers, the start of its
 /// deletion, a change of a supervisor claim it names or of that claim's PV (the claim
 /// appears, binds or goes; the PV appears, changes driver, volume handle or `claimRef`,
 /// or goes: seen in the same caches, no extra watch), and its retries, with
 /// [`Config::worker_threads`] workers.
 ///
 /// # Guarantees
+/// - A term reconciles nothing before a new list of the objects is complete (one LIST
+///   per term): a standby's watch may have been broken, and a reconcile of an object
+///   another leader deleted meanwhile would push its entity to CNS again, for good.
 /// - When `leading` turns `false`, no new reconcile starts; the ones running finish, the
 ///   retry delays are forgotten, and the replica waits to lead again.
 /// - A dropped sender means "not leading" for good: the replica stays a warm standby
@@ -250,6 +293,9 @@ pub(crate) async fn serve(
     let (objects, objects_writer) = reflector::store();
     let related = Arc::new(Related::default());
     let related_volumes = related.clone();
+    let (relist, relist_asked) = watch::channel(0);
+    let (listed_sender, listed) = watch::channel(0);
+    let relists = Relists { relist, listed };
     let watches = future::join3(
         fill_cache(
             Api::<PersistentVolumeClaim>::all(client.clone()),
@@ -270,6 +316,8 @@ pub(crate) async fn serve(
             objects_writer,
             triggers.clone(),
             backoff.clone(),
+            relist_asked,
+            listed_sender,
         ),
     );
     let ctx = Arc::new(
@@ -287,7 +335,7 @@ pub(crate) async fn serve(
             () = shutdown.clone() => return Ok(()),
         };
         info!(workers, "caches filled");
-        lead(ctx, objects, triggers, workers, leading, shutdown).await;
+        lead(ctx, objects, triggers, relists, workers, leading, shutdown).await;
         info!("CnsVolumeMetadata reconciler stopped");
         Ok(())
     };
@@ -325,11 +373,30 @@ async fn until_not_leading(mut leading: watch::Receiver<bool>) {
     }
 }
 
+/// How a term gets a fresh list of the objects from [`watch_objects`].
+struct Relists {
+    /// The generation of the list asked for.
+    relist: watch::Sender<u64>,
+    /// The generation of the last complete list.
+    listed: watch::Receiver<u64>,
+}
+
+impl Relists {
+    /// Asks the watch of objects for a new list and waits until it is complete (the store
+    /// holds it); `false` when the watch is gone.
+    async fn fresh_list(&mut self) -> bool {
+        let generation = self.relist.borrow().wrapping_add(1);
+        self.relist.send_replace(generation);
+        self.listed.wait_for(|g| *g == generation).await.is_ok()
+    }
+}
+
 /// Runs one controller per leadership term until `shutdown` completes.
 async fn lead(
     ctx: Arc<Context>,
     objects: Store<CnsVolumeMetadata>,
     triggers: Arc<Triggers>,
+    mut relists: Relists,
     workers: u16,
     mut leading: watch::Receiver<bool>,
     shutdown: Shared<BoxFuture<'static, ()>>,
@@ -343,6 +410,17 @@ async fn lead(
             info!("leadership will not come back; standing by until shutdown");
             shutdown.await;
             return;
+        }
+        // The watch may have been broken while standing by: its store may still show
+        // objects another leader deleted meanwhile. The term starts from a new list.
+        info!("leading: listing every CnsVolumeMetadata object again");
+        tokio::select! {
+            listed = relists.fresh_list() => if !listed {
+                // The watch is gone; `serve` returns.
+                return;
+            },
+            () = until_not_leading(leading.clone()) => continue,
+            () = shutdown.clone() => return,
         }
         info!(
             workers,
@@ -560,7 +638,7 @@ mod tests {
             }
         };
         failed_with("is not bound").await;
-        assert_eq!(backoff.len(), 1, "the failure waits an hour");
+        eventually("the failure to wait an hour", || backoff.len() == 1).await;
 
         // The claim binds to a PV that does not exist yet: reconciled at once, still failing.
         let mut claim = pvcs.get("gc-1-vol-a").await.unwrap();
@@ -642,6 +720,119 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(backend.calls().len(), calls, "a standby reconciles nothing");
 
+        stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(20), running)
+            .await
+            .expect("stops")
+            .unwrap()
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_new_term_never_acts_on_objects_its_broken_watch_still_shows() {
+        let sim = sim_with_crd().await;
+        let client = sim.client();
+        let pvs: Api<PersistentVolume> = Api::all(client.clone());
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "tenant");
+        for (claim, pv, handle) in [("gc-1-a", "pv-a", "fcd-a"), ("gc-1-b", "pv-b", "fcd-b")] {
+            pvs.create(
+                &PostParams::default(),
+                &csi_volume(pv, crate::VSPHERE_CSI_DRIVER, handle),
+            )
+            .await
+            .unwrap();
+            pvcs.create(&PostParams::default(), &bound_claim("tenant", claim, pv))
+                .await
+                .unwrap();
+        }
+        let backend = InMemoryBackend::new();
+        let triggers = Arc::new(Triggers::default());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (leader, leading) = watch::channel(true);
+        let running = tokio::spawn(serve(
+            client.clone(),
+            Arc::new(backend.clone()),
+            Config::default().cluster_id("cluster-7"),
+            leading,
+            async move {
+                let _ = stopped.await;
+            },
+            triggers.clone(),
+            Arc::default(),
+        ));
+        let objects: Api<CnsVolumeMetadata> = Api::namespaced(client.clone(), "tenant");
+        let object = |name: &str, claim: &str| {
+            let mut spec = pvc_spec();
+            spec.volume_names = vec![claim.to_owned()];
+            spec.entity_name = name.to_owned();
+            let mut object = CnsVolumeMetadata::new(name, spec);
+            object.metadata.namespace = Some("tenant".into());
+            object
+        };
+        objects
+            .create(&PostParams::default(), &object("gc-1-gone", "gc-1-a"))
+            .await
+            .unwrap();
+        eventually("gc-1-gone pushed", || backend.entities().len() == 1).await;
+
+        // This replica stands by, and its watch of objects breaks.
+        leader.send(false).unwrap();
+        eventually("the term to end", || !triggers.in_term()).await;
+        sim.add_fault(
+            kube_sim::FaultRule::new(kube_sim::Verb::Watch, "cnsvolumemetadatas")
+                .status(500, "InternalError")
+                .always(),
+        );
+        sim.cut_watches();
+        // Meanwhile another leader deletes gc-1-gone (its entity removed, then the object),
+        // and finalizes gc-1-new, created meanwhile (the next reconcile pushes it).
+        let pushed = backend.entities()[0].clone();
+        let mut removal = pushed.clone();
+        removal.entity_metadata.delete = true;
+        crate::VolumeMetadataBackend::update_volume_metadata(&backend, &removal)
+            .await
+            .unwrap();
+        let mut gone = objects.get("gc-1-gone").await.unwrap();
+        gone.metadata.finalizers = None;
+        objects
+            .replace("gc-1-gone", &PostParams::default(), &gone)
+            .await
+            .unwrap();
+        objects
+            .delete("gc-1-gone", &DeleteParams::default())
+            .await
+            .unwrap();
+        let mut new = object("gc-1-new", "gc-1-b");
+        new.metadata.finalizers = Some(vec![FINALIZER.to_owned()]);
+        objects.create(&PostParams::default(), &new).await.unwrap();
+
+        // Leading again: the term works from a fresh list of the objects.
+        leader.send(true).unwrap();
+        let names = || -> Vec<String> {
+            backend
+                .entities()
+                .iter()
+                .map(|e| e.entity_metadata.entity_name.clone())
+                .collect()
+        };
+        eventually("gc-1-new pushed, or gc-1-gone pushed again", || {
+            !backend.entities().is_empty()
+        })
+        .await;
+        assert_eq!(
+            names(),
+            ["gc-1-new"],
+            "nothing pushed for the deleted object"
+        );
+        let adds = backend
+            .calls()
+            .iter()
+            .filter(|c| c.update.entity_metadata.entity_name == "gc-1-gone")
+            .filter(|c| !c.update.entity_metadata.delete)
+            .count();
+        assert_eq!(adds, 1, "gc-1-gone was pushed once, before its deletion");
+
+        sim.clear_faults();
         stop.send(()).unwrap();
         tokio::time::timeout(Duration::from_secs(20), running)
             .await
