@@ -25,14 +25,18 @@ fn meta(name: &str) -> ObjectMeta {
     }
 }
 
-/// StorageClass `name` as created at the start (or again, with `ours` false, naming
-/// another provisioner).
+/// StorageClass `name` as created at the start, or again, with `ours` false, naming
+/// another provisioner with that provisioner's parameters (which ours does not know).
 #[must_use]
 pub fn class(name: &str, ours: bool) -> StorageClass {
-    let mut parameters = BTreeMap::from([
-        ("datastoreurl".to_owned(), names::DATASTORE_URL.to_owned()),
-        ("csi.storage.k8s.io/fstype".to_owned(), "ext4".to_owned()),
-    ]);
+    let mut parameters = if ours {
+        BTreeMap::from([
+            ("datastoreurl".to_owned(), names::DATASTORE_URL.to_owned()),
+            ("csi.storage.k8s.io/fstype".to_owned(), "ext4".to_owned()),
+        ])
+    } else {
+        BTreeMap::from([("type".to_owned(), "other-disk".to_owned())])
+    };
     if name == names::CLASS_BAD_PARAMETER {
         parameters.insert("nosuchparameter".to_owned(), "x".to_owned());
     }
