@@ -38,6 +38,9 @@ pub struct Schedule {
     pub span: Duration,
     /// Whether the provision controller puts its finalizer on PVs (`add_finalizer`).
     pub pv_finalizer: bool,
+    /// Whether the replicas elect a leader (the default); without, both work at once, as
+    /// a failover or a partitioned old leader can make them overlap.
+    pub leader_election: bool,
     /// The actions, ordered by `at` (stable for equal times).
     pub steps: Vec<Step>,
 }
@@ -333,6 +336,7 @@ impl Schedule {
             claim_chain(&mut rng, span, claim, &mut steps);
         }
         global_steps(&mut rng, span, &mut steps);
+        let leader_election = rng.random_bool(0.8);
         // Stable: a chain's steps keep their order at equal times.
         steps.sort_by_key(|s| s.at);
         Self {
@@ -340,6 +344,7 @@ impl Schedule {
             claims,
             span,
             pv_finalizer,
+            leader_election,
             steps,
         }
     }
@@ -753,6 +758,10 @@ impl fmt::Display for Action {
     }
 }
 
+fn on_off(on: bool) -> &'static str {
+    if on { "on" } else { "off" }
+}
+
 fn validity(valid: bool) -> &'static str {
     if valid { "valid" } else { "invalid" }
 }
@@ -798,11 +807,13 @@ impl fmt::Display for Schedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "schedule of seed {} ({} claims, span {:?}, PV finalizer {}): {} steps",
+            "schedule of seed {} ({} claims, span {:?}, PV finalizer {}, leader election {}): \
+             {} steps",
             self.seed,
             self.claims,
             self.span,
-            if self.pv_finalizer { "on" } else { "off" },
+            on_off(self.pv_finalizer),
+            on_off(self.leader_election),
             self.steps.len()
         )?;
         for step in &self.steps {

@@ -216,7 +216,7 @@ pub fn settings(schedule: &Schedule) -> anyhow::Result<Settings> {
         .worker_threads(NonZeroU16::new(2).expect("2 is not zero"));
     Ok(Settings {
         provisioner_name: names::PROVISIONER.to_owned(),
-        leader_election: true,
+        leader_election: schedule.leader_election,
         metrics_address: None,
         flavor: cnsmetadata::ClusterFlavor::Workload,
         cluster_id: names::CLUSTER_ID.to_owned(),
