@@ -843,24 +843,8 @@ mod tests {
 
     #[tokio::test]
     async fn per_object_state_of_deleted_objects_is_pruned() {
-        let sim = kube_sim::KubeSim::builder().start().await.unwrap();
+        let sim = sim_with_crd().await;
         let client = sim.client();
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        crds.create(&PostParams::default(), &crate::crd())
-            .await
-            .unwrap();
-        let namespaces: Api<Namespace> = Api::all(client.clone());
-        let tenant = Namespace {
-            metadata: ObjectMeta {
-                name: Some("tenant".into()),
-                ..ObjectMeta::default()
-            },
-            ..Namespace::default()
-        };
-        namespaces
-            .create(&PostParams::default(), &tenant)
-            .await
-            .unwrap();
         let pvs: Api<PersistentVolume> = Api::all(client.clone());
         pvs.create(
             &PostParams::default(),
