@@ -1,9 +1,9 @@
 //! Benchmarks of the provisioning controller and the CnsVolumeMetadata reconciler.
 //!
 //! ```text
-//! cargo run --release -p examples --example bench -- provision --n 10000 --workers 4
-//! cargo run --release -p examples --example bench -- steady --n 10000 --idle-secs 60
-//! cargo run --release -p examples --example bench -- metadata --n 1000 --json
+//! cargo run --release -p bench -- provision --n 10000 --workers 4
+//! cargo run --release -p bench -- steady --n 10000 --idle-secs 60
+//! cargo run --release -p bench -- metadata --n 1000 --json
 //! ```
 //!
 //! By default kube-sim (with its PV binder) runs in a child process (this binary started
@@ -14,25 +14,15 @@
 //! cluster instead, in a fresh namespace `bench-<id>` with its own StorageClass and
 //! provisioner name `bench.example.com/<id>`, and deletes all of it at the end.
 
-#[path = "bench/counting.rs"]
 mod counting;
-#[path = "bench/env.rs"]
 mod env;
-#[path = "bench/metadata.rs"]
 mod metadata;
-#[path = "bench/objects.rs"]
 mod objects;
-#[path = "bench/procfs.rs"]
 mod procfs;
-#[path = "bench/provision.rs"]
 mod provision;
-#[path = "bench/report.rs"]
 mod report;
-#[path = "bench/sim.rs"]
 mod sim;
-#[path = "bench/steady.rs"]
 mod steady;
-#[path = "bench/track.rs"]
 mod track;
 
 use std::{num::NonZeroU16, path::PathBuf, time::Duration};
