@@ -1,0 +1,397 @@
+//! [`LeaderElection`]: which Lease to hold, under which identity, and how often to renew it.
+
+use std::time::Duration;
+
+/// A leader-election setting that cannot work, naming the field and the problem.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid leader election setting {field}: {problem}")]
+#[non_exhaustive]
+pub struct InvalidLeaderElection {
+    /// The offending field, e.g. `"renew_deadline"`.
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+impl InvalidLeaderElection {
+    fn new(field: &'static str, problem: impl Into<String>) -> Self {
+        Self {
+            field,
+            problem: problem.into(),
+        }
+    }
+}
+
+/// Where and how to elect a leader: the `coordination.k8s.io/v1` Lease, this replica's
+/// identity and the three timings of client-go's `LeaderElectionConfig`.
+///
+/// Timings (Go defaults): a holder keeps the lease for the
+/// [lease duration](Self::with_lease_duration) (15 s) after its last renewal as observed by
+/// the others; the holder gives up when it could not renew for the
+/// [renew deadline](Self::with_renew_deadline) (10 s); attempts to acquire or renew are
+/// one [retry period](Self::with_retry_period) (2 s) apart.
+///
+/// Setters never fail; [`validate`](Self::validate) checks the combination and
+/// [`LeaderElector::new`](super::LeaderElector::new) calls it.
+///
+/// A controller may take this as part of its own configuration and fill in the rest:
+/// [`LeaderElection::default`] leaves the lease name and the identity empty, and
+/// [`resolved_for`](Self::resolved_for) names the lease after the controller (see
+/// [`lease_name_for`](Self::lease_name_for)) and picks a
+/// [`default_identity`](Self::default_identity). provision-controller's
+/// `Config::leader_election` works this way.
+#[doc(alias = "LeaderElectionConfig")]
+#[doc(alias = "LeaderElectionNamespace")]
+#[doc(alias = "LeaseDuration")]
+#[doc(alias = "RenewDeadline")]
+#[doc(alias = "RetryPeriod")]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderElection {
+    lease_name: String,
+    namespace: String,
+    identity: String,
+    lease_duration: Duration,
+    renew_deadline: Duration,
+    retry_period: Duration,
+}
+
+impl Default for LeaderElection {
+    /// Namespace `default`, the Go timings, and an empty lease name and identity, which
+    /// [`resolved_for`](Self::resolved_for) derives from a controller name and the host.
+    fn default() -> Self {
+        Self {
+            lease_name: String::new(),
+            namespace: "default".into(),
+            identity: String::new(),
+            lease_duration: Self::DEFAULT_LEASE_DURATION,
+            renew_deadline: Self::DEFAULT_RENEW_DEADLINE,
+            retry_period: Self::DEFAULT_RETRY_PERIOD,
+        }
+    }
+}
+
+impl LeaderElection {
+    /// Default for [`with_lease_duration`](Self::with_lease_duration) (Go: `DefaultLeaseDuration`).
+    pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
+    /// Default for [`with_renew_deadline`](Self::with_renew_deadline) (Go: `DefaultRenewDeadline`).
+    pub const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(10);
+    /// Default for [`with_retry_period`](Self::with_retry_period) (Go: `DefaultRetryPeriod`).
+    pub const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(2);
+    /// Acquire attempts wait between `retry_period` and `retry_period * (1 + JITTER_FACTOR)`,
+    /// so standbys do not hit the API server in lockstep (client-go's `JitterFactor`).
+    pub const JITTER_FACTOR: f64 = 1.2;
+
+    /// Elects on the Lease `namespace/lease_name` with the default timings and a
+    /// [`default_identity`](Self::default_identity).
+    ///
+    /// # Errors
+    /// [`InvalidLeaderElection`] when the name or namespace is empty.
+    pub fn new(
+        lease_name: impl Into<String>,
+        namespace: impl Into<String>,
+    ) -> Result<Self, InvalidLeaderElection> {
+        let cfg = Self {
+            lease_name: lease_name.into(),
+            namespace: namespace.into(),
+            identity: Self::default_identity(),
+            lease_duration: Self::DEFAULT_LEASE_DURATION,
+            renew_deadline: Self::DEFAULT_RENEW_DEADLINE,
+            retry_period: Self::DEFAULT_RETRY_PERIOD,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Elects on the Lease named after the provisioner, with every `/` replaced by `-`
+    /// (as the Go library names its lock), e.g. `example.com/nfs` → `example.com-nfs`.
+    ///
+    /// # Errors
+    /// [`InvalidLeaderElection`] when the name or namespace is empty.
+    pub fn for_provisioner(
+        provisioner_name: &str,
+        namespace: impl Into<String>,
+    ) -> Result<Self, InvalidLeaderElection> {
+        Self::new(Self::lease_name_for(provisioner_name), namespace)
+    }
+
+    /// Elects with explicit timings, validated at once.
+    ///
+    /// # Errors
+    /// [`InvalidLeaderElection`] naming the first field that does not fit (see
+    /// [`validate`](Self::validate)).
+    pub fn with_timings(
+        self,
+        lease_duration: Duration,
+        renew_deadline: Duration,
+        retry_period: Duration,
+    ) -> Result<Self, InvalidLeaderElection> {
+        let cfg = self
+            .with_lease_duration(lease_duration)
+            .with_renew_deadline(renew_deadline)
+            .with_retry_period(retry_period);
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The Lease name the Go provisioner library uses for a provisioner (or any controller
+    /// named like one): `/` replaced by `-`.
+    #[must_use]
+    pub fn lease_name_for(controller_name: &str) -> String {
+        controller_name.replace('/', "-")
+    }
+
+    /// `<hostname>_<16 random hex digits>`: unique per process, so a restarted pod never
+    /// mistakes its predecessor's lease for its own (Go uses hostname + `_` + a UUID).
+    #[must_use]
+    pub fn default_identity() -> String {
+        let host = gethostname::gethostname();
+        let suffix: u64 = rand::random();
+        format!("{}_{suffix:016x}", host.to_string_lossy())
+    }
+
+    /// The Lease name. Empty (in [`Default`]) means: named by
+    /// [`resolved_for`](Self::resolved_for) after the controller.
+    #[must_use]
+    pub fn with_lease_name(mut self, name: impl Into<String>) -> Self {
+        self.lease_name = name.into();
+        self
+    }
+
+    /// The Lease namespace (Go `LeaderElectionNamespace`). Default `default`; a controller
+    /// usually passes its pod's namespace.
+    #[must_use]
+    pub fn with_namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Fills what is left empty: the lease name from `controller_name` ('/' → '-') and
+    /// the identity with a [`default_identity`](Self::default_identity).
+    #[must_use]
+    pub fn resolved_for(mut self, controller_name: &str) -> Self {
+        if self.lease_name.is_empty() {
+            self.lease_name = Self::lease_name_for(controller_name);
+        }
+        if self.identity.is_empty() {
+            self.identity = Self::default_identity();
+        }
+        self
+    }
+
+    /// The identity written to `holderIdentity`.
+    /// Default: [`default_identity`](Self::default_identity) (empty in [`Default`], filled
+    /// by [`resolved_for`](Self::resolved_for)).
+    #[must_use]
+    pub fn with_identity(mut self, identity: impl Into<String>) -> Self {
+        self.identity = identity.into();
+        self
+    }
+
+    /// How long a lease stays valid after its last renewal as observed locally by a
+    /// candidate. Written to `leaseDurationSeconds`, rounded up to whole seconds. Default 15 s.
+    #[must_use]
+    pub fn with_lease_duration(mut self, duration: Duration) -> Self {
+        self.lease_duration = duration;
+        self
+    }
+
+    /// How long the leader keeps trying to renew before it gives up leadership. Default 10 s.
+    #[must_use]
+    pub fn with_renew_deadline(mut self, duration: Duration) -> Self {
+        self.renew_deadline = duration;
+        self
+    }
+
+    /// The pause between attempts to acquire or renew. Default 2 s.
+    #[must_use]
+    pub fn with_retry_period(mut self, duration: Duration) -> Self {
+        self.retry_period = duration;
+        self
+    }
+
+    /// Checks the settings the way client-go does.
+    ///
+    /// # Errors
+    /// [`InvalidLeaderElection`] when `lease_name`, `namespace` or `identity` is empty,
+    /// when `lease_duration` is under one second (the Lease counts whole seconds), when
+    /// `renew_deadline` is not below `lease_duration`, when `retry_period` is zero, or when
+    /// `renew_deadline` is not above `retry_period * JITTER_FACTOR`.
+    pub fn validate(&self) -> Result<(), InvalidLeaderElection> {
+        if self.lease_name.is_empty() {
+            return Err(InvalidLeaderElection::new(
+                "lease_name",
+                "must not be empty",
+            ));
+        }
+        if self.namespace.is_empty() {
+            return Err(InvalidLeaderElection::new("namespace", "must not be empty"));
+        }
+        if self.identity.is_empty() {
+            return Err(InvalidLeaderElection::new("identity", "must not be empty"));
+        }
+        if self.lease_duration < Duration::from_secs(1) {
+            return Err(InvalidLeaderElection::new(
+                "lease_duration",
+                format!("{:?} is under one second", self.lease_duration),
+            ));
+        }
+        if i32::try_from(self.lease_duration.as_secs()).is_err() {
+            return Err(InvalidLeaderElection::new(
+                "lease_duration",
+                format!(
+                    "{:?} does not fit leaseDurationSeconds",
+                    self.lease_duration
+                ),
+            ));
+        }
+        if self.renew_deadline >= self.lease_duration {
+            return Err(InvalidLeaderElection::new(
+                "renew_deadline",
+                format!(
+                    "{:?} must be shorter than lease_duration {:?}",
+                    self.renew_deadline, self.lease_duration
+                ),
+            ));
+        }
+        if self.retry_period.is_zero() {
+            return Err(InvalidLeaderElection::new(
+                "retry_period",
+                "must not be zero",
+            ));
+        }
+        if self.renew_deadline.as_secs_f64()
+            <= self.retry_period.as_secs_f64() * Self::JITTER_FACTOR
+        {
+            return Err(InvalidLeaderElection::new(
+                "renew_deadline",
+                format!(
+                    "{:?} must be longer than retry_period {:?} times {}",
+                    self.renew_deadline,
+                    self.retry_period,
+                    Self::JITTER_FACTOR
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The Lease name.
+    #[must_use]
+    pub fn lease_name(&self) -> &str {
+        &self.lease_name
+    }
+
+    /// The Lease namespace.
+    #[must_use]
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// This replica's identity.
+    #[must_use]
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// The configured lease duration.
+    #[must_use]
+    pub fn lease_duration(&self) -> Duration {
+        self.lease_duration
+    }
+
+    /// The configured renew deadline.
+    #[must_use]
+    pub fn renew_deadline(&self) -> Duration {
+        self.renew_deadline
+    }
+
+    /// The configured retry period.
+    #[must_use]
+    pub fn retry_period(&self) -> Duration {
+        self.retry_period
+    }
+
+    /// `leaseDurationSeconds` to write: the lease duration rounded up to whole seconds.
+    pub(crate) fn lease_duration_seconds(&self) -> i32 {
+        let secs =
+            self.lease_duration.as_secs() + u64::from(self.lease_duration.subsec_nanos() > 0);
+        i32::try_from(secs).unwrap_or(i32::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> LeaderElection {
+        LeaderElection::new("lease", "ns").unwrap()
+    }
+
+    #[test]
+    fn defaults_are_go_defaults() {
+        let c = cfg();
+        assert_eq!(c.lease_duration(), Duration::from_secs(15));
+        assert_eq!(c.renew_deadline(), Duration::from_secs(10));
+        assert_eq!(c.retry_period(), Duration::from_secs(2));
+        assert_eq!(c.lease_duration_seconds(), 15);
+        assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
+    fn lease_is_named_after_the_provisioner_with_slashes_replaced() {
+        let c = LeaderElection::for_provisioner("example.com/nfs/v2", "kube-system").unwrap();
+        assert_eq!(c.lease_name(), "example.com-nfs-v2");
+        assert_eq!(c.namespace(), "kube-system");
+    }
+
+    #[test]
+    fn default_identity_is_hostname_underscore_random_suffix() {
+        let a = LeaderElection::default_identity();
+        let b = LeaderElection::default_identity();
+        assert_ne!(a, b);
+        let (host, suffix) = a.rsplit_once('_').unwrap();
+        assert_eq!(host, gethostname::gethostname().to_string_lossy());
+        assert_eq!(suffix.len(), 16);
+        assert!(suffix.chars().all(|c| c.is_ascii_hexdigit()));
+    }
+
+    #[test]
+    fn invalid_settings_name_their_field() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        let cases = [
+            (s(10), s(10), s(2), "renew_deadline"),
+            (s(5), s(10), s(2), "renew_deadline"),
+            (ms(500), ms(400), ms(100), "lease_duration"),
+            (s(15), s(10), Duration::ZERO, "retry_period"),
+            (s(15), s(2), s(2), "renew_deadline"),
+            (s(u64::from(u32::MAX)), s(10), s(2), "lease_duration"),
+        ];
+        for (lease, renew, retry, field) in cases {
+            let err = cfg().with_timings(lease, renew, retry).unwrap_err();
+            assert_eq!(err.field, field, "{lease:?} {renew:?} {retry:?}: {err}");
+        }
+        assert_eq!(
+            LeaderElection::new("", "ns").unwrap_err().field,
+            "lease_name"
+        );
+        assert_eq!(LeaderElection::new("l", "").unwrap_err().field, "namespace");
+        assert_eq!(
+            cfg().with_identity("").validate().unwrap_err().field,
+            "identity"
+        );
+        let err = cfg().with_timings(s(5), s(10), s(2)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid leader election setting renew_deadline: \
+             10s must be shorter than lease_duration 5s"
+        );
+    }
+
+    #[test]
+    fn short_test_timings_are_accepted_and_rounded_up_to_whole_seconds() {
+        let ms = Duration::from_millis;
+        let c = cfg().with_timings(ms(2500), ms(1000), ms(200)).unwrap();
+        assert_eq!(c.lease_duration_seconds(), 3);
+    }
+}

@@ -1,0 +1,369 @@
+//! [`LeaderElector`]: acquire, renew in an owned task, report loss, release.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube_client::{Api, Client};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep, timeout, timeout_at};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::lease::{Outcome, Shared};
+use super::record::{Mode, Observation};
+use super::{LeaderElection, LeaderError, LeaderState, LeadershipLost, LossReason};
+
+/// Elects this replica leader on a Lease and keeps it leader until the lease is lost or
+/// released (client-go's `LeaderElector`, driven by the caller instead of callbacks).
+///
+/// # Guarantees
+/// - At most one renewal task runs per elector; it is owned by the elector, stopped and
+///   awaited by [`release`](Self::release), and aborted when the elector is dropped.
+/// - Once a renewal has not succeeded for [`renew_deadline`](LeaderElection::renew_deadline),
+///   or the Lease names another holder, the state becomes [`LeaderState::Lost`] and
+///   [`lost`](Self::lost) resolves. Because other candidates wait a full lease duration
+///   after the last change they saw, and the renew deadline is shorter, the old leader
+///   steps down before anyone else can take over (as long as clocks run at similar rates).
+/// - Nothing here exits the process or panics on API errors: loss is a value.
+///
+/// # Caveats
+/// Dropping the elector stops renewing but does not release the lease: standbys then take
+/// over only after the lease duration. Call [`release`](Self::release) on a graceful
+/// shutdown, after the work has stopped.
+#[doc(alias = "RunOrDie")]
+pub struct LeaderElector {
+    shared: Arc<Shared>,
+    renewer: Option<Renewer>,
+}
+
+impl std::fmt::Debug for LeaderElector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaderElector")
+            .field("lease", &self.shared.lease)
+            .field("identity", &self.shared.cfg.identity())
+            .field("state", &*self.shared.state.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Renewer {
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl LeaderElector {
+    /// An elector for `cfg` that talks to the API server through `client`.
+    ///
+    /// Pass a client used for nothing else (see [`super::dedicated_client`]), so that
+    /// renewals do not queue behind other requests. Nothing is sent until
+    /// [`acquire`](Self::acquire).
+    ///
+    /// # Errors
+    /// [`LeaderError::Config`] when [`LeaderElection::validate`] fails.
+    pub fn new(client: Client, cfg: LeaderElection) -> Result<Self, LeaderError> {
+        cfg.validate()?;
+        let api = Api::namespaced(client, cfg.namespace());
+        let lease = format!("{}/{}", cfg.namespace(), cfg.lease_name());
+        let (state, _) = watch::channel(LeaderState::Standby { holder: None });
+        Ok(Self {
+            shared: Arc::new(Shared {
+                api,
+                cfg,
+                lease,
+                observation: Mutex::new(Observation::default()),
+                state,
+            }),
+            renewer: None,
+        })
+    }
+
+    /// The configuration.
+    #[must_use]
+    pub fn config(&self) -> &LeaderElection {
+        &self.shared.cfg
+    }
+
+    /// This replica's identity, as written to `holderIdentity`.
+    #[must_use]
+    pub fn identity(&self) -> &str {
+        self.shared.cfg.identity()
+    }
+
+    /// The current state.
+    #[must_use]
+    pub fn state(&self) -> LeaderState {
+        self.shared.state.borrow().clone()
+    }
+
+    /// Whether this replica leads right now.
+    #[must_use]
+    pub fn is_leader(&self) -> bool {
+        self.shared.state.borrow().is_leading()
+    }
+
+    /// A receiver of every state change (e.g. to drive a readiness probe or a metric).
+    #[must_use]
+    pub fn subscribe(&self) -> watch::Receiver<LeaderState> {
+        self.shared.state.subscribe()
+    }
+
+    /// Waits until this replica holds the lease, trying every
+    /// [`retry_period`](LeaderElection::retry_period) (plus jitter), then starts renewing it
+    /// in a task owned by the elector. Creates the Lease when it does not exist. Returns at
+    /// once when already leading.
+    ///
+    /// Failed attempts (API errors, conflicts, timeouts) are logged at warn and retried;
+    /// each attempt is bounded by the renew deadline.
+    ///
+    /// # Errors
+    /// [`LeaderError::Cancelled`] when `shutdown` completes first; nothing was written then
+    /// (or a write raced and will simply expire).
+    pub async fn acquire(&mut self, shutdown: impl Future<Output = ()>) -> Result<(), LeaderError> {
+        if self.is_leader() {
+            return Ok(());
+        }
+        self.stop_renewer().await;
+        self.shared.state.send_if_modified(|s| {
+            let standby = matches!(s, LeaderState::Standby { .. });
+            if !standby {
+                *s = LeaderState::Standby { holder: None };
+            }
+            !standby
+        });
+        let shared = Arc::clone(&self.shared);
+        let cfg = &shared.cfg;
+        info!(lease = %shared.lease, identity = cfg.identity(), "waiting to acquire lease");
+        tokio::pin!(shutdown);
+        loop {
+            let attempt = tokio::select! {
+                biased;
+                () = &mut shutdown => return Err(shared.cancelled()),
+                attempt = timeout(cfg.renew_deadline(), shared.attempt(Mode::Acquire)) => attempt,
+            };
+            match attempt {
+                Ok(Ok(Outcome::Holding {
+                    spec,
+                    takes_over,
+                    previous,
+                })) => {
+                    info!(
+                        lease = %shared.lease,
+                        identity = cfg.identity(),
+                        transitions = spec.lease_transitions.unwrap_or(0),
+                        previous_holder = previous.as_deref().unwrap_or(""),
+                        took_over = takes_over,
+                        "acquired lease; now leading"
+                    );
+                    shared.state.send_replace(LeaderState::Leading);
+                    self.start_renewer(Instant::now());
+                    return Ok(());
+                }
+                Ok(Ok(Outcome::HeldByOther { holder })) => shared.note_holder(Some(holder)),
+                Ok(Ok(Outcome::NotOurs { holder })) => shared.note_holder(holder),
+                Ok(Ok(Outcome::Missing)) => {}
+                Ok(Err(error)) => {
+                    warn!(lease = %shared.lease, %error, "failed to acquire lease; retrying");
+                }
+                Err(_) => warn!(
+                    lease = %shared.lease,
+                    timeout = ?cfg.renew_deadline(),
+                    "attempt to acquire lease timed out; retrying"
+                ),
+            }
+            tokio::select! {
+                biased;
+                () = &mut shutdown => return Err(shared.cancelled()),
+                () = sleep(jittered(cfg.retry_period())) => {}
+            }
+        }
+    }
+
+    /// Resolves when leadership ends: at once when this replica is not leading, otherwise
+    /// when the renewal task reports a loss (or the lease is released). Cancel-safe; use it
+    /// in a `select!` next to the work.
+    pub async fn lost(&self) -> LeadershipLost {
+        let mut rx = self.shared.state.subscribe();
+        loop {
+            let reason = match &*rx.borrow_and_update() {
+                LeaderState::Leading => None,
+                LeaderState::Lost(reason) => Some(reason.clone()),
+                LeaderState::Released => Some(LossReason::Released),
+                LeaderState::Standby { .. } => Some(LossReason::NotLeading),
+            };
+            if let Some(reason) = reason {
+                return LeadershipLost {
+                    lease: self.shared.lease.clone(),
+                    reason,
+                };
+            }
+            if rx.changed().await.is_err() {
+                // The sender lives in `self.shared`, which outlives this borrow.
+                return LeadershipLost {
+                    lease: self.shared.lease.clone(),
+                    reason: LossReason::NotLeading,
+                };
+            }
+        }
+    }
+
+    /// Stops renewing (awaiting the renewal task) and, when this replica still holds the
+    /// lease, writes a released record: no holder and `leaseDurationSeconds: 1`, like
+    /// client-go's `ReleaseOnCancel`, so a standby takes over at its next attempt.
+    /// Does nothing when not leading. Call it after the work has stopped.
+    ///
+    /// # Errors
+    /// [`LeaderError::Release`] when the write fails and [`LeaderError::ReleaseTimeout`]
+    /// when it takes longer than the renew deadline; the state is
+    /// [`LeaderState::Released`] either way (this replica no longer renews, so the lease
+    /// expires after its duration).
+    pub async fn release(&mut self) -> Result<(), LeaderError> {
+        self.stop_renewer().await;
+        if !self.is_leader() {
+            debug!(lease = %self.shared.lease, "not leading; nothing to release");
+            return Ok(());
+        }
+        let shared = &self.shared;
+        let result = timeout(shared.cfg.renew_deadline(), shared.write_released()).await;
+        shared.state.send_replace(LeaderState::Released);
+        match result {
+            Ok(Ok(true)) => {
+                info!(lease = %shared.lease, identity = shared.cfg.identity(), "released lease");
+                Ok(())
+            }
+            Ok(Ok(false)) => {
+                info!(lease = %shared.lease, "lease held by another replica; nothing to release");
+                Ok(())
+            }
+            Ok(Err(source)) => Err(LeaderError::Release {
+                lease: shared.lease.clone(),
+                source,
+            }),
+            Err(_) => Err(LeaderError::ReleaseTimeout {
+                lease: shared.lease.clone(),
+                timeout: shared.cfg.renew_deadline(),
+            }),
+        }
+    }
+
+    fn start_renewer(&mut self, renewed_at: Instant) {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(renew_loop(
+            Arc::clone(&self.shared),
+            stop.clone(),
+            renewed_at,
+        ));
+        self.renewer = Some(Renewer { stop, task });
+    }
+
+    async fn stop_renewer(&mut self) {
+        if let Some(Renewer { stop, task }) = self.renewer.take() {
+            stop.cancel();
+            if let Err(error) = task.await {
+                warn!(lease = %self.shared.lease, %error, "lease renewal task failed");
+            }
+        }
+    }
+}
+
+impl Drop for LeaderElector {
+    fn drop(&mut self) {
+        if let Some(Renewer { stop, task }) = self.renewer.take() {
+            stop.cancel();
+            task.abort();
+            if self.is_leader() {
+                info!(
+                    lease = %self.shared.lease,
+                    "elector dropped while leading; the lease expires without a release"
+                );
+            }
+        }
+    }
+}
+
+/// Renews every retry period until stopped or lost. A renewal round keeps retrying until
+/// `renew_deadline` after the last successful renewal (stricter than client-go, which
+/// counts from the start of the round).
+async fn renew_loop(shared: Arc<Shared>, stop: CancellationToken, mut renewed_at: Instant) {
+    let cfg = &shared.cfg;
+    loop {
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            () = sleep(cfg.retry_period()) => {}
+        }
+        let deadline = renewed_at + cfg.renew_deadline();
+        loop {
+            let started = Instant::now();
+            let attempt = tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                attempt = timeout_at(deadline, shared.attempt(Mode::Renew)) => attempt,
+            };
+            let reason = match attempt {
+                Ok(Ok(Outcome::Holding { .. })) => {
+                    debug!(lease = %shared.lease, "renewed lease");
+                    renewed_at = started;
+                    break;
+                }
+                Ok(Ok(Outcome::NotOurs { holder })) => LossReason::TakenOver { holder },
+                Ok(Ok(Outcome::HeldByOther { holder })) => LossReason::TakenOver {
+                    holder: Some(holder),
+                },
+                Ok(Ok(Outcome::Missing)) => LossReason::Deleted,
+                Ok(Err(error)) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    warn!(lease = %shared.lease, %error, ?left, "failed to renew lease; retrying");
+                    let pause_until = deadline.min(Instant::now() + cfg.retry_period());
+                    tokio::select! {
+                        biased;
+                        () = stop.cancelled() => return,
+                        () = tokio::time::sleep_until(pause_until) => {}
+                    }
+                    if Instant::now() < deadline {
+                        continue;
+                    }
+                    LossReason::RenewDeadlineExceeded
+                }
+                Err(_) => LossReason::RenewDeadlineExceeded,
+            };
+            warn!(
+                lease = %shared.lease,
+                identity = cfg.identity(),
+                reason = %reason,
+                "lost lease; stop working"
+            );
+            shared.state.send_replace(LeaderState::Lost(reason));
+            return;
+        }
+    }
+}
+
+/// `period` stretched by a random factor in `[1, 1 + JITTER_FACTOR)`.
+fn jittered(period: Duration) -> Duration {
+    let factor = 1.0 + rand::random_range(0.0..LeaderElection::JITTER_FACTOR);
+    period.mul_f64(factor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_within_client_go_bounds() {
+        let period = Duration::from_millis(200);
+        for _ in 0..1000 {
+            let d = jittered(period);
+            assert!(d >= period && d < period.mul_f64(2.2), "{d:?}");
+        }
+    }
+
+    /// Compile-only: the futures the controller awaits are `Send`.
+    fn _futures_are_send(elector: &mut LeaderElector) {
+        fn is_send<T: Send>(_: T) {}
+        is_send(elector.lost());
+        is_send(elector.acquire(std::future::ready(())));
+        is_send(elector.release());
+    }
+}

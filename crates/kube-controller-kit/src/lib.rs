@@ -1,0 +1,8 @@
+#![doc = include_str!("../README.md")]
+
+pub mod backoff;
+pub mod error;
+pub mod events;
+pub mod http;
+pub mod leader;
+pub mod store;
