@@ -14,7 +14,6 @@ use k8s_openapi::api::{
 };
 use kube_client::{Api, Client, Resource, ResourceExt};
 use kube_runtime::{
-    WatchStreamExt,
     reflector::{self, ObjectRef, Store},
     watcher,
 };
@@ -94,12 +93,8 @@ pub(crate) fn watch<K>(api: Api<K>) -> SharedCache<K>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
 {
-    let (store, writer) = reflector::store();
-    let events = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .modify(|obj: &mut K| obj.managed_fields_mut().clear())
-        .reflect(writer);
-    SharedCache::new(store.clone(), in_store_changes(events, store))
+    let (store, changes) = kube_controller_kit::store::watch(api, watcher::Config::default());
+    SharedCache::new(store, changes)
 }
 
 /// The volume cache the controller reads: the caller's (full objects) or its own (compact).
@@ -182,31 +177,6 @@ impl From<SharedCache<PersistentVolume>> for VolumeCache {
             changes: cache.changes.map(|v| v.name_any()).boxed(),
         }
     }
-}
-
-/// The objects a reflected watch changes, each yielded once the store has applied it.
-///
-/// A (re)list buffers its objects in the reflector until `InitDone` and swaps them in
-/// then, so the objects of a list are yielded at `InitDone`, from the store (shared, not
-/// copied), and never before: a worker that looks a yielded object up always finds it
-/// (or finds it gone for good).
-pub(crate) fn in_store_changes<K, S>(events: S, store: Store<K>) -> impl Stream<Item = Arc<K>>
-where
-    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
-    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
-{
-    events.flat_map(move |item| {
-        let objects = match item {
-            Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) => vec![Arc::new(obj)],
-            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => Vec::new(),
-            Ok(watcher::Event::InitDone) => store.state(),
-            Err(err) => {
-                tracing::warn!(kind = %K::kind(&()), error = %err, "watch failed; retrying");
-                Vec::new()
-            }
-        };
-        futures::stream::iter(objects)
-    })
 }
 
 /// The three caches with the lookups the flows need.
@@ -362,46 +332,5 @@ mod tests {
         writer.apply_watcher_event(&watcher::Event::Delete(new));
         assert!(caches.claim_by_uid("u2").is_none(), "deleted");
         assert!(lock(&caches.uid_index).is_empty());
-    }
-
-    #[tokio::test]
-    async fn listed_objects_are_yielded_once_the_store_has_them() {
-        let (store, mut writer) = reflector::store::<PersistentVolumeClaim>();
-        let a = pvc("a").uid("ua").build();
-        let b = pvc("b").uid("ub").build();
-        let events = futures::stream::iter(vec![
-            Ok(watcher::Event::Init),
-            Ok(watcher::Event::InitApply(a.clone())),
-            Ok(watcher::Event::InitApply(b)),
-            Ok(watcher::Event::InitDone),
-            Ok(watcher::Event::Delete(a)),
-        ])
-        .map(move |event: Result<_, watcher::Error>| {
-            if let Ok(event) = &event {
-                writer.apply_watcher_event(event);
-            }
-            event
-        });
-        let check = store.clone();
-        let seen: Vec<(String, bool)> = in_store_changes(events, store)
-            .map(|c| {
-                let cached = check.get(&ObjectRef::from_obj(&*c)).is_some();
-                (c.metadata.name.clone().unwrap(), cached)
-            })
-            .collect()
-            .await;
-        let mut listed = seen[..2].to_vec();
-        listed.sort();
-        assert_eq!(
-            listed,
-            vec![("a".to_owned(), true), ("b".to_owned(), true)],
-            "a relist is yielded after the store swapped it in"
-        );
-        assert_eq!(
-            seen[2],
-            ("a".to_owned(), false),
-            "a deletion is yielded once removed"
-        );
-        assert_eq!(seen.len(), 3);
     }
 }

@@ -89,8 +89,6 @@
 //!   `patch` on claims.
 //! - **Leader election uses a Lease** (Go's copy uses an Endpoints lock).
 
-pub mod http;
-pub mod leader;
 pub mod metrics;
 pub(crate) mod queue;
 pub mod ratelimit;
@@ -111,7 +109,12 @@ pub use cache::SharedCache;
 pub use config::{Config, SERVICE_ACCOUNT_NAMESPACE_PATH, VolumeNamer};
 pub use controller::ProvisionController;
 pub use error::{BoxError, ConfigError, DeleteError, Error, ProvisionError, Result};
-pub use leader::LeaderElection;
+/// The metrics and probe server ([`kube_controller_kit::http`]).
+#[doc(inline)]
+pub use kube_controller_kit::http;
+/// Leader election on a Lease ([`kube_controller_kit::leader`]).
+#[doc(inline)]
+pub use kube_controller_kit::leader::{self, LeaderElection};
 pub use metrics::ControllerMetrics;
 pub use provisioner::{DeletionGuard, ProvisionOptions, Provisioner, Qualifier};
 pub use strategy::{FailureBackoff, PvSaveStrategy};

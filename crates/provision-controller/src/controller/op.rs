@@ -1,7 +1,7 @@
 //! What every operation shares: its error type, and calls bounded by a timeout with
 //! panics caught.
 
-use std::{fmt::Write as _, future::Future, panic::AssertUnwindSafe, time::Duration};
+use std::{future::Future, panic::AssertUnwindSafe, time::Duration};
 
 use futures::FutureExt;
 
@@ -49,15 +49,7 @@ pub(crate) enum OpError {
 }
 
 /// The error and its sources, joined by ": " (for events and logs).
-pub(crate) fn chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        let _ = write!(out, ": {s}");
-        source = s.source();
-    }
-    out
-}
+pub(crate) use kube_controller_kit::error::chain;
 
 /// How a bounded call ended without its own result.
 #[derive(Debug)]
