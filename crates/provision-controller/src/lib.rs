@@ -66,7 +66,9 @@
 //!   migrated to us.
 //! - **A nameless PV from the driver** is given `pv_name`; a claim with an empty UID is
 //!   never provisioned (it would share the PV name `pvc-` with every other such claim).
-//! - Events are written with the `events.k8s.io/v1` API (kube-runtime's recorder).
+//! - Events are written with the `events.k8s.io/v1` API, one `create` each, in the
+//!   background (kube-controller-kit's `EventWriter`: kube-runtime's recorder without its
+//!   cache of past events).
 //! - **The lease is released on shutdown.** After a graceful stop (in-flight operations
 //!   get [`Config::shutdown_grace`]) the leader writes a released Lease record, so a
 //!   standby takes over at its next retry instead of after a whole lease duration.
@@ -109,12 +111,11 @@ pub use cache::SharedCache;
 pub use config::{Config, SERVICE_ACCOUNT_NAMESPACE_PATH, VolumeNamer};
 pub use controller::ProvisionController;
 pub use error::{BoxError, ConfigError, DeleteError, Error, ProvisionError, Result};
-/// The metrics and probe server ([`kube_controller_kit::http`]).
+// The metrics and probe server and leader election live in kube-controller-kit; they are
+// re-exported under their old paths (`provision_controller::http`, `::leader`).
 #[doc(inline)]
-pub use kube_controller_kit::http;
-/// Leader election on a Lease ([`kube_controller_kit::leader`]).
-#[doc(inline)]
-pub use kube_controller_kit::leader::{self, LeaderElection};
+pub use kube_controller_kit::{http, leader};
+pub use leader::LeaderElection;
 pub use metrics::ControllerMetrics;
 pub use provisioner::{DeletionGuard, ProvisionOptions, Provisioner, Qualifier};
 pub use strategy::{FailureBackoff, PvSaveStrategy};
