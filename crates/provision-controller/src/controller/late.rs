@@ -7,15 +7,39 @@
 //!   more when the window has passed since the PV was created, so an asset made for its
 //!   claim that landed late (a create that timed out, sent by a replica that may have
 //!   died since) is released too.
+//! - The last sweep lives in the memory of the process that made the first one. When
+//!   that process stops leading before the window ends (it dies, is stopped, or is cut
+//!   off and loses the lease), the process that leads next has no record of the PV and
+//!   finds it older than the window: without more, nobody would make the last sweep, and
+//!   a late asset of a Retain PV would leak for good. So a PV first synced here (no
+//!   record) is also swept, once, while it is younger than the window plus a **takeover
+//!   grace** ([`grace`]): the lease time a standby may need to take over a leader that
+//!   stopped renewing (lease duration, renew deadline for one attempt, and two jittered
+//!   retry periods: noticing the last renewal, then taking the lease), zero without leader
+//!   election (every replica works at once and sweeps each PV at its own first sync),
+//!   plus the window itself again, for what the age of the PV cannot tell apart: a
+//!   replica that restarts (its pod coming back, its caches listing), a new leader's queue
+//!   still busy with everything it queued when it started, a new leader whose watch of
+//!   PVs lags behind. The bound is on the PV's age, not on when this process started
+//!   leading: that keeps the record bounded by the young PVs, whatever the length of a
+//!   leadership term.
+//! - Out of reach: a PV whose window ended while no process led (or synced it) for
+//!   longer than the grace, e.g. the only replica down, or both replicas down or cut off
+//!   at once, for that long. Its late asset, if one landed after the last sweep that was
+//!   made, is released only by the driver's delete of the PV (a Delete PV); a Retain PV
+//!   keeps it.
 //! - A sweep that fails (after a save, at a first sync, or when the window ends) is owed:
 //!   the PV is queued again after a backoff (1 s doubling, capped at the resync period)
 //!   and swept again at that sync, until the driver answers without failing. It runs in
 //!   the volume worker, so only while leading.
 //!
 //! The state is one entry per PV with a sweep still due (the last sweep of its window, or
-//! an owed one): an entry is dropped once nothing is due any more, or when the PV is gone,
-//! being deleted, no longer ours or re-created under its name, so it never outgrows the
-//! PVs that are young or whose driver keeps failing.
+//! an owed one), or swept for good while younger than the window plus the grace (so that
+//! it is not swept again at every sync): an entry is dropped once nothing is due and the
+//! PV is older than the window plus the grace (its sync is queued for that moment, and a
+//! resync drops what is left), or when the PV is gone, being deleted, no longer ours or
+//! re-created under its name, so it never outgrows the PVs that are young or whose driver
+//! keeps failing.
 
 use std::{
     collections::HashMap,
@@ -30,7 +54,7 @@ use super::{
     Context,
     op::{Names, call, chain},
 };
-use crate::{DeleteError, annotations};
+use crate::{Config, DeleteError, LeaderElection, annotations};
 
 /// The delay before the first retry of a failed sweep; each further failure doubles it,
 /// up to the resync period.
@@ -41,9 +65,8 @@ pub(crate) const FIRST_RETRY: Duration = Duration::from_secs(1);
 struct Entry {
     /// The PV's UID: a PV re-created under the name is another PV.
     uid: String,
-    /// Swept once in this process while young: the last sweep is due when its late-asset
-    /// window ends.
-    last_due: bool,
+    /// Where its late-asset sweeps stand.
+    stage: Stage,
     /// A sweep that failed, to be made again.
     owed: Option<Owed>,
 }
@@ -52,8 +75,35 @@ impl Entry {
     fn new(uid: &str) -> Self {
         Self {
             uid: uid.to_owned(),
-            last_due: false,
+            stage: Stage::Owing,
             owed: None,
+        }
+    }
+}
+
+/// Where the late-asset sweeps of a PV stand in this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// No sweep of the window is due: the entry is there for an owed sweep only.
+    Owing,
+    /// Swept once while young: the last sweep is due when its window ends.
+    LastDue,
+    /// Swept for good (the last sweep, or the one sweep of a PV first synced here after
+    /// its window): not swept again, and the entry goes once the PV is older than the
+    /// window plus the grace, at `expires`.
+    Done {
+        /// When the PV becomes older than the window plus the grace.
+        expires: Timestamp,
+    },
+}
+
+impl Stage {
+    /// What [`plan`] needs to know of it.
+    fn swept(self) -> Option<Swept> {
+        match self {
+            Self::Owing => None,
+            Self::LastDue => Some(Swept::Young),
+            Self::Done { .. } => Some(Swept::Done),
         }
     }
 }
@@ -67,7 +117,7 @@ struct Owed {
     due: Instant,
 }
 
-/// PVs with a sweep still due, by name.
+/// PVs with a sweep still due, or swept for good while young, by name.
 #[derive(Default)]
 pub(crate) struct LateAssets {
     pending: Mutex<HashMap<String, Entry>>,
@@ -81,9 +131,14 @@ impl LateAssets {
     }
 
     /// Drops the entries of PVs that `exists` no longer knows (at resync: a deletion whose
-    /// sync never came, e.g. across a relist).
+    /// sync never came, e.g. across a relist), and those of PVs swept for good that are now
+    /// older than the window plus the grace (their pruning sync did not come).
     pub(crate) fn retain(&self, exists: impl Fn(&str) -> bool) {
-        self.pending().retain(|name, _| exists(name));
+        let now = Timestamp::now();
+        self.pending().retain(|name, entry| {
+            let expired = matches!(entry.stage, Stage::Done { expires } if expires <= now);
+            exists(name) && (entry.owed.is_some() || !expired)
+        });
     }
 
     /// Records how a sweep of the PV `name` (UID `uid`) ended: a success pays what was
@@ -116,14 +171,14 @@ impl LateAssets {
             && entry.uid == uid
         {
             entry.owed = None;
-            if !entry.last_due {
+            if entry.stage == Stage::Owing {
                 pending.remove(name);
             }
         }
         None
     }
 
-    /// PVs with a sweep still due.
+    /// PVs with an entry: a sweep still due, or swept for good while young.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.pending().len()
@@ -145,17 +200,60 @@ pub(crate) fn retry_delay(failures: u32, cap: Duration) -> Duration {
     FIRST_RETRY.saturating_mul(factor).min(cap)
 }
 
+/// How long a standby may need to take over the lease of a leader that stopped renewing
+/// it (died, stopped, cut off): the lease duration after the last renewal it saw, two
+/// jittered retry periods (one to see that last renewal, one to the attempt that takes
+/// the lease) and that attempt (bounded by the renew deadline). Zero without leader
+/// election: every replica works at once, none takes over.
+pub(crate) fn takeover(config: &Config) -> Duration {
+    let Some(election) = &config.leader_election else {
+        return Duration::ZERO;
+    };
+    let retries = Duration::try_from_secs_f64(
+        election.retry_period().as_secs_f64() * 2.0 * (1.0 + LeaderElection::JITTER_FACTOR),
+    )
+    .unwrap_or(Duration::MAX);
+    election
+        .lease_duration()
+        .saturating_add(election.renew_deadline())
+        .saturating_add(retries)
+}
+
+/// The takeover grace for a late-asset `window`: how long past the window a PV without a
+/// record here is still swept at its first sync. The [`takeover`] time, plus the window
+/// again for a restart, a new leader's busy queue or lagging watch (see the module docs).
+pub(crate) fn grace(config: &Config, window: Duration) -> Duration {
+    window.saturating_add(takeover(config))
+}
+
+/// What this process did for a PV, as far as [`plan`] is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Swept {
+    /// Swept once while young: the last sweep is due when its window ends.
+    Young,
+    /// Swept for good.
+    Done,
+}
+
 /// What a sync of a PV does about late assets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Sweep {
-    /// Nothing: not a young PV of ours, or its last sweep is done.
+    /// Nothing, and nothing to remember: not a PV of ours, no window, or older than the
+    /// window plus the grace.
     Nothing,
     /// The first sweep in this process; the last one is due after the delay.
     First(Duration),
     /// Already swept; the last sweep is due after the delay.
     Wait(Duration),
-    /// The window has passed: the last sweep.
-    Last,
+    /// The window has passed: the last sweep. Swept for good afterwards, for the delay
+    /// (until the PV is older than the window plus the grace; may be zero).
+    Last(Duration),
+    /// The window has passed and this process never swept the PV (another process saved
+    /// it and may have stopped leading before its last sweep): one sweep, then swept for
+    /// good for the delay (until the PV is older than the window plus the grace).
+    Takeover(Duration),
+    /// Swept for good already; still remembered for the delay.
+    Done(Duration),
 }
 
 /// Whether `volume` was dynamically provisioned under one of our names (its
@@ -167,29 +265,62 @@ pub(crate) fn provisioned_by_us(volume: &PersistentVolume, names: Names<'_>) -> 
         && annotations::provisioned_by(volume).is_some_and(|p| names.knows(p))
 }
 
-/// What to do for `volume` at `now` (pure). `swept` is the UID recorded for its name,
-/// if it was swept once in this process. A PV whose creation time lies ahead of `now`
-/// (clock skew) counts as just created.
+/// What to do for `volume` at `now` (pure), with the late-asset `window` and the takeover
+/// `grace` ([`grace`]). `swept` is the UID recorded for its name and what was done, if it
+/// was swept in this process. A PV whose creation time lies ahead of `now` (clock skew)
+/// counts as just created. A zero window sweeps nothing.
 pub(crate) fn plan(
     volume: &PersistentVolume,
     names: Names<'_>,
     window: Duration,
+    grace: Duration,
     now: Timestamp,
-    swept: Option<&str>,
+    swept: Option<(&str, Swept)>,
 ) -> Sweep {
     let Some(created) = &volume.metadata.creation_timestamp else {
         return Sweep::Nothing;
     };
-    if volume.metadata.deletion_timestamp.is_some() || !provisioned_by_us(volume, names) {
+    if window.is_zero()
+        || volume.metadata.deletion_timestamp.is_some()
+        || !provisioned_by_us(volume, names)
+    {
         return Sweep::Nothing;
     }
-    let same = swept.is_some_and(|uid| volume.metadata.uid.as_deref() == Some(uid));
+    // A record of another PV of this name does not count.
+    let swept = swept
+        .filter(|(uid, _)| volume.metadata.uid.as_deref() == Some(*uid))
+        .map(|(_, s)| s);
     let age = Duration::try_from(now.duration_since(created.0)).unwrap_or(Duration::ZERO);
-    match (window.checked_sub(age).filter(|d| !d.is_zero()), same) {
-        (Some(remaining), true) => Sweep::Wait(remaining),
-        (Some(remaining), false) => Sweep::First(remaining),
-        (None, true) => Sweep::Last,
-        (None, false) => Sweep::Nothing,
+    let left = |bound: Duration| bound.checked_sub(age).filter(|d| !d.is_zero());
+    let in_window = left(window);
+    let in_grace = left(window.saturating_add(grace));
+    match (swept, in_window, in_grace) {
+        (None, Some(remaining), _) => Sweep::First(remaining),
+        (Some(Swept::Young), Some(remaining), _) => Sweep::Wait(remaining),
+        (Some(Swept::Young), None, keep) => Sweep::Last(keep.unwrap_or_default()),
+        (None, None, Some(keep)) => Sweep::Takeover(keep),
+        (Some(Swept::Done), _, Some(keep)) => Sweep::Done(keep),
+        (None | Some(Swept::Done), None, None) | (Some(Swept::Done), Some(_), None) => {
+            Sweep::Nothing
+        }
+    }
+}
+
+/// `now` plus `delay`, or the end of time.
+fn after(now: Timestamp, delay: Duration) -> Timestamp {
+    now.checked_add(delay).unwrap_or(Timestamp::MAX)
+}
+
+/// The stage of a PV after `step` at `now`.
+fn stage_after(step: Sweep, now: Timestamp) -> Stage {
+    match step {
+        Sweep::First(_) | Sweep::Wait(_) => Stage::LastDue,
+        Sweep::Last(keep) | Sweep::Takeover(keep) | Sweep::Done(keep) if !keep.is_zero() => {
+            Stage::Done {
+                expires: after(now, keep),
+            }
+        }
+        Sweep::Last(_) | Sweep::Takeover(_) | Sweep::Done(_) | Sweep::Nothing => Stage::Owing,
     }
 }
 
@@ -223,30 +354,44 @@ pub(crate) async fn sweep(ctx: &Context, name: &str, volume: Option<&PersistentV
         }
         let swept = entry
             .as_ref()
-            .filter(|e| e.last_due)
-            .map(|e| e.uid.as_str());
+            .and_then(|e| Some((e.uid.as_str(), e.stage.swept()?)));
+        let wall = Timestamp::now();
         let step = window.map_or(Sweep::Nothing, |window| {
-            plan(volume, names, window, Timestamp::now(), swept)
+            plan(
+                volume,
+                names,
+                window,
+                grace(&ctx.config, window),
+                wall,
+                swept,
+            )
         });
         let owed = entry.and_then(|e| e.owed);
-        let last_due = matches!(step, Sweep::First(_) | Sweep::Wait(_));
-        if last_due || owed.is_some() {
+        let stage = stage_after(step, wall);
+        if stage != Stage::Owing || owed.is_some() {
             let entry = pending
                 .entry(name.to_owned())
                 .or_insert_with(|| Entry::new(uid));
             if entry.uid != uid {
                 *entry = Entry::new(uid);
             }
-            entry.last_due = last_due;
+            entry.stage = stage;
         } else {
             pending.remove(name);
         }
         (step, owed)
     };
-    // Queued again on every sync until then: of several delayed adds of a key the
-    // queue keeps the earliest, which may be a retry that comes first.
-    if let Sweep::First(remaining) | Sweep::Wait(remaining) = step {
-        ctx.volume_queue.add_after(name.to_owned(), remaining);
+    match step {
+        // Queued again on every sync until then: of several delayed adds of a key the
+        // queue keeps the earliest, which may be a retry that comes first.
+        Sweep::First(remaining) | Sweep::Wait(remaining) => {
+            ctx.volume_queue.add_after(name.to_owned(), remaining);
+        }
+        // Once, when the PV is swept for good: that sync drops its entry.
+        Sweep::Last(keep) | Sweep::Takeover(keep) if !keep.is_zero() => {
+            ctx.volume_queue.add_after(name.to_owned(), keep);
+        }
+        Sweep::Last(_) | Sweep::Takeover(_) | Sweep::Done(_) | Sweep::Nothing => {}
     }
     match (step, owed) {
         (Sweep::First(remaining), _) => tracing::debug!(
@@ -254,27 +399,35 @@ pub(crate) async fn sweep(ctx: &Context, name: &str, volume: Option<&PersistentV
             ?remaining,
             "young volume: asking the driver to release late assets now and when its window ends"
         ),
-        (Sweep::Last, _) => tracing::debug!(
+        (Sweep::Last(_), _) => tracing::debug!(
             pv = name,
             "late-asset window ended: asking the driver to release late assets"
         ),
-        (Sweep::Wait(_) | Sweep::Nothing, Some(owed)) if owed.due <= now => tracing::debug!(
+        (Sweep::Takeover(_), _) => tracing::debug!(
             pv = name,
-            failures = owed.attempts,
-            "asking the driver again to release what else it holds for the claim of the volume"
+            "late-asset window ended less than the takeover grace ago, and this process never swept the volume (another one saved it): asking the driver to release late assets"
         ),
-        (Sweep::Wait(_) | Sweep::Nothing, Some(owed)) => {
+        (Sweep::Wait(_) | Sweep::Done(_) | Sweep::Nothing, Some(owed)) if owed.due <= now => {
+            tracing::debug!(
+                pv = name,
+                failures = owed.attempts,
+                "asking the driver again to release what else it holds for the claim of the volume"
+            );
+        }
+        (Sweep::Wait(_) | Sweep::Done(_) | Sweep::Nothing, Some(owed)) => {
             ctx.volume_queue
                 .add_after(name.to_owned(), owed.due.saturating_duration_since(now));
             return;
         }
-        (Sweep::Wait(_) | Sweep::Nothing, None) => return,
+        (Sweep::Wait(_) | Sweep::Done(_) | Sweep::Nothing, None) => return,
     }
     volume_saved(ctx, volume).await;
 }
 
 /// Records that the driver is about to hear of the saved PV `saved` (after a save or
-/// reuse in this process), so that its first sync here only waits for the last sweep.
+/// reuse in this process): when that call is its first sweep in this process, its first
+/// sync here only waits for the last sweep; when it is its last sweep (or the one sweep
+/// of a PV whose window ended), it is swept for good.
 pub(crate) fn saved(ctx: &Context, saved: &PersistentVolume) {
     let Some(window) = ctx.provisioner.late_asset_window() else {
         return;
@@ -282,19 +435,48 @@ pub(crate) fn saved(ctx: &Context, saved: &PersistentVolume) {
     let (Some(name), Some(uid)) = (&saved.metadata.name, &saved.metadata.uid) else {
         return;
     };
+    let wall = Timestamp::now();
     let mut pending = ctx.late.pending();
     let swept = pending
         .get(name)
-        .filter(|e| e.last_due)
-        .map(|e| e.uid.as_str());
-    if let Sweep::First(_) = plan(saved, ctx.names(), window, Timestamp::now(), swept) {
-        let entry = pending
-            .entry(name.clone())
-            .or_insert_with(|| Entry::new(uid));
-        if entry.uid != *uid {
-            *entry = Entry::new(uid);
+        .and_then(|e| Some((e.uid.as_str(), e.stage.swept()?)));
+    let step = plan(
+        saved,
+        ctx.names(),
+        window,
+        grace(&ctx.config, window),
+        wall,
+        swept,
+    );
+    let keep = match step {
+        Sweep::First(_) => None,
+        Sweep::Last(keep) | Sweep::Takeover(keep) => Some(keep),
+        Sweep::Wait(_) | Sweep::Done(_) | Sweep::Nothing => return,
+    };
+    let stage = stage_after(step, wall);
+    if stage == Stage::Owing {
+        // Older than the window plus the grace: nothing left to remember but a debt.
+        if let Some(entry) = pending.get_mut(name.as_str())
+            && entry.uid == *uid
+        {
+            entry.stage = Stage::Owing;
+            if entry.owed.is_none() {
+                pending.remove(name.as_str());
+            }
         }
-        entry.last_due = true;
+        return;
+    }
+    let entry = pending
+        .entry(name.clone())
+        .or_insert_with(|| Entry::new(uid));
+    if entry.uid != *uid {
+        *entry = Entry::new(uid);
+    }
+    entry.stage = stage;
+    drop(pending);
+    // Swept for good: that sync drops its entry.
+    if let Some(keep) = keep {
+        ctx.volume_queue.add_after(name.clone(), keep);
     }
 }
 
@@ -340,6 +522,7 @@ mod tests {
 
     const ME: &str = "example.com/me";
     const WINDOW: Duration = Duration::from_secs(60);
+    const GRACE: Duration = Duration::from_secs(30);
 
     fn names() -> Names<'static> {
         Names {
@@ -364,7 +547,9 @@ mod tests {
     fn sweep_decisions() {
         let ours = || created(pv("v").provisioned_by(ME));
         let secs = Duration::from_secs;
-        let cases: Vec<(&str, PersistentVolume, i64, Option<&str>, Sweep)> = vec![
+        let young = Some(("u1", Swept::Young));
+        let done = Some(("u1", Swept::Done));
+        let cases: Vec<(&str, PersistentVolume, i64, Option<(&str, Swept)>, Sweep)> = vec![
             (
                 "a young PV of ours is swept at its first sync",
                 ours(),
@@ -376,29 +561,79 @@ mod tests {
                 "a young PV already swept waits for the end of its window",
                 ours(),
                 1020,
-                Some("u1"),
+                young,
                 Sweep::Wait(secs(40)),
             ),
             (
-                "a swept PV whose window ended gets its last sweep",
+                "a swept PV whose window ended gets its last sweep, then is remembered \
+                 until the grace ends",
                 ours(),
                 1060,
-                Some("u1"),
-                Sweep::Last,
+                young,
+                Sweep::Last(secs(30)),
             ),
             (
-                "a PV older than the window never swept here gets nothing",
+                "a swept PV whose last sweep comes after the grace is not remembered",
+                ours(),
+                1100,
+                young,
+                Sweep::Last(Duration::ZERO),
+            ),
+            (
+                "a PV never swept here whose window ended within the grace is swept once",
                 ours(),
                 1060,
                 None,
+                Sweep::Takeover(secs(30)),
+            ),
+            (
+                "a PV never swept here, at the last second of the grace",
+                ours(),
+                1089,
+                None,
+                Sweep::Takeover(secs(1)),
+            ),
+            (
+                "a PV never swept here, older than the window plus the grace, gets nothing",
+                ours(),
+                1090,
+                None,
                 Sweep::Nothing,
+            ),
+            (
+                "a PV swept for good within the grace is not swept again",
+                ours(),
+                1070,
+                done,
+                Sweep::Done(secs(20)),
+            ),
+            (
+                "a PV swept for good is forgotten once the grace ended",
+                ours(),
+                1090,
+                done,
+                Sweep::Nothing,
+            ),
+            (
+                "a PV swept for good whose creation time moved ahead stays swept",
+                ours(),
+                1010,
+                done,
+                Sweep::Done(secs(80)),
             ),
             (
                 "a PV re-created under a swept name is swept as new",
                 ours(),
                 1010,
-                Some("u0"),
+                Some(("u0", Swept::Young)),
                 Sweep::First(secs(50)),
+            ),
+            (
+                "a PV re-created under a name swept for good is swept as new",
+                ours(),
+                1070,
+                Some(("u0", Swept::Done)),
+                Sweep::Takeover(secs(20)),
             ),
             (
                 "a PV created ahead of our clock counts as just created",
@@ -415,6 +650,13 @@ mod tests {
                 Sweep::Nothing,
             ),
             (
+                "a PV of another provisioner gets nothing after its window either",
+                created(pv("v").provisioned_by("example.com/other")),
+                1070,
+                None,
+                Sweep::Nothing,
+            ),
+            (
                 "a PV migrated to us gets nothing: we did not provision it",
                 created(pv("v").provisioned_by("in/tree").migrated_to(ME)),
                 1010,
@@ -424,7 +666,7 @@ mod tests {
             (
                 "a static PV gets nothing",
                 created(pv("v")),
-                1010,
+                1070,
                 None,
                 Sweep::Nothing,
             ),
@@ -432,7 +674,14 @@ mod tests {
                 "a PV being deleted gets nothing",
                 created(pv("v").provisioned_by(ME).deleting()),
                 1010,
-                Some("u1"),
+                young,
+                Sweep::Nothing,
+            ),
+            (
+                "a PV being deleted gets nothing within the grace either",
+                created(pv("v").provisioned_by(ME).deleting()),
+                1070,
+                None,
                 Sweep::Nothing,
             ),
             (
@@ -445,7 +694,7 @@ mod tests {
         ];
         for (name, volume, now, swept, want) in cases {
             assert_eq!(
-                plan(&volume, names(), WINDOW, at(now), swept),
+                plan(&volume, names(), WINDOW, GRACE, at(now), swept),
                 want,
                 "case: {name}"
             );
@@ -455,9 +704,45 @@ mod tests {
     #[test]
     fn a_zero_window_sweeps_nothing() {
         let volume = created(pv("v").provisioned_by(ME));
+        for now in [1000, 1010, 1040] {
+            assert_eq!(
+                plan(&volume, names(), Duration::ZERO, GRACE, at(now), None),
+                Sweep::Nothing,
+                "at {now}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_grace_is_the_window_plus_the_time_to_take_over_the_lease() {
+        let secs = Duration::from_secs;
+        let millis = Duration::from_millis;
+        let none = Config::default().leader_election(None);
+        assert_eq!(takeover(&none), Duration::ZERO, "no election: no takeover");
         assert_eq!(
-            plan(&volume, names(), Duration::ZERO, at(1000), None),
-            Sweep::Nothing
+            grace(&none, secs(60)),
+            secs(60),
+            "the window covers a restart"
         );
+        // Go's timings: 15 s lease, 10 s renew deadline, 2 s retry (jittered up to 4.4 s).
+        let go = Config::default().leader_election(Some(LeaderElection::default()));
+        assert_eq!(takeover(&go), millis(33_800));
+        assert_eq!(grace(&go, secs(60)), millis(93_800));
+        // The chaos suite's compressed timings.
+        let short = Config::default().leader_election(Some(
+            LeaderElection::default()
+                .with_lease_duration(secs(2))
+                .with_renew_deadline(millis(1_500))
+                .with_retry_period(millis(300)),
+        ));
+        assert_eq!(takeover(&short), millis(4_820));
+        assert_eq!(grace(&short, millis(5_500)), millis(10_320));
+        // Absurd timings saturate instead of panicking.
+        let huge = Config::default().leader_election(Some(
+            LeaderElection::default()
+                .with_lease_duration(Duration::MAX)
+                .with_retry_period(Duration::MAX),
+        ));
+        assert_eq!(grace(&huge, secs(60)), Duration::MAX);
     }
 }

@@ -25,10 +25,17 @@ fn put(h: &mut Harness, volume: PersistentVolume) {
         .apply_watcher_event(&watcher::Event::Apply(volume));
 }
 
+/// The age past which a PV without a record in `h`'s process is no longer swept: the
+/// window plus the takeover grace of its configuration.
+fn horizon(h: &Harness) -> Duration {
+    WINDOW + crate::controller::late::grace(&h.ctx.config, WINDOW)
+}
+
 #[tokio::test]
 async fn the_record_of_swept_volumes_forgets_deleted_volumes_and_ended_windows() {
     let fake = FakeProvisioner::new().with_late_asset_window(WINDOW);
     let mut h = harness(Config::default(), fake.clone(), true);
+    let horizon = horizon(&h);
     let calls = || fake.volume_saved_calls().len();
 
     put(&mut h, young("u1", Duration::ZERO));
@@ -67,13 +74,27 @@ async fn the_record_of_swept_volumes_forgets_deleted_volumes_and_ended_windows()
         "a PV being deleted is forgotten"
     );
 
-    // The window ends: the last call, then the PV is forgotten and never swept again.
+    // The window ends: the last call; the PV is remembered as swept for good until it is
+    // older than the window plus the grace, then forgotten, and never swept again.
     put(&mut h, young("u3", Duration::ZERO));
     volume::sync_volume(&h.ctx, "v").await.unwrap();
     assert_eq!((calls(), h.ctx.late.len()), (3, 1));
     put(&mut h, young("u3", WINDOW + Duration::from_secs(1)));
     volume::sync_volume(&h.ctx, "v").await.unwrap();
-    assert_eq!((calls(), h.ctx.late.len()), (4, 0), "the last sweep");
+    assert_eq!((calls(), h.ctx.late.len()), (4, 1), "the last sweep");
+    volume::sync_volume(&h.ctx, "v").await.unwrap();
+    assert_eq!(
+        (calls(), h.ctx.late.len()),
+        (4, 1),
+        "not again within the grace"
+    );
+    put(&mut h, young("u3", horizon + Duration::from_secs(1)));
+    volume::sync_volume(&h.ctx, "v").await.unwrap();
+    assert_eq!(
+        (calls(), h.ctx.late.len()),
+        (4, 0),
+        "forgotten once older than the window plus the grace"
+    );
     volume::sync_volume(&h.ctx, "v").await.unwrap();
     assert_eq!((calls(), h.ctx.late.len()), (4, 0), "never again");
 }
@@ -255,6 +276,7 @@ async fn a_failed_window_end_sweep_is_retried_until_it_succeeds() {
     ]);
     let driver = Clocked::new(fake.clone(), Some(WINDOW));
     let mut h = clocked_harness(Config::default(), &driver);
+    let horizon = horizon(&h);
     let start = Instant::now();
 
     put(&mut h, young("u1", Duration::ZERO));
@@ -278,9 +300,25 @@ async fn a_failed_window_end_sweep_is_retried_until_it_succeeds() {
         [0, 0, 1, 3],
         "retried after 1 s, then 2 s"
     );
-    assert_eq!(h.ctx.late.len(), 0, "the record is empty once it succeeded");
+    assert_eq!(
+        (h.ctx.late.len(), h.ctx.late.owed()),
+        (1, 0),
+        "nothing owed once it succeeded; swept for good until the grace ends"
+    );
     h.ctx.volume_queue.shut_down();
     worker.await.unwrap();
+    put(&mut h, young("u1", horizon + Duration::from_secs(1)));
+    volume::sync_volume(&h.ctx, "v").await.unwrap();
+    assert_eq!(
+        h.ctx.late.len(),
+        0,
+        "the record is empty once the grace ended"
+    );
+    assert_eq!(
+        driver.seconds(start).len(),
+        4,
+        "and the driver was not called again"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -358,4 +396,184 @@ async fn an_owed_sweep_is_not_made_after_shutdown() {
     worker.await.unwrap();
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(fake.volume_saved_calls().len(), 2, "never after shutdown");
+}
+
+// The gap across a failover: another process saved the PV and stopped leading before the
+// end of its window (its last sweep lived in its memory); here the PV has no record and is
+// already older than the window at its first sync.
+#[tokio::test(start_paused = true)]
+async fn a_volume_saved_elsewhere_whose_window_ended_is_swept_once_at_its_first_sync_here() {
+    let fake = FakeProvisioner::new().with_late_asset_window(WINDOW);
+    let mut h = harness(Config::default(), fake.clone(), true);
+    let horizon = horizon(&h);
+    let calls = || fake.volume_saved_calls().len();
+    let age = WINDOW + Duration::from_secs(10);
+    let keep = horizon - age;
+
+    put(&mut h, young("u1", age));
+    volume::sync_volume(&h.ctx, "v").await.unwrap();
+    assert_eq!(
+        (calls(), h.ctx.late.len()),
+        (1, 1),
+        "swept at its first sync here"
+    );
+    for _ in 0..2 {
+        volume::sync_volume(&h.ctx, "v").await.unwrap();
+    }
+    assert_eq!((calls(), h.ctx.late.len()), (1, 1), "not at later syncs");
+    h.ctx.queue_everything();
+    volume::sync_volume(&h.ctx, "v").await.unwrap();
+    assert_eq!(
+        (calls(), h.ctx.late.len()),
+        (1, 1),
+        "a resync within the grace keeps the record: not swept again"
+    );
+
+    // Its sync is queued for the end of the grace, which drops the record.
+    while h.ctx.volume_queue.len() > 0 {
+        let key = h.ctx.volume_queue.get().await.unwrap();
+        h.ctx.volume_queue.done(&key);
+    }
+    tokio::time::advance(keep - Duration::from_millis(1)).await;
+    assert_eq!(h.ctx.volume_queue.len(), 0, "not before the grace ends");
+    tokio::time::advance(Duration::from_millis(1)).await;
+    assert_eq!(h.ctx.volume_queue.len(), 1, "queued when the grace ends");
+    put(&mut h, young("u1", horizon - Duration::from_secs(1)));
+    volume::sync_volume(&h.ctx, "v").await.unwrap();
+    assert_eq!(
+        (calls(), h.ctx.late.len()),
+        (1, 1),
+        "still within the grace"
+    );
+    put(&mut h, young("u1", horizon + Duration::from_secs(1)));
+    volume::sync_volume(&h.ctx, "v").await.unwrap();
+    assert_eq!(
+        (calls(), h.ctx.late.len()),
+        (1, 0),
+        "forgotten after the grace"
+    );
+    volume::sync_volume(&h.ctx, "v").await.unwrap();
+    assert_eq!((calls(), h.ctx.late.len()), (1, 0), "never again");
+}
+
+#[tokio::test]
+async fn a_volume_older_than_the_window_and_the_grace_is_not_swept() {
+    let fake = FakeProvisioner::new().with_late_asset_window(WINDOW);
+    let mut h = harness(Config::default(), fake.clone(), true);
+    let horizon = horizon(&h);
+    put(&mut h, young("u1", horizon + Duration::from_secs(1)));
+    volume::sync_volume(&h.ctx, "v").await.unwrap();
+    assert_eq!(
+        (fake.volume_saved_calls().len(), h.ctx.late.len()),
+        (0, 0),
+        "out of the grace: neither swept nor remembered"
+    );
+}
+
+// Without leader election no replica takes over another's lease: the grace is the window
+// alone (a restart); with it the lease timings count too.
+#[tokio::test]
+async fn the_grace_counts_the_lease_only_with_leader_election() {
+    let age = WINDOW * 2 + Duration::from_secs(1);
+    let swept_at = |config: Config| async move {
+        let fake = FakeProvisioner::new().with_late_asset_window(WINDOW);
+        let mut h = harness(config, fake.clone(), true);
+        put(&mut h, young("u1", age));
+        volume::sync_volume(&h.ctx, "v").await.unwrap();
+        fake.volume_saved_calls().len()
+    };
+    assert_eq!(swept_at(Config::default().leader_election(None)).await, 0);
+    assert_eq!(
+        swept_at(Config::default()).await,
+        1,
+        "the default lease timings add 33.8 s"
+    );
+    let young_enough = WINDOW * 2 - Duration::from_secs(1);
+    let fake = FakeProvisioner::new().with_late_asset_window(WINDOW);
+    let mut h = harness(Config::default().leader_election(None), fake.clone(), true);
+    put(&mut h, young("u1", young_enough));
+    volume::sync_volume(&h.ctx, "v").await.unwrap();
+    assert_eq!(
+        fake.volume_saved_calls().len(),
+        1,
+        "within the window twice"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_takeover_sweep_is_owed_and_retried_once() {
+    let fake = FakeProvisioner::new()
+        .with_late_asset_window(WINDOW)
+        .script_volume_saved([DeleteStep::Fail]);
+    let driver = Clocked::new(fake.clone(), Some(WINDOW));
+    let mut h = clocked_harness(Config::default(), &driver);
+    let start = Instant::now();
+    put(&mut h, young("u1", WINDOW + Duration::from_secs(10)));
+    volume::sync_volume(&h.ctx, "v").await.unwrap();
+    assert_eq!(
+        (h.ctx.late.len(), h.ctx.late.owed()),
+        (1, 1),
+        "failed: owed"
+    );
+
+    let worker = tokio::spawn(volume_worker(Arc::clone(&h.ctx)));
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(
+        driver.seconds(start),
+        [0, 1],
+        "retried after 1 s, then done"
+    );
+    assert_eq!(
+        (h.ctx.late.len(), h.ctx.late.owed()),
+        (1, 0),
+        "swept for good"
+    );
+    h.ctx.volume_queue.shut_down();
+    worker.await.unwrap();
+}
+
+// A record swept for good whose pruning sync never came goes at the next resync once the
+// PV is older than the window plus the grace (wall-clock time: polled, generous limit).
+#[tokio::test]
+async fn a_resync_forgets_volumes_swept_for_good_once_the_grace_ended() {
+    let fake = FakeProvisioner::new().with_late_asset_window(WINDOW);
+    let mut h = harness(Config::default(), fake.clone(), true);
+    let horizon = horizon(&h);
+    put(&mut h, young("u1", horizon - Duration::from_millis(500)));
+    volume::sync_volume(&h.ctx, "v").await.unwrap();
+    assert_eq!((fake.volume_saved_calls().len(), h.ctx.late.len()), (1, 1));
+    h.ctx.queue_everything();
+    let limit = std::time::Instant::now() + Duration::from_secs(30);
+    while h.ctx.late.len() > 0 {
+        assert!(
+            std::time::Instant::now() < limit,
+            "the record was never dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        h.ctx.queue_everything();
+    }
+    volume::sync_volume(&h.ctx, "v").await.unwrap();
+    assert_eq!(
+        (fake.volume_saved_calls().len(), h.ctx.late.len()),
+        (1, 0),
+        "not swept again after the grace"
+    );
+}
+
+// A PV reused here (saved by another process) after its window: the call after the save is
+// its one sweep, so its sync does not call the driver again.
+#[tokio::test]
+async fn a_save_past_the_window_counts_as_the_sweep_of_the_volume() {
+    let fake = FakeProvisioner::new().with_late_asset_window(WINDOW);
+    let mut h = harness(Config::default(), fake.clone(), true);
+    let volume = young("u1", WINDOW + Duration::from_secs(10));
+    put(&mut h, volume.clone());
+    crate::controller::save::reuse_existing(&h.ctx, None, &volume, &volume).await;
+    assert_eq!((fake.volume_saved_calls().len(), h.ctx.late.len()), (1, 1));
+    volume::sync_volume(&h.ctx, "v").await.unwrap();
+    assert_eq!(
+        (fake.volume_saved_calls().len(), h.ctx.late.len()),
+        (1, 1),
+        "the sync does not sweep again"
+    );
 }
