@@ -72,7 +72,10 @@ use crate::{
 /// - With [`Provisioner::late_asset_window`], the driver hears again of each PV we
 ///   provisioned that is younger than the window and not being deleted: at its first
 ///   sync in this process (unless this process just saved it) and once when the window
-///   has passed since its creation, bounded by [`Config::provision_timeout`].
+///   has passed since its creation, bounded by [`Config::provision_timeout`]. A PV this
+///   process never swept is swept once at its first sync while younger than the window
+///   plus a takeover grace (the window again, plus the lease timings with leader
+///   election), so the last sweep is made after a failover too.
 /// - A failed [`Provisioner::volume_saved`] (after a save or a late-asset sweep) fails
 ///   nothing and is made again by the volume workers, after 1 s doubling up to
 ///   [`Config::resync_period`], until it succeeds, while the PV exists, is ours and is

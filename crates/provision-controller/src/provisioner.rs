@@ -186,7 +186,11 @@ pub trait Provisioner: Send + Sync + 'static {
     /// With `Some(window)`, the controller calls [`volume_saved`](Self::volume_saved)
     /// again for a PV it provisioned that is younger than `window`: at its first sync in
     /// this process (so a restarted replica sweeps what its earlier life left in flight),
-    /// and once more when `window` has passed since the PV was created.
+    /// and once more when `window` has passed since the PV was created. A PV this process
+    /// never swept whose window has passed is swept once at its first sync while it is
+    /// younger than twice the window plus the time to take over the lease (lease duration,
+    /// renew deadline and two jittered retry periods; nothing without leader election),
+    /// in case the process that saved it stopped leading before its window ended.
     fn late_asset_window(&self) -> Option<std::time::Duration> {
         None
     }
