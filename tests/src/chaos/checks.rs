@@ -4,9 +4,14 @@
 //! a leftover duplicate of a live PV before teardown (deleting the PV removes it), a claim
 //! whose volume exists while it is still being provisioned, and what is out of reach
 //! (docs/production.md): a volume of a claim whose finalizers the user stripped while a
-//! replica was disrupted (nothing in the cluster remembers it), a leftover duplicate of a
-//! Retain PV whose late-asset sweep was due during a failover, an entry of a deleted
+//! replica was disrupted (nothing in the cluster remembers it), an entry of a deleted
 //! `CnsVolumeMetadata` whose claim was deleted first.
+//!
+//! A leftover duplicate of a PV after teardown is a violation, also for a Retain PV whose
+//! late-asset sweep was due during a failover: the next leader sweeps a PV it never swept
+//! while it is younger than the window plus a takeover grace, which covers every
+//! disruption the schedule makes (the out-of-reach case, no leader for longer than that
+//! grace, does not happen here).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -247,22 +252,6 @@ fn claim_by_uid<'a>(records: &'a Records, uid: &str) -> Option<&'a super::world:
         .find(|c| c.uid.as_deref() == Some(uid))
 }
 
-/// How long after a claim's creation its PV's late-asset sweep may still be due: the
-/// suite's late-asset window (CNS task timeout + request timeout) plus provisioning
-/// under faults and a lease duration.
-const SWEEP_DUE: Duration = Duration::from_secs(15);
-
-/// Whether a replica was disrupted (a failover) while the sweep of the PV of a claim
-/// created at `created` was due: the window-end sweep lives in the leader's memory.
-fn failover_near(records: &Records, created: Option<Duration>) -> bool {
-    created.is_some_and(|created| {
-        records
-            .disruptions
-            .iter()
-            .any(|&d| d >= created && d <= created + SWEEP_DUE)
-    })
-}
-
 /// Whether a replica was disrupted while a stripped claim could still be cleaned up.
 fn out_of_reach(records: &Records, created: Option<Duration>, stripped: Option<Duration>) -> bool {
     let (Some(created), Some(stripped)) = (created, stripped) else {
@@ -362,19 +351,10 @@ fn unexplained(
             "CNS volume {id} is a leftover duplicate of PV {name} (which names {}){inserted}",
             is_ours(pv).unwrap_or("no CNS volume")
         );
-        let created = name
-            .strip_prefix("pvc-")
-            .and_then(|uid| claim_by_uid(records, uid))
-            .and_then(|c| c.created_at);
-        if phase != Phase::Final {
-            findings.note(line);
-        } else if reclaim(pv) == "Retain" && failover_near(records, created) {
-            findings.note(format!(
-                "out of reach (docs/production.md): {line}; the PV is Retain and a replica was \
-                 disrupted while its late-asset sweep was due"
-            ));
+        if phase == Phase::Final {
+            findings.violation(format!("{line}; reclaim policy {}", reclaim(pv)));
         } else {
-            findings.violation(line);
+            findings.note(line);
         }
         return;
     }
@@ -764,7 +744,7 @@ mod tests {
     }
 
     #[test]
-    fn a_leftover_duplicate_is_a_note_until_teardown_and_out_of_reach_only_after_a_failover() {
+    fn a_leftover_duplicate_is_a_note_until_teardown_and_a_violation_even_after_a_failover() {
         let s = snapshot(
             vec![pv("pvc-u1", "v1", "Retain")],
             vec![volume("v1", "pvc-u1"), volume("v2", "pvc-u1")],
@@ -776,12 +756,27 @@ mod tests {
         assert!(
             fin.violations
                 .iter()
-                .any(|v| v.contains("leftover duplicate of PV pvc-u1"))
+                .any(|v| v.contains("leftover duplicate of PV pvc-u1")
+                    && v.ends_with("reclaim policy Retain")),
+            "{:?}",
+            fin.violations
         );
+        // A replica disrupted while the PV's last sweep was due: the next leader sweeps it
+        // within the takeover grace, so the leftover is still a violation.
         records.disruptions.push(Duration::from_secs(4));
         let fin = check(&s, &records, Phase::Final);
-        assert!(fin.violations.is_empty(), "{:?}", fin.violations);
-        assert!(fin.notes.iter().any(|n| n.starts_with("out of reach")));
+        assert!(
+            fin.violations
+                .iter()
+                .any(|v| v.contains("leftover duplicate of PV pvc-u1")),
+            "{:?}",
+            fin.violations
+        );
+        assert!(
+            !fin.notes.iter().any(|n| n.contains("leftover")),
+            "{:?}",
+            fin.notes
+        );
     }
 
     #[test]
