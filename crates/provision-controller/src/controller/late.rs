@@ -543,13 +543,22 @@ mod tests {
         v
     }
 
+    /// A case of [`plan`]: what, the PV, the time, the record, the plan wanted.
+    type Case<'a> = (
+        &'a str,
+        PersistentVolume,
+        i64,
+        Option<(&'a str, Swept)>,
+        Sweep,
+    );
+
     #[test]
     fn sweep_decisions() {
         let ours = || created(pv("v").provisioned_by(ME));
         let secs = Duration::from_secs;
         let young = Some(("u1", Swept::Young));
         let done = Some(("u1", Swept::Done));
-        let cases: Vec<(&str, PersistentVolume, i64, Option<(&str, Swept)>, Sweep)> = vec![
+        let cases: Vec<Case<'_>> = vec![
             (
                 "a young PV of ours is swept at its first sync",
                 ours(),

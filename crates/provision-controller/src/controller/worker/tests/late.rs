@@ -543,12 +543,9 @@ async fn a_resync_forgets_volumes_swept_for_good_once_the_grace_ended() {
     volume::sync_volume(&h.ctx, "v").await.unwrap();
     assert_eq!((fake.volume_saved_calls().len(), h.ctx.late.len()), (1, 1));
     h.ctx.queue_everything();
-    let limit = std::time::Instant::now() + Duration::from_secs(30);
+    let limit = Instant::now() + Duration::from_secs(30);
     while h.ctx.late.len() > 0 {
-        assert!(
-            std::time::Instant::now() < limit,
-            "the record was never dropped"
-        );
+        assert!(Instant::now() < limit, "the record was never dropped");
         tokio::time::sleep(Duration::from_millis(50)).await;
         h.ctx.queue_everything();
     }
