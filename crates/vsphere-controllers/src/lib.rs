@@ -2,10 +2,11 @@
 //! [`vsphere_cns::CnsProvisioner`]) and the `CnsVolumeMetadata` reconciler ([`cnsmetadata`]
 //! driving [`vsphere_cns::CnsMetadataBackend`]), wired as one process.
 //!
-//! `cargo run --example vsphere` is a thin binary over this crate: it parses flags, reads
-//! the environment and calls [`select_mode`], then [`connect_real`] and
-//! [`start_controllers`] against a real cluster and vCenter, or [`run_demo`] against
-//! kube-sim and the CNS simulator.
+//! `cargo run --example vsphere` is a thin binary over this crate: it parses its flags
+//! (`--datastore` with [`parse_datastore`]) into [`Options`] and calls [`run`] with a lookup
+//! of its environment. [`run`] chooses the mode ([`select_mode`]), then runs
+//! [`connect_real`] and [`start_controllers`] against a real cluster and vCenter, or
+//! [`run_demo`] against kube-sim and the CNS simulator.
 //!
 //! # One leader
 //! With [`Settings::leader_election`] on (the binary's default), the provision controller
@@ -26,9 +27,11 @@
 
 mod app;
 mod demo;
+mod run;
 
 pub use app::{
     DEFAULT_VSPHERE_CONFIG, DEMO_BANNER, Found, Mode, Real, RealOptions, Running, Settings,
     cns_flavor, connect_real, exists, select_mode, start_controllers,
 };
 pub use demo::{CLASS, DemoOptions, DemoReport, Row, run_demo};
+pub use run::{Options, RunError, parse_datastore, run};

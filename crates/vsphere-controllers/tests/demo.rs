@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use vsphere_controllers::{
-    DEFAULT_VSPHERE_CONFIG, DEMO_BANNER, DemoOptions, Found, Mode, run_demo, select_mode,
+    DEFAULT_VSPHERE_CONFIG, DEMO_BANNER, DemoOptions, Found, Mode, Options, RunError, run,
+    run_demo, select_mode,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -100,4 +101,90 @@ fn a_half_configuration_is_an_error_saying_what_is_missing() {
         err.contains("/etc/x.conf") && err.contains("no kubeconfig"),
         "{err}"
     );
+}
+
+fn options() -> Options {
+    Options {
+        kubeconfig: None,
+        vsphere_config: None,
+        provisioner_name: vsphere_cns::CSI_DRIVER.to_owned(),
+        leader_election: false,
+        metrics_address: None,
+        datastores: Vec::new(),
+        default_datastores: Vec::new(),
+        claims: 1,
+        serve: false,
+        timeout: Duration::from_secs(60),
+        demo: false,
+    }
+}
+
+/// `KUBECONFIG` and `KUBERNETES_SERVICE_HOST` both set, as `env` tells.
+fn in_a_pod_with_kubeconfig(name: &str) -> Option<String> {
+    matches!(name, "KUBECONFIG" | "KUBERNETES_SERVICE_HOST").then(|| "set".to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_with_demo_runs_the_demo_whatever_the_environment_says() {
+    let options = Options {
+        demo: true,
+        ..options()
+    };
+    let mut out = Vec::new();
+    let never = std::future::pending::<()>();
+    run(&options, in_a_pod_with_kubeconfig, never, &mut out)
+        .await
+        .unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.starts_with(DEMO_BANNER), "{text}");
+    assert!(
+        text.contains("done: 1 claim provisioned, synced and deleted"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn run_with_half_a_configuration_is_a_usage_error_exiting_2() {
+    let options = Options {
+        vsphere_config: Some(PathBuf::from("/etc/x.conf")),
+        ..options()
+    };
+    let mut out = Vec::new();
+    let err = run(
+        &options,
+        |_: &str| None,
+        std::future::pending::<()>(),
+        &mut out,
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, RunError::Usage(_)), "{err:?}");
+    assert_eq!(err.exit_code(), 2);
+    let message = err.to_string();
+    assert!(
+        message.contains("/etc/x.conf") && message.contains("no kubeconfig"),
+        "{message}"
+    );
+    assert!(out.is_empty(), "nothing runs");
+
+    // The environment is read through `env`: a kubeconfig there, no vSphere config.
+    let options = Options {
+        vsphere_config: None,
+        ..options
+    };
+    if !vsphere_controllers::exists(DEFAULT_VSPHERE_CONFIG.as_ref()) {
+        let err = run(
+            &options,
+            in_a_pod_with_kubeconfig,
+            std::future::pending::<()>(),
+            &mut out,
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("found a kubeconfig (KUBECONFIG)"),
+            "{err}"
+        );
+        assert_eq!(err.exit_code(), 2);
+    }
 }
