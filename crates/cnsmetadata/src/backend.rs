@@ -163,6 +163,10 @@ pub enum BackendError {
     /// Any other failure: transport, session, a CNS fault.
     #[error("cns volume metadata update failed")]
     Other(#[source] BoxError),
+    /// The call got no answer: it timed out, or the connection broke once the request may
+    /// have been sent. CNS may still carry the update out later.
+    #[error("cns volume metadata update got no answer")]
+    Unanswered(#[source] BoxError),
 }
 
 impl BackendError {
@@ -178,6 +182,22 @@ impl BackendError {
     #[must_use]
     pub fn other(source: impl Into<BoxError>) -> Self {
         Self::Other(source.into())
+    }
+
+    /// A [`BackendError::Unanswered`] wrapping `source`: the update may still be carried
+    /// out after this error.
+    #[must_use]
+    pub fn unanswered(source: impl Into<BoxError>) -> Self {
+        Self::Unanswered(source.into())
+    }
+
+    /// Whether the update may still take effect on CNS after this error
+    /// ([`BackendError::Unanswered`]). The reconciler then removes the entity once more
+    /// when the object is deleted, or pushes it once more, after the
+    /// [settle period](crate::Config::get_settle_period).
+    #[must_use]
+    pub fn may_land_later(&self) -> bool {
+        matches!(self, Self::Unanswered(_))
     }
 
     /// Whether CNS reported that the volume does not exist.
@@ -210,6 +230,19 @@ mod tests {
     fn not_found_is_distinguishable() {
         assert!(BackendError::not_found("vol-1").is_not_found());
         assert!(!BackendError::other("session expired").is_not_found());
+    }
+
+    #[test]
+    fn only_an_unanswered_call_may_land_later() {
+        let unanswered = BackendError::unanswered("CnsUpdateVolumeMetadata timed out after 2s");
+        assert!(unanswered.may_land_later());
+        assert!(!unanswered.is_not_found());
+        assert_eq!(
+            error_chain(&unanswered),
+            "cns volume metadata update got no answer: CnsUpdateVolumeMetadata timed out after 2s"
+        );
+        assert!(!BackendError::other("fault: CnsFault").may_land_later());
+        assert!(!BackendError::not_found("vol-1").may_land_later());
     }
 
     #[test]

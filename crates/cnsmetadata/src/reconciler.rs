@@ -1,8 +1,9 @@
 //! `reconcile` and `error_policy` for `CnsVolumeMetadata` (Go: `ReconcileCnsVolumeMetadata`).
 
 use std::{
+    collections::HashMap,
     fmt::Write as _,
-    sync::Arc,
+    sync::{Arc, Mutex, MutexGuard},
     time::{Duration, SystemTime},
 };
 
@@ -19,9 +20,9 @@ use crate::{
     backoff::PerObjectBackoff,
     config::Config,
     events::{EventType, EventWriter},
-    record::{self, Edit, PUSHED_ANNOTATION, PushedEntry, Settle},
+    record::{self, Edit, PUSHED_ANNOTATION, PushedEntry, Settle, later},
     resource::{CnsVolumeMetadata, VolumeStatus},
-    sync::{Resolved, Target, best_effort_entries, push, targets},
+    sync::{Failed, Resolved, Target, best_effort_entries, push, targets},
     trigger::trigger_hash,
     validate::{InvalidSpec, validate},
     write::{Written, write, write_status},
@@ -88,6 +89,10 @@ pub struct Context {
     events: EventWriter,
     backoff: Arc<PerObjectBackoff>,
     clock: Arc<dyn Fn() -> SystemTime + Send + Sync>,
+    /// Per object, the entries whose push from this replica got no answer, marked with
+    /// when it was sent; kept while such a push may still land (the record says so too,
+    /// unless its write failed).
+    unanswered: Mutex<HashMap<ObjectRef<CnsVolumeMetadata>, Vec<PushedEntry>>>,
 }
 
 impl Context {
@@ -114,6 +119,7 @@ impl Context {
             volumes,
             backoff: Arc::default(),
             clock: Arc::new(SystemTime::now),
+            unanswered: Mutex::default(),
         }
     }
 
@@ -129,6 +135,45 @@ impl Context {
 
     pub(crate) fn now(&self) -> SystemTime {
         (self.clock)()
+    }
+
+    fn unanswered_map(
+        &self,
+    ) -> MutexGuard<'_, HashMap<ObjectRef<CnsVolumeMetadata>, Vec<PushedEntry>>> {
+        // Every change below leaves the map consistent: a panic elsewhere cannot spoil it.
+        self.unanswered
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Drops the marks of pushes that can no longer land, of every object.
+    fn prune_unanswered(&self, map: &mut HashMap<ObjectRef<CnsVolumeMetadata>, Vec<PushedEntry>>) {
+        let (now, period) = (self.now(), self.config.get_settle_period());
+        for entries in map.values_mut() {
+            entries.retain(|e| matches!(e.landing(now, period), Settle::Wait(_)));
+        }
+        map.retain(|_, entries| !entries.is_empty());
+    }
+
+    /// Remembers `entry` (marked with the time its push was sent) of `object`.
+    fn remember_unanswered(&self, object: &ObjectRef<CnsVolumeMetadata>, entry: PushedEntry) {
+        let mut map = self.unanswered_map();
+        self.prune_unanswered(&mut map);
+        let entries = map.entry(object.clone()).or_default();
+        *entries = record::union(entries, &[entry]);
+    }
+
+    /// The entries of `object` whose push from this replica got no answer and may still
+    /// land.
+    fn remembered_unanswered(&self, object: &ObjectRef<CnsVolumeMetadata>) -> Vec<PushedEntry> {
+        let mut map = self.unanswered_map();
+        self.prune_unanswered(&mut map);
+        map.get(object).cloned().unwrap_or_default()
+    }
+
+    /// Forgets the pushes without answer of an object that is gone.
+    fn forget_unanswered(&self, object: &ObjectRef<CnsVolumeMetadata>) {
+        self.unanswered_map().remove(object);
     }
 
     /// Uses `backoff` (shared with the watch, which forgets deleted objects in it).
@@ -318,10 +363,32 @@ async fn update(
     // Tombstones of entities pushed again now are revived by the intent below.
     let settle = ctx.config.get_settle_period();
     let now = ctx.now();
+    let key = ObjectRef::from_obj(object);
+    let remembered = ctx.remembered_unanswered(&key);
+    // An entry with the latest mark of a push without answer, of the record and this
+    // replica's memory.
+    let marked = |e: &PushedEntry| {
+        let mut entry = e.clone();
+        let recorded = recorded.iter().find(|r| r.key() == e.key());
+        let memory = remembered.iter().find(|r| r.key() == e.key());
+        entry.unanswered = later(
+            recorded.and_then(|r| r.unanswered.as_ref()),
+            memory.and_then(|r| r.unanswered.as_ref()),
+        );
+        entry
+    };
     let mut due = Vec::new();
     let mut next_wake: Option<Duration> = None;
     for entry in recorded.iter().filter(|e| e.is_tombstone() && !wanted(e)) {
-        match entry.settle(now, settle) {
+        // Removed again only once no push without answer can land anymore either.
+        let settled = match (
+            entry.settle(now, settle),
+            marked(entry).landing(now, settle),
+        ) {
+            (Settle::Due, Settle::Wait(left)) => Settle::Wait(left),
+            (settled, _) => settled,
+        };
+        match settled {
             Settle::Due => due.push(entry.clone()),
             Settle::Wait(left) => next_wake = Some(next_wake.map_or(left, |w| w.min(left))),
             Settle::Odd(why) => {
@@ -361,7 +428,7 @@ async fn update(
     for entry in &stale {
         match push(ctx, entry, true).await {
             Ok(()) => edit.entomb.push(entry.clone()),
-            Err(message) => {
+            Err(Failed { message, .. }) => {
                 let _ = write!(
                     errors,
                     " stale entity {:?} on volume {:?} ({}): {message}.",
@@ -376,7 +443,7 @@ async fn update(
                 debug!(entity = %entry.entity_name, volume_id = %entry.volume_id, "removed again after settling");
                 edit.forget.push(entry.clone());
             }
-            Err(message) => {
+            Err(Failed { message, .. }) => {
                 let _ = write!(
                     errors,
                     " entity {:?} removed earlier from volume {:?} ({}), removing it again: {message}.",
@@ -394,10 +461,47 @@ async fn update(
     for target in targets {
         let volume = &target.volume_name;
         status.push(match (&target.entry, &target.resolved) {
-            (Some(entry), _) => match push(ctx, entry, false).await {
-                Ok(()) => VolumeStatus::updated(volume),
-                Err(message) => VolumeStatus::failed(volume, message),
-            },
+            (Some(entry), _) => {
+                let pushed = push(ctx, entry, false).await;
+                let earlier = marked(entry);
+                let recorded_mark = recorded
+                    .iter()
+                    .find(|r| r.key() == entry.key())
+                    .and_then(|r| r.unanswered.clone());
+                match (&pushed, earlier.landing(ctx.now(), settle)) {
+                    (
+                        Err(Failed {
+                            unanswered: Some(sent),
+                            ..
+                        }),
+                        _,
+                    ) => {
+                        let entry = entry.unanswered_since(*sent);
+                        ctx.remember_unanswered(&key, entry.clone());
+                        edit.mark.push(entry);
+                    }
+                    (_, Settle::Wait(left)) => {
+                        // An earlier push may still land, maybe with an older spec: this
+                        // one is sent again then. The record keeps the mark.
+                        next_wake = Some(next_wake.map_or(left, |w| w.min(left)));
+                        if earlier.unanswered != recorded_mark {
+                            edit.mark.push(earlier);
+                        }
+                    }
+                    (Ok(()), _) if recorded_mark.is_some() => {
+                        // No earlier push can land anymore, and this one was answered.
+                        edit.answered.push(PushedEntry {
+                            unanswered: recorded_mark,
+                            ..entry.clone()
+                        });
+                    }
+                    _ => {}
+                }
+                match pushed {
+                    Ok(()) => VolumeStatus::updated(volume),
+                    Err(Failed { message, .. }) => VolumeStatus::failed(volume, message),
+                }
+            }
             (None, Resolved::Missing(message)) => VolumeStatus::failed(volume, message.clone()),
             (None, _) => VolumeStatus::updated(volume),
         });
@@ -424,7 +528,10 @@ async fn update(
     write_status(current, ctx, status, &edit).await?;
     Ok(match next_wake {
         Some(wait) => {
-            debug!(?wait, "removed entities settling; removing them again then");
+            debug!(
+                ?wait,
+                "removed entities or pushes without answer settling; removing or pushing them again then"
+            );
             Action::requeue(wait.min(MAX_SETTLE_WAIT))
         }
         None => Action::await_change(),
@@ -441,6 +548,11 @@ async fn update(
 /// gone, or whose claim is unbound, has nothing on CNS that the record does not list. For
 /// an invalid spec without a record, the entries it plausibly stands for are removed once,
 /// best effort, without holding the finalizer.
+///
+/// An entry with a push that got no answer (marked in the record, or remembered by this
+/// replica) is removed at once, but stays in the record, and the finalizer with it, until
+/// that push can no longer land (the settle period after it was sent); then it is removed
+/// once more and the object goes.
 async fn finish_deletion(
     object: &CnsVolumeMetadata,
     ctx: &Context,
@@ -452,7 +564,9 @@ async fn finish_deletion(
         debug!("being deleted without our finalizer or record; nothing to do");
         return Ok(Action::await_change());
     }
-    let mut removals = recorded.clone().unwrap_or_default();
+    let key = ObjectRef::from_obj(object);
+    let remembered = ctx.remembered_unanswered(&key);
+    let mut removals = record::union(&recorded.clone().unwrap_or_default(), &remembered);
     let mut guessed = Vec::new();
     if spec_valid {
         for target in targets(object, ctx) {
@@ -479,11 +593,11 @@ async fn finish_deletion(
     for entry in &removals {
         match push(ctx, entry, true).await {
             Ok(()) => removed.push(entry.clone()),
-            Err(message) => failures.push((entry.clone(), message)),
+            Err(Failed { message, .. }) => failures.push((entry.clone(), message)),
         }
     }
     for entry in &guessed {
-        if let Err(message) = push(ctx, entry, true).await {
+        if let Err(Failed { message, .. }) = push(ctx, entry, true).await {
             let why = if spec_valid {
                 "which its record does not list (it was never pushed)"
             } else {
@@ -500,6 +614,22 @@ async fn finish_deletion(
                 .await;
         }
     }
+    // Removed, but a push without answer may still land: removed once more later.
+    let (now, period) = (ctx.now(), ctx.config.get_settle_period());
+    let mut pending = Vec::new();
+    let mut wait: Option<Duration> = None;
+    for entry in &removed {
+        if let Settle::Wait(left) = entry.landing(now, period) {
+            wait = Some(wait.map_or(left, |w| w.min(left)));
+            pending.push(entry.clone());
+        }
+    }
+    let dropped = record::without(&removed, &pending);
+    let edit = Edit {
+        drop: dropped,
+        mark: pending.clone(),
+        ..Edit::default()
+    };
     let status: Vec<VolumeStatus> = object
         .spec
         .volume_names
@@ -526,17 +656,14 @@ async fn finish_deletion(
         );
         ctx.publish(object, EventType::Warning, "DeleteVolumeMetadata", note)
             .await;
-        let edit = Edit {
-            drop: removed,
-            ..Edit::default()
-        };
         write_status(object, ctx, status, &edit).await?;
         return Err(volumes_failed(object, failures.len(), removals.len()));
     }
     let written = write(object, ctx, "remove finalizer", |o| {
-        // Entries recorded meanwhile (by another replica) keep the finalizer.
+        // Entries recorded meanwhile (by another replica), or whose push may still land,
+        // keep the finalizer.
         let fresh = record::read(o).ok().flatten().unwrap_or_default();
-        let remaining = record::without(&fresh, &removed);
+        let remaining = edit.apply(&fresh);
         if remaining.is_empty() {
             o.metadata
                 .finalizers
@@ -550,12 +677,26 @@ async fn finish_deletion(
     if finalized {
         warn_finalizer_failure(object, ctx, "remove", &written).await;
     }
-    if let Written::Updated(left) = written?
+    let written = written?;
+    if let Some(wait) = wait {
+        let entities: Vec<String> = pending
+            .iter()
+            .map(|e| format!("{} on {}", e.entity_name, e.volume_id))
+            .collect();
+        info!(
+            ?wait,
+            entities = %entities.join(", "),
+            "removed, but a push that got no answer may still land; removing again then"
+        );
+        return Ok(Action::requeue(wait.min(MAX_SETTLE_WAIT)));
+    }
+    if let Written::Updated(left) = written
         && record::read(&left).is_ok_and(|r| r.is_some())
     {
         info!("entries were recorded during the deletion; removing them next");
         return Ok(Action::requeue(RECORDED_MEANWHILE_RETRY));
     }
+    ctx.forget_unanswered(&key);
     info!("metadata removed from cns; finalizer removed");
     Ok(Action::await_change())
 }

@@ -15,6 +15,12 @@
 //! goes. Deleting the object removes tombstoned entries too. Records written before
 //! tombstones existed have no `removed` field and read as live entries; a version that
 //! knows no tombstones reads them as live entries (and removes them again).
+//!
+//! A push that got no answer (it timed out) marks its entry with the time it was sent
+//! (`unanswered`): until the settle period has passed since, that push may still land. A
+//! deletion keeps such an entry (and the finalizer) after removing it, and removes it once
+//! more when the period is over; a live entry is pushed once more then, in case the late
+//! push carried an older spec. Versions that know no marks ignore them.
 
 use std::{
     collections::BTreeMap,
@@ -72,6 +78,11 @@ pub(crate) struct PushedEntry {
     /// may be on CNS. Kept as text so that a malformed time spoils only its own entry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) removed: Option<String>,
+    /// When the latest push of this entry that got no answer was sent (RFC 3339): CNS may
+    /// still carry it out until the settle period has passed since. `None` when no such
+    /// push is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) unanswered: Option<String>,
 }
 
 /// What to do with a tombstone now.
@@ -84,6 +95,43 @@ pub(crate) enum Settle {
     /// Its removal time is unreadable, or further in the future than a settle period (a
     /// hand edit or a clock far off): sent again now; the text says why.
     Odd(String),
+}
+
+/// Whether the period that started at `text` (an RFC 3339 time, `what` it is the time of)
+/// has ended at `now`.
+fn settle_since(what: &str, text: &str, now: SystemTime, period: Duration) -> Settle {
+    let start = match text.parse::<Timestamp>() {
+        Ok(time) => SystemTime::from(time),
+        Err(error) => {
+            return Settle::Odd(format!("its {what} time {text:?} is invalid: {error}"));
+        }
+    };
+    match start.duration_since(now) {
+        Ok(ahead) if ahead > period => {
+            return Settle::Odd(format!(
+                "its {what} time {text} is {ahead:?} ahead of this replica's clock"
+            ));
+        }
+        Ok(ahead) => return Settle::Wait(ahead.saturating_add(period)),
+        Err(_) => {}
+    }
+    match start.checked_add(period).map(|end| end.duration_since(now)) {
+        // A period too long for the clock never ends.
+        None => Settle::Wait(period),
+        Some(Ok(left)) if !left.is_zero() => Settle::Wait(left),
+        Some(_) => Settle::Due,
+    }
+}
+
+/// The later of two times of the record; an unreadable one loses to a readable one.
+pub(crate) fn later(a: Option<&String>, b: Option<&String>) -> Option<String> {
+    let parse = |t: Option<&String>| t.and_then(|t| t.parse::<Timestamp>().ok());
+    match (parse(a), parse(b)) {
+        (Some(x), Some(y)) if y > x => b.cloned(),
+        (Some(_), _) => a.cloned(),
+        (None, Some(_)) => b.cloned(),
+        (None, None) => a.or(b).cloned(),
+    }
 }
 
 /// What identifies an entry: the CNS volume and the entity on it.
@@ -108,6 +156,15 @@ impl PushedEntry {
             labels: spec.labels.clone(),
             reference,
             removed: None,
+            unanswered: None,
+        }
+    }
+
+    /// This entry, marked with a push sent at `sent` that got no answer.
+    pub(crate) fn unanswered_since(&self, sent: SystemTime) -> Self {
+        Self {
+            unanswered: Some(timestamp(sent)),
+            ..self.clone()
         }
     }
 
@@ -119,32 +176,19 @@ impl PushedEntry {
     /// When the removal of a tombstone removed at `self.removed` is due, at `now`, for a
     /// settle period of `period`. A live entry is never due.
     pub(crate) fn settle(&self, now: SystemTime, period: Duration) -> Settle {
-        let Some(text) = &self.removed else {
-            return Settle::Wait(Duration::MAX);
-        };
-        let removed = match text.parse::<Timestamp>() {
-            Ok(time) => SystemTime::from(time),
-            Err(error) => {
-                return Settle::Odd(format!("its removal time {text:?} is invalid: {error}"));
-            }
-        };
-        match removed.duration_since(now) {
-            Ok(ahead) if ahead > period => {
-                return Settle::Odd(format!(
-                    "its removal time {text} is {ahead:?} ahead of this replica's clock"
-                ));
-            }
-            Ok(ahead) => return Settle::Wait(ahead.saturating_add(period)),
-            Err(_) => {}
+        match &self.removed {
+            None => Settle::Wait(Duration::MAX),
+            Some(text) => settle_since("removal", text, now, period),
         }
-        match removed
-            .checked_add(period)
-            .map(|end| end.duration_since(now))
-        {
-            // A period too long for the clock never ends.
-            None => Settle::Wait(period),
-            Some(Ok(left)) if !left.is_zero() => Settle::Wait(left),
-            Some(_) => Settle::Due,
+    }
+
+    /// Whether a push of this entry that got no answer may still land, at `now`, for a
+    /// settle period of `period`: [`Settle::Due`] when none may (or none is known),
+    /// [`Settle::Wait`] with the time left otherwise.
+    pub(crate) fn landing(&self, now: SystemTime, period: Duration) -> Settle {
+        match &self.unanswered {
+            None => Settle::Due,
+            Some(text) => settle_since("unanswered push", text, now, period),
         }
     }
 
@@ -235,6 +279,12 @@ pub(crate) struct Edit {
     pub(crate) forget: Vec<PushedEntry>,
     /// Entries removed for good (the object is being deleted): dropped, live or not.
     pub(crate) drop: Vec<PushedEntry>,
+    /// Entries with the time of a push that got no answer (`unanswered`): the record's
+    /// entry keeps the later of its mark and this one; an entry the record lacks is added.
+    pub(crate) mark: Vec<PushedEntry>,
+    /// Entries whose mark is over (the push cannot land anymore, and a push since was
+    /// answered): the mark goes, unless the record holds another one meanwhile.
+    pub(crate) answered: Vec<PushedEntry>,
     /// The removal time given to new tombstones ([`timestamp`]).
     pub(crate) at: String,
 }
@@ -242,14 +292,19 @@ pub(crate) struct Edit {
 impl Edit {
     /// Whether the edit changes nothing.
     pub(crate) fn is_empty(&self) -> bool {
-        self.entomb.is_empty() && self.forget.is_empty() && self.drop.is_empty()
+        self.entomb.is_empty()
+            && self.forget.is_empty()
+            && self.drop.is_empty()
+            && self.mark.is_empty()
+            && self.answered.is_empty()
     }
 
     /// `base` with the edit applied.
     pub(crate) fn apply(&self, base: &[PushedEntry]) -> Vec<PushedEntry> {
         let has =
             |list: &[PushedEntry], entry: &PushedEntry| list.iter().any(|e| e.key() == entry.key());
-        base.iter()
+        let mut entries: Vec<PushedEntry> = base
+            .iter()
             .filter(|e| !has(&self.drop, e))
             .filter(|e| !(e.is_tombstone() && has(&self.forget, e)))
             .map(|e| {
@@ -257,20 +312,43 @@ impl Edit {
                 if !entry.is_tombstone() && has(&self.entomb, e) {
                     entry.removed = Some(self.at.clone());
                 }
+                if self
+                    .answered
+                    .iter()
+                    .any(|a| a.key() == e.key() && a.unanswered == e.unanswered)
+                {
+                    entry.unanswered = None;
+                }
                 entry
             })
-            .collect()
+            .collect();
+        for marked in &self.mark {
+            match entries.iter_mut().find(|e| e.key() == marked.key()) {
+                Some(entry) => {
+                    entry.unanswered = later(entry.unanswered.as_ref(), marked.unanswered.as_ref());
+                }
+                None => entries.push(marked.clone()),
+            }
+        }
+        entries
     }
 }
 
-/// `base` with every entry of `added` put in (replacing the entry with the same key).
+/// `base` with every entry of `added` put in (replacing the entry with the same key, but
+/// keeping the later mark of a push without answer of the two).
 pub(crate) fn union(base: &[PushedEntry], added: &[PushedEntry]) -> Vec<PushedEntry> {
     let mut merged: Vec<PushedEntry> = base
         .iter()
         .filter(|e| !added.iter().any(|a| a.key() == e.key()))
         .cloned()
         .collect();
-    merged.extend(added.iter().cloned());
+    merged.extend(added.iter().map(|a| {
+        let mut entry = a.clone();
+        if let Some(old) = base.iter().find(|b| b.key() == a.key()) {
+            entry.unanswered = later(old.unanswered.as_ref(), a.unanswered.as_ref());
+        }
+        entry
+    }));
     merged
 }
 
@@ -409,6 +487,84 @@ mod tests {
         assert!(drop.apply(&after).is_empty());
         assert!(Edit::default().is_empty());
         assert!(!forget.is_empty());
+    }
+
+    #[test]
+    fn marks_of_pushes_without_answer_land_within_the_period_and_survive_merges() {
+        let period = Duration::from_secs(180);
+        let entry = PushedEntry::new(&pvc_spec(), "gc-1-vol-a", "fcd-1", None);
+        assert_eq!(entry.landing(at(5), period), Settle::Due, "no mark");
+        let marked = entry.unanswered_since(at(1_000_000));
+        assert_eq!(marked.unanswered.as_deref(), Some("1970-01-12T13:46:40Z"));
+        assert_eq!(
+            marked.landing(at(1_000_100), period),
+            Settle::Wait(Duration::from_secs(80))
+        );
+        assert_eq!(marked.landing(at(1_000_180), period), Settle::Due);
+        let mut junk = entry.clone();
+        junk.unanswered = Some("soon".into());
+        assert!(
+            matches!(junk.landing(at(5), period), Settle::Odd(why) if why.contains("\"soon\""))
+        );
+
+        // A new intent (another label) keeps the mark of the recorded entry.
+        let mut relabelled = entry.clone();
+        relabelled.labels.insert("new".into(), "label".into());
+        let merged = union(
+            std::slice::from_ref(&marked),
+            std::slice::from_ref(&relabelled),
+        );
+        assert_eq!(merged.len(), 1);
+        assert_eq!(merged[0].labels, relabelled.labels);
+        assert_eq!(merged[0].unanswered, marked.unanswered);
+        // Of two marks, the later one stays.
+        let newer = entry.unanswered_since(at(2_000_000));
+        assert_eq!(
+            union(std::slice::from_ref(&newer), std::slice::from_ref(&marked))[0].unanswered,
+            newer.unanswered
+        );
+        assert_eq!(
+            union(std::slice::from_ref(&marked), std::slice::from_ref(&newer))[0].unanswered,
+            newer.unanswered
+        );
+        assert_eq!(
+            later(junk.unanswered.as_ref(), marked.unanswered.as_ref()),
+            marked.unanswered
+        );
+        assert_eq!(later(None, None), None);
+
+        // Marking adds the later time, or the entry the record lacks.
+        let other = PushedEntry::new(&pvc_spec(), "gc-1-vol-b", "fcd-2", None);
+        let mark = Edit {
+            mark: vec![newer.clone(), other.unanswered_since(at(7))],
+            ..Edit::default()
+        };
+        assert!(!mark.is_empty());
+        let after = mark.apply(std::slice::from_ref(&marked));
+        assert_eq!(after.len(), 2);
+        assert_eq!(after[0].unanswered, newer.unanswered);
+        assert_eq!(after[1].volume_id, "fcd-2");
+        // An answered mark goes, unless another one was recorded meanwhile.
+        let answered = Edit {
+            answered: vec![marked.clone()],
+            ..Edit::default()
+        };
+        assert_eq!(
+            answered.apply(std::slice::from_ref(&marked)),
+            vec![entry.clone()]
+        );
+        assert_eq!(
+            answered.apply(std::slice::from_ref(&newer)),
+            vec![newer.clone()]
+        );
+        // The mark round-trips through the annotation.
+        let mut object = CnsVolumeMetadata::new("gc-1-data", pvc_spec());
+        store(&mut object, vec![marked.clone()]);
+        assert!(
+            object.annotations()[PUSHED_ANNOTATION]
+                .contains(r#""unanswered":"1970-01-12T13:46:40Z""#)
+        );
+        assert_eq!(read(&object), Ok(Some(vec![marked])));
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! Reads from the caches which CNS volume is behind a volume name, and sends one update.
 
+use std::time::SystemTime;
+
 use kube_client::ResourceExt;
 use kube_runtime::reflector::ObjectRef;
 use tracing::{debug, info, warn};
@@ -114,14 +116,25 @@ pub(crate) fn best_effort_entries(object: &CnsVolumeMetadata, ctx: &Context) -> 
         .collect()
 }
 
+/// Why a push failed.
+#[derive(Debug)]
+pub(crate) struct Failed {
+    /// The message to put in the volume's status.
+    pub(crate) message: String,
+    /// When the push was sent, if it got no answer (it timed out): CNS may still carry it
+    /// out. `None` when CNS answered.
+    pub(crate) unanswered: Option<SystemTime>,
+}
+
 /// Adds (or, with `delete`, removes) `entry` on CNS within the backend timeout. While
 /// removing, a volume CNS does not know counts as done.
 ///
 /// # Errors
-/// The message to put in the volume's status.
-pub(crate) async fn push(ctx: &Context, entry: &PushedEntry, delete: bool) -> Result<(), String> {
+/// The message for the status, and whether the push may still land.
+pub(crate) async fn push(ctx: &Context, entry: &PushedEntry, delete: bool) -> Result<(), Failed> {
     let update = entry.update(delete, &ctx.config);
     let timeout = ctx.config.get_backend_timeout();
+    let sent = ctx.now();
     let outcome = tokio::time::timeout(timeout, ctx.backend.update_volume_metadata(&update)).await;
     match outcome {
         Ok(Ok(())) => Ok(()),
@@ -131,10 +144,17 @@ pub(crate) async fn push(ctx: &Context, entry: &PushedEntry, delete: bool) -> Re
         }
         Ok(Err(error)) => {
             warn!(volume_id = %update.volume_id, delete, error = %error_chain(&error), "cns update failed");
-            Err(error_chain(&error))
+            Err(Failed {
+                message: error_chain(&error),
+                unanswered: error.may_land_later().then_some(sent),
+            })
         }
-        Err(_) => Err(format!(
-            "cns volume metadata update timed out after {timeout:?}"
-        )),
+        Err(_) => {
+            warn!(volume_id = %update.volume_id, delete, ?timeout, "cns update timed out");
+            Err(Failed {
+                message: format!("cns volume metadata update timed out after {timeout:?}"),
+                unanswered: Some(sent),
+            })
+        }
     }
 }

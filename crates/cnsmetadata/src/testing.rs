@@ -33,6 +33,9 @@ pub enum Failure {
     /// held until [`InMemoryBackend::land_late`], as a CNS call that timed out (or that a
     /// replica which lost its lease sent) may still be carried out.
     LandsLate,
+    /// Answer at once with [`BackendError::Unanswered`] (as the vSphere client's own
+    /// timeout does), and take effect later, at [`InMemoryBackend::land_late`].
+    Unanswered,
 }
 
 impl Failure {
@@ -47,6 +50,7 @@ impl Failure {
             Self::NotFound => BackendError::not_found(volume_id),
             Self::Error(message) => BackendError::other(message.clone()),
             Self::LandsLate => BackendError::other("no answer"),
+            Self::Unanswered => BackendError::unanswered("timed out"),
         }
     }
 }
@@ -186,7 +190,7 @@ impl InMemoryBackend {
     }
 
     /// Carries out, in the order received, the updates held by [`Failure::LandsLate`]
-    /// (their callers got no answer); returns how many there were.
+    /// and [`Failure::Unanswered`] (their callers got no answer); returns how many there were.
     pub fn land_late(&self) -> usize {
         let mut state = self.state();
         let late = std::mem::take(&mut state.late);
@@ -217,6 +221,10 @@ impl VolumeMetadataBackend for InMemoryBackend {
                 Some(Failure::LandsLate) => {
                     state.late.push(update.clone());
                     None
+                }
+                Some(Failure::Unanswered) => {
+                    state.late.push(update.clone());
+                    Some(Err(Failure::Unanswered.to_error(&update.volume_id)))
                 }
                 Some(failure) => Some(Err(failure.to_error(&update.volume_id))),
                 None => {

@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use cnsmetadata::{BackendError, VolumeMetadataBackend, VolumeMetadataUpdate};
 use tracing::instrument;
 
+use crate::Error;
 use crate::client::CnsClient;
 use crate::types::{
     ClusterFlavor, CnsVolumeId, ContainerCluster, EntityMetadata, EntityReference, EntityType,
@@ -17,7 +18,10 @@ use crate::types::{
 /// The update's container cluster is sent both as `containerCluster` and as the only
 /// element of `containerClusterArray`, and its one entity alone in `entityMetadata`, as
 /// vsphere-csi-driver does. A volume CNS does not know is [`BackendError::NotFound`]
-/// (decided by [`Error::is_not_found`](crate::Error::is_not_found)).
+/// (decided by [`Error::is_not_found`](crate::Error::is_not_found)). A call that got no
+/// answer (it timed out, waiting for the call or for its task, or the connection broke
+/// once the request may have been sent) is [`BackendError::Unanswered`]: vCenter may
+/// still carry the update out, and the reconciler makes up for it.
 ///
 /// ```no_run
 /// # async fn doc() -> Result<(), Box<dyn std::error::Error>> {
@@ -51,11 +55,28 @@ impl VolumeMetadataBackend for CnsMetadataBackend {
         update: &VolumeMetadataUpdate,
     ) -> Result<(), BackendError> {
         let spec = update_spec(update)?;
-        match self.client.update_volume_metadata(&spec).await {
-            Ok(()) => Ok(()),
-            Err(e) if e.is_not_found() => Err(BackendError::not_found(&update.volume_id)),
-            Err(e) => Err(BackendError::other(e)),
-        }
+        self.client
+            .update_volume_metadata(&spec)
+            .await
+            .map_err(|e| backend_error(e, &update.volume_id))
+    }
+}
+
+/// The [`BackendError`] of a failed `CnsUpdateVolumeMetadata` of volume `volume_id`.
+fn backend_error(error: Error, volume_id: &str) -> BackendError {
+    if error.is_not_found() {
+        return BackendError::not_found(volume_id);
+    }
+    let unanswered = match &error {
+        Error::Timeout { .. } => true,
+        // A connection that could not be made never carried the request.
+        Error::Transport { source, .. } => !source.is_connect(),
+        _ => false,
+    };
+    if unanswered {
+        BackendError::unanswered(error)
+    } else {
+        BackendError::other(error)
     }
 }
 
@@ -185,6 +206,54 @@ mod tests {
                 }],
             }]
         );
+    }
+
+    #[test]
+    fn a_timeout_may_land_later_and_a_fault_never() {
+        let timeout = |operation| Error::Timeout {
+            operation,
+            after: std::time::Duration::from_millis(1_500),
+        };
+        for error in [timeout("CnsUpdateVolumeMetadata"), timeout("task wait")] {
+            let error = backend_error(error, "fcd-1");
+            assert!(error.may_land_later(), "{error:?}");
+            assert!(!error.is_not_found());
+        }
+        let fault = |fault_type: &str| Error::Fault {
+            operation: "CnsUpdateVolumeMetadata",
+            fault_type: fault_type.into(),
+            message: "injected".into(),
+        };
+        let busy = backend_error(fault("CnsFault"), "fcd-1");
+        assert!(!busy.may_land_later() && !busy.is_not_found(), "{busy:?}");
+        let gone = backend_error(fault("NotFound"), "fcd-1");
+        assert!(gone.is_not_found() && !gone.may_land_later(), "{gone:?}");
+        let garbled = Error::Protocol {
+            operation: "CnsUpdateVolumeMetadata",
+            detail: "no task".into(),
+        };
+        assert!(!backend_error(garbled, "fcd-1").may_land_later());
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_never_carried_the_update() {
+        // A port nobody listens on: bound, then released.
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port");
+        let url = format!("http://{addr}/sdk");
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let source = client.get(&url).send().await.expect_err("nobody listens");
+        assert!(source.is_connect(), "{source:?}");
+        let error = backend_error(
+            Error::Transport {
+                operation: "CnsUpdateVolumeMetadata",
+                url,
+                source,
+            },
+            "fcd-1",
+        );
+        assert!(!error.may_land_later(), "{error:?}");
     }
 
     #[test]

@@ -133,3 +133,34 @@ async fn other_faults_are_other_errors() {
     assert!(err.is_not_found(), "{err:?}");
     sim.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_update_that_times_out_is_unanswered_and_may_still_land() {
+    let sim = CnsSimulator::start().await.unwrap();
+    let config = sim
+        .vc_config()
+        .timeout(std::time::Duration::from_millis(200));
+    let client = CnsClient::connect(&config).await.unwrap();
+    let id = volume(&client).await;
+    let backend = CnsMetadataBackend::new(client);
+    sim.delay(
+        "CnsUpdateVolumeMetadata",
+        std::time::Duration::from_millis(600),
+    );
+    let err = backend
+        .update_volume_metadata(&update(id.as_str(), false))
+        .await
+        .unwrap_err();
+    assert!(err.may_land_later(), "{err:?}");
+    assert!(matches!(err, BackendError::Unanswered(_)), "{err:?}");
+    // vCenter carries the update out after the client gave up.
+    let landed = async {
+        while sim.volumes()[0].metadata.entity_metadata.is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), landed)
+        .await
+        .expect("the update lands");
+    sim.shutdown().await;
+}
