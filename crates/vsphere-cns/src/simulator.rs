@@ -449,6 +449,11 @@ impl CnsSimulator {
             .push_back(fault);
     }
 
+    /// Forgets every fault queued with [`fail_next`](Self::fail_next) and not yet used.
+    pub fn clear_faults(&self) {
+        self.shared.data().faults.clear();
+    }
+
     /// Delays every call of `method` by `delay` before it is carried out and answered;
     /// `Duration::ZERO` removes the delay. A delayed call whose client stops waiting
     /// still runs to completion (its effect shows up after `delay`).

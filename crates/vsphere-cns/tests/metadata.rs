@@ -164,3 +164,20 @@ async fn an_update_that_times_out_is_unanswered_and_may_still_land() {
         .expect("the update lands");
     sim.shutdown().await;
 }
+
+#[tokio::test]
+async fn cleared_faults_no_longer_fail_updates() {
+    let sim = CnsSimulator::start().await.unwrap();
+    let client = CnsClient::connect(&sim.vc_config()).await.unwrap();
+    let id = volume(&client).await;
+    let backend = CnsMetadataBackend::new(client);
+    for _ in 0..3 {
+        sim.fail_next("CnsUpdateVolumeMetadata", SimFault::call("CnsFault"));
+    }
+    let update = update(id.as_str(), false);
+    let push = || backend.update_volume_metadata(&update);
+    assert!(push().await.is_err(), "the first queued fault");
+    sim.clear_faults();
+    push().await.expect("no queued fault left");
+    sim.shutdown().await;
+}

@@ -284,6 +284,8 @@ async fn drive(world: &mut World, schedule: &Schedule) -> anyhow::Result<Vec<(Ph
 /// Ends the chaos: no API faults, CNS at full speed, partitions healed, both replicas up.
 fn calm(world: &mut World) -> anyhow::Result<()> {
     world.kube.clear_faults();
+    // Queued CNS faults not used yet would fail the first calls after the chaos.
+    world.shared.cns.clear_faults();
     for method in cns_methods() {
         world.shared.cns.delay(method, Duration::ZERO);
     }

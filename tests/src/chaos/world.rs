@@ -35,6 +35,10 @@ pub const CNS_TIMEOUT: Duration = Duration::from_millis(1_500);
 /// The CNS client's task timeout, compressed like the rest (default 300 s): a create
 /// whose outcome is unknown may land within it, so a cleanup waits that long.
 pub const CNS_TASK_TIMEOUT: Duration = Duration::from_secs(4);
+/// The metadata reconciler's settle margin, compressed like the rest (default 60 s; at
+/// least the lease duration): a deleted object whose push got no answer keeps its
+/// finalizer for the backend timeout plus this margin after that push.
+pub const SETTLE_MARGIN: Duration = Duration::from_secs(5);
 /// Lease timings: short, so that a partition outlives the lease.
 pub const LEASE: (Duration, Duration, Duration) = (
     Duration::from_secs(2),
@@ -213,6 +217,7 @@ pub fn settings(schedule: &Schedule) -> anyhow::Result<Settings> {
         .context("the chaos provision settings are invalid")?;
     let metadata_config = cnsmetadata::Config::default()
         .backend_timeout(CALL_TIMEOUT)
+        .settle_margin(SETTLE_MARGIN)
         .worker_threads(NonZeroU16::new(2).expect("2 is not zero"));
     Ok(Settings {
         provisioner_name: names::PROVISIONER.to_owned(),
