@@ -114,6 +114,24 @@ pub enum ProvisionerError {
         /// The settle window.
         settle: Duration,
     },
+    /// The PV's volume and the other volumes of its name were deleted, but a create of
+    /// that name this provisioner sent earlier, whose outcome is unknown, may still land
+    /// (see [`ProvisionerError::CreatePending`]): `delete` fails until the settle window
+    /// has passed since it was sent, so that the controller keeps the PV and deletes
+    /// again, and the late volume goes too. Returned as [`DeleteError::Failed`].
+    #[error(
+        "deleted the volumes named {volume:?}, but a create of that name sent {sent_ago:?} \
+         ago may still land; the PV is kept and deleted again until {settle:?} have passed \
+         since it was sent"
+    )]
+    DeletePending {
+        /// The volume name (the PV's name).
+        volume: String,
+        /// How long ago that create was sent.
+        sent_ago: Duration,
+        /// The settle window.
+        settle: Duration,
+    },
     /// A CNS call failed.
     #[error("{action} cns volume {volume:?} failed")]
     Cns {
@@ -155,11 +173,15 @@ pub enum ProvisionerError {
 ///     the other volumes of this cluster with the PV's name are deleted;
 ///   - by [`Provisioner::delete_duplicate`], when a replica's PV lost the race to be saved:
 ///     the volume that PV names is deleted;
-///   - by `delete`, when the PV is deleted: the PV's volume and every other one of its name.
+///   - by `delete`, when the PV is deleted: the PV's volume and every other one of its name,
+///     and again until a create of that name this provisioner sent can no longer land
+///     (see below).
 ///
 ///   A create that lands after all of these (sent by a replica cut off from everything,
 ///   answered after the PV was saved and the sweep ran) stays until the PV is deleted with
-///   reclaim policy `Delete`; under `Retain` it stays, as the PV's own volume does.
+///   reclaim policy `Delete`; under `Retain` it stays, as the PV's own volume does. One
+///   sent by another replica (or by an earlier life of this one) that lands after the PV
+///   was deleted stays too: only the replica that sent a create knows it may still land.
 /// - **Errors say what runs in the background.** A timeout or a broken connection after the
 ///   create was sent is [`ProvisionError::InBackground`] (the controller keeps retrying,
 ///   and the lookup then finds the volume); a failure before anything was sent is
@@ -173,7 +195,11 @@ pub enum ProvisionerError {
 ///   lookup finds a volume of that name (it is returned, as any found volume is) or the
 ///   settle window ([`CnsProvisioner::create_settle`]; default: the client's task timeout
 ///   plus its request timeout) has passed since that create was sent; then it creates
-///   again, so a create that never lands blocks a claim for one window at most. The
+///   again, so a create that never lands blocks a claim for one window at most. A volume
+///   found meanwhile does not end the wait for the create (it may be another replica's):
+///   until the window has passed, `delete` of a PV of that name deletes what exists, then
+///   fails ([`ProvisionerError::DeletePending`]), so the controller keeps the PV and
+///   deletes again, and a volume that lands after the PV's own was deleted goes too. The
 ///   controller's crash-safe cleanup of a deleted claim looks for the asset through
 ///   `provision` too, so it keeps retrying and finds the late volume instead of
 ///   concluding that none exists. This memory is per provisioner (its clones share it)
@@ -190,7 +216,10 @@ pub enum ProvisionerError {
 /// - **`delete` deletes the PV's own volume** (handle) and its disk; a volume that is
 ///   already gone counts as deleted. For a PV we provisioned (it has the
 ///   `pv.kubernetes.io/provisioned-by` annotation) the other volumes of this cluster named
-///   like the PV are deleted too; a static PV only loses its handle's volume. A PV with an
+///   like the PV are deleted too, and while a create of that name this provisioner sent
+///   may still land, `delete` fails after deleting them ([`DeleteError::Failed`] with
+///   [`ProvisionerError::DeletePending`]) and is to be called again; a static PV only
+///   loses its handle's volume. A PV with an
 ///   empty handle is an error and deletes nothing; PVs of other drivers are
 ///   [`DeleteError::Ignored`].
 /// - **`delete_duplicate` deletes only the duplicate PV's volume**, and only when it is a
@@ -355,9 +384,6 @@ impl CnsProvisioner {
     /// that name. Nothing is deleted: a PV saved by another replica may name any of them.
     async fn existing(&self, name: &str) -> Result<Option<CnsVolumeId>, ProvisionerError> {
         let volumes = self.find_by_name(name).await?;
-        if !volumes.is_empty() {
-            self.pending.resolve(name);
-        }
         if volumes.len() > 1 {
             info!(volume = name, count = volumes.len(), winner = %volumes[0].volume_id,
                 "several cns volumes have this name; the lowest id is used, the others are released once the PV is saved");
@@ -443,7 +469,6 @@ impl CnsProvisioner {
                 }
             },
             Ok(volumes) => {
-                self.pending.resolve(name);
                 warn!(volume = name, volume_id = %volumes[0].volume_id, error = %error_chain(&refused),
                     "refusing a claim whose cns volume already exists; the volume is kept");
                 ProvisionError::NoChange(Box::new(refused))
@@ -461,9 +486,7 @@ impl CnsProvisioner {
         let pending = self.pending.unresolved(name, self.create_settle)?;
         Some(ProvisionerError::CreatePending {
             volume: name.to_owned(),
-            sent_ago: Duration::from_millis(
-                u64::try_from(pending.age.as_millis()).unwrap_or(u64::MAX),
-            ),
+            sent_ago: millis(pending.age),
             settle: self.create_settle,
         })
     }
@@ -505,6 +528,11 @@ impl CnsProvisioner {
             }
         }
     }
+}
+
+/// `age` rounded down to whole milliseconds (for messages).
+fn millis(age: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(age.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// A failed CNS create of `name`.
@@ -615,6 +643,18 @@ impl Provisioner for CnsProvisioner {
         // with the PV we provisioned.
         if let Some(name) = provisioned_name(volume) {
             self.delete_leftovers(name, &id).await.map_err(failed)?;
+            // A create of this name that may still land would leave a volume no PV names
+            // once this PV is gone: keep the PV (the controller deletes again) until it
+            // can no longer land.
+            if let Some(pending) = self.pending.unresolved(name, self.create_settle) {
+                let error = ProvisionerError::DeletePending {
+                    volume: name.to_owned(),
+                    sent_ago: millis(pending.age),
+                    settle: self.create_settle,
+                };
+                warn!(volume_id = %id, error = %error, "a create of this name may still land; the PV is deleted again later");
+                return Err(failed(error));
+            }
         }
         Ok(())
     }

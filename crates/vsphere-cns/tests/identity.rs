@@ -485,10 +485,21 @@ async fn a_retry_waits_for_a_timed_out_create_and_adopts_its_late_volume() {
     assert_eq!(ids(&sim), vec![handle(&pv)]);
     assert_eq!(count(&sim, "CnsCreateVolume"), 1);
 
-    // Finding it resolved the wait: with the volume gone (well within the window), the
-    // next provision creates again.
-    provisioner.delete(&provisioned(pv)).await.unwrap();
+    // Finding a volume does not end the wait (it could be another replica's): deleted
+    // well within the window, the PV's delete fails after deleting the volume, so the
+    // controller keeps the PV and deletes again; a provision that finds nothing waits.
+    let pv = provisioned(pv);
+    let err = provisioner.delete(&pv).await.unwrap_err();
+    assert!(
+        err.to_string().contains("deleting the volume failed"),
+        "{err}"
+    );
     assert!(sim.volumes().is_empty());
+    assert_create_pending(&provisioner.provision(&options).await.unwrap_err());
+    // The window (0.5 s task timeout + 60 s request timeout) has passed: the delete
+    // succeeds, and the next provision creates again.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    provisioner.delete(&pv).await.unwrap();
     let pv = provisioner.provision(&options).await.unwrap();
     assert_eq!(ids(&sim), vec![handle(&pv)]);
     assert_eq!(count(&sim, "CnsCreateVolume"), 2);

@@ -304,7 +304,64 @@ async fn a_slow_create_is_in_background_and_its_late_volume_is_adopted_not_dupli
     assert_eq!(volumes.len(), 1, "{volumes:?}");
     assert_eq!(handle(&pv), volumes[0].id.as_str());
     assert_eq!(count(&sim, "CnsCreateVolume"), 1);
+    // The settle window (task timeout + request timeout) has passed: nothing may land.
+    tokio::time::sleep(Duration::from_secs(60)).await;
     provisioner.delete(&provisioned(pv)).await.unwrap();
+    assert!(sim.volumes().is_empty(), "{:?}", sim.volumes());
+    sim.shutdown().await;
+}
+
+/// Chaos seed 1031, claim-164: a create timed out; the claim was deleted, and the
+/// cleanup's lookup found another volume of that name (a racing replica's), which was
+/// saved in a PV and reclaimed at once. The create landed after that delete: no PV named
+/// it, and nothing ever looked again.
+#[tokio::test(start_paused = true)]
+async fn a_pv_deleted_while_a_create_of_its_name_may_still_land_is_deleted_again_until_it_cannot() {
+    let sim = sim().await;
+    let config = sim
+        .vc_config()
+        .task_timeout(Duration::from_millis(500))
+        .timeout(Duration::from_secs(5));
+    let provisioner = provisioner_with(&sim, config).await;
+    sim.delay("CnsCreateVolume", Duration::from_secs(3));
+    let err = provisioner.provision(&default_options()).await.unwrap_err();
+    assert!(matches!(err, ProvisionError::InBackground(_)), "{err:?}");
+    sim.delay("CnsCreateVolume", Duration::ZERO);
+    // Another volume of that name appears before the create lands: it is the one found.
+    let other = sim.insert_volume("pvc-uid-1", "cluster-1");
+    let pv = provisioned(provisioner.provision(&default_options()).await.unwrap());
+    assert_eq!(handle(&pv), other.as_str());
+
+    // Deleted right away, while the create may still land (settle: 5.5 s after sending).
+    let err = provisioner.delete(&pv).await.unwrap_err();
+    let DeleteError::Failed(source) = &err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        matches!(
+            source.downcast_ref::<ProvisionerError>(),
+            Some(ProvisionerError::DeletePending { volume, .. }) if volume == "pvc-uid-1"
+        ),
+        "{err:?}"
+    );
+    assert!(
+        sim.volumes().is_empty(),
+        "the PV's volume is deleted at once"
+    );
+    // The create lands (3 s after it was sent); the controller deletes the PV again.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(sim.volumes().len(), 1, "the late volume landed");
+    assert!(
+        provisioner.delete(&pv).await.is_err(),
+        "still within the window"
+    );
+    assert!(
+        sim.volumes().is_empty(),
+        "the late volume is deleted with the PV"
+    );
+    // Once the window has passed, the delete succeeds.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    provisioner.delete(&pv).await.unwrap();
     assert!(sim.volumes().is_empty(), "{:?}", sim.volumes());
     sim.shutdown().await;
 }

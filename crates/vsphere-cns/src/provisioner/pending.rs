@@ -10,10 +10,11 @@ use tokio::time::Instant;
 /// When a create of each volume name was sent whose outcome is unknown. Shared by the
 /// clones of one [`CnsProvisioner`](super::CnsProvisioner); never global.
 ///
-/// An entry lives until a lookup finds a volume of its name ([`PendingCreates::resolve`])
-/// or until the settle window has passed since the create was sent. Expired entries are
-/// dropped when looked at and on every [`PendingCreates::record`], so the map holds at
-/// most the creates sent within one window.
+/// An entry lives until the settle window has passed since the create was sent, even
+/// once a lookup finds a volume of its name: that volume may be another one (made by a
+/// replica that raced, or left by an earlier create), so the create may still land.
+/// Expired entries are dropped when looked at and on every [`PendingCreates::record`],
+/// so the map holds at most the creates sent within one window.
 #[derive(Clone, Debug, Default)]
 pub(super) struct PendingCreates {
     sent: Arc<Mutex<HashMap<String, Instant>>>,
@@ -59,11 +60,6 @@ impl PendingCreates {
         None
     }
 
-    /// A volume of `name` was found: nothing of that name is pending any more.
-    pub(super) fn resolve(&self, name: &str) {
-        self.entries().remove(name);
-    }
-
     /// How many entries the map holds (expired or not).
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
@@ -78,7 +74,7 @@ mod tests {
     const SETTLE: Duration = Duration::from_secs(10);
 
     #[tokio::test(start_paused = true)]
-    async fn an_entry_is_unresolved_until_found_or_the_window_passed() {
+    async fn an_entry_is_unresolved_until_the_window_passed() {
         let pending = PendingCreates::default();
         assert_eq!(pending.unresolved("pvc-a", SETTLE), None);
         pending.record("pvc-a", Instant::now(), SETTLE);
@@ -92,12 +88,11 @@ mod tests {
         assert_eq!(pending.unresolved("pvc-b", SETTLE), None);
         // Clones share the entries.
         let clone = pending.clone();
-        clone.resolve("pvc-a");
-        assert_eq!(pending.unresolved("pvc-a", SETTLE), None);
-        assert_eq!(pending.len(), 0);
+        clone.record("pvc-b", Instant::now(), SETTLE);
+        assert!(pending.unresolved("pvc-b", SETTLE).is_some());
+        assert_eq!(pending.len(), 2);
 
-        pending.record("pvc-a", Instant::now(), SETTLE);
-        tokio::time::advance(SETTLE).await;
+        tokio::time::advance(SETTLE - Duration::from_secs(4)).await;
         assert_eq!(
             pending.unresolved("pvc-a", SETTLE),
             None,
@@ -105,9 +100,10 @@ mod tests {
         );
         assert_eq!(
             pending.len(),
-            0,
-            "an expired entry is dropped when looked at"
+            1,
+            "an expired entry is dropped when looked at; pvc-b is younger"
         );
+        assert!(pending.unresolved("pvc-b", SETTLE).is_some());
     }
 
     #[tokio::test(start_paused = true)]
