@@ -279,8 +279,8 @@ pub(crate) struct Context {
     /// Whether watch events are queued: only while leading (standbys keep their caches
     /// warm without queuing work).
     pub(crate) accepting: AtomicBool,
-    /// Claim UID -> our own last finalizer write, whose watch event is
-    /// not queued again (it would only repeat the sync that wrote it).
+    /// Claim UID -> our own finalizer writes not yet seen in the cache, whose watch events
+    /// are not queued again (they would only repeat the sync that wrote them).
     pub(crate) own_writes: Mutex<HashMap<String, OwnWrite>>,
     /// PVs whose driver hears of them again: when their late-asset window ends
     /// ([`Provisioner::late_asset_window`]), or after a failed [`Provisioner::volume_saved`].
@@ -307,11 +307,64 @@ pub(crate) struct Infeasible {
     class_uid: Option<String>,
 }
 
-/// The claim as our last write of it left it, until the cache shows that write.
+/// Our writes of a claim that the cache does not show yet, and those still in flight:
+/// one sync may write a claim twice (the finalizer added before the driver is called,
+/// removed after a final answer), and the watch event of each, which may arrive before
+/// the answer to the write, would otherwise queue the claim again, whose sync writes
+/// twice again.
+#[derive(Default)]
 pub(crate) struct OwnWrite {
-    resource_version: String,
-    /// Whether it carried the crash-safety finalizer.
+    /// The resource versions we wrote, oldest first (at most [`OwnWrite::KEPT`]).
+    resource_versions: std::collections::VecDeque<String>,
+    /// Whether the last one carried the crash-safety finalizer.
     intent: bool,
+    /// Writes sent whose answer has not come yet.
+    in_flight: u32,
+    /// Resource versions of watch events that came while a write was in flight and were
+    /// not known to be ours: ours if an answer names them, else queued once every write
+    /// in flight is answered.
+    early: Vec<String>,
+    /// More early events came than are kept: the claim is queued once every write in
+    /// flight is answered.
+    early_overflow: bool,
+}
+
+impl OwnWrite {
+    /// The most writes (and early events) of one claim remembered: a sync writes a claim
+    /// at most twice.
+    const KEPT: usize = 4;
+
+    fn idle(&self) -> bool {
+        self.resource_versions.is_empty()
+            && self.in_flight == 0
+            && self.early.is_empty()
+            && !self.early_overflow
+    }
+}
+
+/// A write of a claim in flight ([`Context::begin_own_write`]): its watch event is not
+/// queued once [`OwnWriteGuard::done`] names the version written. Dropped without it
+/// (the write failed, timed out or panicked), events seen meanwhile are queued.
+pub(crate) struct OwnWriteGuard<'a> {
+    ctx: &'a Context,
+    uid: String,
+    open: bool,
+}
+
+impl OwnWriteGuard<'_> {
+    /// The write succeeded: `claim` is the claim as the API server answered it.
+    pub(crate) fn done(mut self, claim: &PersistentVolumeClaim) {
+        self.open = false;
+        self.ctx.end_own_write(&self.uid, Some(claim));
+    }
+}
+
+impl Drop for OwnWriteGuard<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            self.ctx.end_own_write(&self.uid, None);
+        }
+    }
 }
 
 impl Context {
@@ -412,25 +465,98 @@ impl Context {
 
     /// Remembers that we wrote this version of the claim.
     pub(crate) fn note_own_write(&self, claim: &PersistentVolumeClaim) {
-        if let (Some(uid), Some(rv)) = (&claim.metadata.uid, &claim.metadata.resource_version) {
-            let write = OwnWrite {
-                resource_version: rv.clone(),
-                intent: intent::has_intent(claim),
-            };
-            self.own_writes().insert(uid.clone(), write);
+        if let Some(uid) = &claim.metadata.uid {
+            Self::record_write(&mut self.own_writes(), uid, claim);
         }
     }
 
-    /// Whether this watch event only shows our own last write (consumed when it does).
+    /// Records `claim` as our write in `own` (under `uid`); an event already seen for
+    /// it is consumed.
+    fn record_write(own: &mut HashMap<String, OwnWrite>, uid: &str, claim: &PersistentVolumeClaim) {
+        let Some(rv) = &claim.metadata.resource_version else {
+            return;
+        };
+        let write = own.entry(uid.to_owned()).or_default();
+        write.intent = intent::has_intent(claim);
+        if let Some(at) = write.early.iter().position(|e| e == rv) {
+            // Its event came before its answer: the cache shows it already.
+            write.early.remove(at);
+            return;
+        }
+        if write.resource_versions.len() >= OwnWrite::KEPT {
+            write.resource_versions.pop_front();
+        }
+        write.resource_versions.push_back(rv.clone());
+    }
+
+    /// Marks a write of the claim `uid` as sent: watch events of the claim that come
+    /// before its answer wait for it ([`OwnWriteGuard`]).
+    pub(crate) fn begin_own_write(&self, uid: &str) -> OwnWriteGuard<'_> {
+        let mut own = self.own_writes();
+        let write = own.entry(uid.to_owned()).or_default();
+        write.in_flight = write.in_flight.saturating_add(1);
+        OwnWriteGuard {
+            ctx: self,
+            uid: uid.to_owned(),
+            open: true,
+        }
+    }
+
+    /// A write of the claim `uid` was answered (`written`: the claim written) or failed.
+    /// Once no write is in flight, events that came meanwhile and were not ours queue
+    /// the claim.
+    fn end_own_write(&self, uid: &str, written: Option<&PersistentVolumeClaim>) {
+        let foreign = {
+            let mut own = self.own_writes();
+            if let Some(claim) = written {
+                Self::record_write(&mut own, uid, claim);
+            }
+            let Some(write) = own.get_mut(uid) else {
+                return;
+            };
+            write.in_flight = write.in_flight.saturating_sub(1);
+            let foreign = write.in_flight == 0 && (!write.early.is_empty() || write.early_overflow);
+            if write.in_flight == 0 {
+                write.early.clear();
+                write.early_overflow = false;
+            }
+            if write.idle() {
+                own.remove(uid);
+            }
+            foreign
+        };
+        if foreign && self.accepting() {
+            self.claim_queue.add(uid.to_owned());
+        }
+    }
+
+    /// Whether this watch event need not queue the claim: it shows one of our own writes
+    /// not seen yet (consumed, with any earlier one: events come in order), or it came
+    /// while a write of ours is in flight (decided when that write is answered).
     fn is_own_write(&self, uid: &str, claim: &PersistentVolumeClaim) -> bool {
         let mut own = self.own_writes();
-        let mine = own.get(uid).is_some_and(|w| {
-            claim.metadata.resource_version.as_deref() == Some(&*w.resource_version)
-        });
-        if mine {
-            own.remove(uid);
+        let Some(write) = own.get_mut(uid) else {
+            return false;
+        };
+        let Some(rv) = claim.metadata.resource_version.as_deref() else {
+            return false;
+        };
+        if let Some(at) = write.resource_versions.iter().position(|w| w == rv) {
+            write.resource_versions.drain(..=at);
+            if write.idle() {
+                own.remove(uid);
+            }
+            return true;
         }
-        mine
+        if write.in_flight == 0 {
+            return false;
+        }
+        if write.early.len() >= OwnWrite::KEPT {
+            write.early_overflow = true;
+        } else {
+            write.early.push(rv.to_owned());
+        }
+        true
     }
 
     /// Whether our last write of the claim, not yet seen in the cache, left it without our
@@ -444,8 +570,12 @@ impl Context {
     pub(crate) fn queue_everything(&self) -> (usize, usize) {
         self.caches.prune_index();
         // Every claim is synced now anyway; this also bounds how long a record of a
-        // write that no watch event confirms (a no-op patch) can be trusted.
-        self.own_writes().clear();
+        // write that no watch event confirms (a no-op patch) can be trusted. Writes in
+        // flight stay: their answers are still to come.
+        self.own_writes().retain(|_, w| {
+            w.resource_versions.clear();
+            w.in_flight > 0
+        });
         let delay = self.config.infeasible_retry_delay;
         self.infeasible().retain(|_, e| e.since.elapsed() < delay);
         let claims = self.caches.claims.state();

@@ -228,6 +228,10 @@ pub(crate) async fn set_intent(
         Intent::Remove => (false, None),
     };
     let patch = intent_patch(uid, &ctx.name, present, snapshot.as_deref());
+    // The watch event of this write may come before its answer.
+    let own = uid
+        .filter(|u| !u.is_empty())
+        .map(|u| ctx.begin_own_write(u));
     let written = api(
         limit,
         what,
@@ -236,7 +240,10 @@ pub(crate) async fn set_intent(
     .await;
     match written {
         Ok(claim) => {
-            ctx.note_own_write(&claim);
+            match own {
+                Some(own) if claim.metadata.uid.as_deref() == uid => own.done(&claim),
+                _ => ctx.note_own_write(&claim),
+            }
             if present && is_deleting(&claim) {
                 // A server that accepts it anyway: the next sync of the deleted claim
                 // cleans up and removes the finalizer.
