@@ -2,7 +2,7 @@
 //! controller under development can talk to it.
 //!
 //! ```text
-//! cargo run -p kube-sim -- --kubeconfig /tmp/sim.kubeconfig --pv-binder
+//! cargo run -p kube-sim --features server -- --kubeconfig /tmp/sim.kubeconfig --pv-binder
 //! kubectl --kubeconfig /tmp/sim.kubeconfig get pvc -A
 //! ```
 //!

@@ -35,3 +35,8 @@ pub use app::{
 };
 pub use demo::{CLASS, DemoOptions, DemoReport, Row, run_demo};
 pub use run::{Options, RunError, parse_datastore, run};
+
+/// The example of README.md, compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
