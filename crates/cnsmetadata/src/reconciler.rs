@@ -275,6 +275,48 @@ fn what(object: &CnsVolumeMetadata) -> String {
 }
 
 async fn apply(object: &CnsVolumeMetadata, ctx: &Context) -> Result<Action, ReconcileError> {
+    apply_read(object, ctx, false).await
+}
+
+/// The object as the API server has it now.
+enum Latest {
+    /// The same version as the copy at hand.
+    Same,
+    /// A newer version of the same object.
+    Changed(Box<CnsVolumeMetadata>),
+    /// Gone, or replaced by another object of the same name.
+    Gone,
+}
+
+/// Reads `object` from the API server (not the cache).
+async fn latest(object: &CnsVolumeMetadata, ctx: &Context) -> Result<Latest, ReconcileError> {
+    let namespace = object.namespace().unwrap_or_default();
+    let api: kube_client::Api<CnsVolumeMetadata> =
+        kube_client::Api::namespaced(ctx.client.clone(), &namespace);
+    let fresh = api
+        .get_opt(&object.name_any())
+        .await
+        .map_err(|source| ReconcileError::Write {
+            object: describe(object),
+            action: "read the latest version",
+            source: Box::new(source),
+        })?;
+    Ok(match fresh {
+        None => Latest::Gone,
+        Some(fresh) if fresh.metadata.uid != object.metadata.uid => Latest::Gone,
+        Some(fresh) if fresh.metadata.resource_version == object.metadata.resource_version => {
+            Latest::Same
+        }
+        Some(fresh) => Latest::Changed(Box::new(fresh)),
+    })
+}
+
+/// [`apply`]; `read` says whether `object` was just read from the API server.
+async fn apply_read(
+    object: &CnsVolumeMetadata,
+    ctx: &Context,
+    read: bool,
+) -> Result<Action, ReconcileError> {
     let spec = &object.spec;
     info!(entity_type = %spec.entity_type, entity = %spec.entity_name, "reconciling");
     let valid = validate(object);
@@ -315,6 +357,23 @@ async fn apply(object: &CnsVolumeMetadata, ctx: &Context) -> Result<Action, Reco
         added?;
         // The finalizer change triggers the next reconcile, which pushes the metadata.
         return Ok(Action::await_change());
+    }
+    if !read {
+        // The cache may be behind (a watch cut, a partition, two replicas at once without
+        // leader election): a push from a stale copy would bring back the entity of an
+        // object another replica deleted meanwhile, for good, or an older spec. Pushes
+        // start from the object as the API server has it.
+        match latest(object, ctx).await? {
+            Latest::Same => {}
+            Latest::Gone => {
+                info!("the object is gone (the cache is behind); nothing to push");
+                return Ok(Action::await_change());
+            }
+            Latest::Changed(fresh) => {
+                debug!("the cache is behind; reconciling the object as the API server has it");
+                return Box::pin(apply_read(&fresh, ctx, true)).await;
+            }
+        }
     }
     update(object, ctx, &recorded, &targets, &desired).await
 }
