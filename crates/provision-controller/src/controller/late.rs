@@ -405,7 +405,7 @@ pub(crate) async fn sweep(ctx: &Context, name: &str, volume: Option<&PersistentV
         ),
         (Sweep::Takeover(_), _) => tracing::debug!(
             pv = name,
-            "late-asset window ended less than the takeover grace ago, and this process never swept the volume (another one saved it): asking the driver to release late assets"
+            "late-asset window ended within the takeover grace and the volume was never swept in this process (the process that saved it may have stopped leading before its last sweep): asking the driver to release late assets"
         ),
         (Sweep::Wait(_) | Sweep::Done(_) | Sweep::Nothing, Some(owed)) if owed.due <= now => {
             tracing::debug!(
