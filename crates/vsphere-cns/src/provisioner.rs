@@ -33,6 +33,9 @@ use volume::VolumeRequest;
 pub const CSI_DRIVER: &str = "csi.vsphere.vmware.com";
 /// The `type` volume attribute vsphere-csi-driver puts on block volumes.
 const BLOCK_VOLUME_TYPE: &str = "vSphere CNS Block Volume";
+/// The `type` volume attribute vsphere-csi-driver puts on file volumes (only ever on a
+/// PV of an adopted volume: this provisioner creates block volumes).
+const FILE_VOLUME_TYPE: &str = "vSphere CNS File Volume";
 
 /// Why [`CnsProvisioner`] refused a claim or a CNS call failed; wrapped in
 /// [`ProvisionError`] / [`DeleteError`].
@@ -207,12 +210,28 @@ pub enum ProvisionerError {
 ///   the pending create, and relies on the lowest-ID rule and the leftover sweeps above.
 /// - **`Final` means no volume of that name exists** (nor may one still land from a
 ///   create this provisioner sent), as crash-safe provisioning relies on: a claim or class
-///   refused while a volume of that name exists (made before the class changed) is
-///   `NoChange`, and while a create of that name may still land it is `InBackground`; a
-///   create that failed in vCenter is `Final` only when no volume of that name exists
-///   afterwards, else (or when the lookup fails) `InBackground`, and the retry adopts the
-///   volume; a `CnsAlreadyRegisteredFault` whose volume cannot be found is
-///   `InBackground`.
+///   refused while a volume of that name exists is adopted (below), while none exists but
+///   a create of that name may still land it is `InBackground`, and when the lookup fails
+///   it is `NoChange`; a create that failed in vCenter is `Final` only when no volume of
+///   that name exists afterwards, else (or when the lookup fails) `InBackground`, and the
+///   retry adopts the volume; a `CnsAlreadyRegisteredFault` whose volume cannot be found
+///   is `InBackground`.
+/// - **A refused claim or class hands over the volume of its name that exists.** When
+///   the claim's request (say `4Ei`, or none) or its class (an unknown or bad parameter,
+///   no datastore) is refused but a volume of the claim's name exists in this cluster
+///   (made by an earlier attempt before the class or claim changed, by another replica,
+///   or landed late from a timed-out create), `provision` returns a PV for it, the lowest
+///   ID winning as on every lookup, with a warning saying why. That PV describes the
+///   volume as CNS reports it, not the refused request: the volume's own capacity (`0`
+///   when CNS reports none), block or file as CNS says, the claim's access modes (a block
+///   volume never offers `ReadWriteMany` to a file system) and volume mode, the class's
+///   reclaim policy and mount options, and the file system the class names (else
+///   `ext4`). A live claim thus gets the disk made for it (the PV controller binds it only
+///   if it satisfies the claim; else the PV is reclaimed once the claim goes), and the
+///   crash-safe cleanup of a deleted claim saves a PV that the volume flow reclaims
+///   (deleted, or kept under `Retain`), so its finalizer goes. While a create of that
+///   name may still land, the volume found is handed over all the same (as a reused one
+///   is), and `delete` of its PV waits for that create as described above.
 /// - **`delete` deletes the PV's own volume** (handle) and its disk; a volume that is
 ///   already gone counts as deleted. For a PV we provisioned (it has the
 ///   `pv.kubernetes.io/provisioned-by` annotation) the other volumes of this cluster named
@@ -455,29 +474,47 @@ impl CnsProvisioner {
         Ok(())
     }
 
-    /// A claim or class refused now is [`ProvisionError::Final`] only when no volume of
-    /// that name exists. One may, made by an earlier attempt before the class changed:
-    /// then the answer is [`ProvisionError::NoChange`], so that the asset is not forgotten.
-    async fn refused(&self, name: &str, refused: ProvisionerError) -> ProvisionError {
-        match self.find_by_name(name).await {
-            Ok(volumes) if volumes.is_empty() => match self.unresolved_create(name) {
+    /// Answers a claim or class refused now (`refused`). [`ProvisionError::Final`] only
+    /// when no volume of the claim's name exists (nor may one still land from a create this
+    /// provisioner sent: then [`ProvisionError::InBackground`]). When one exists (made by
+    /// an earlier attempt before the class or request changed, by another replica, or left
+    /// by a create that landed late), it is **adopted**: the PV returned describes it as
+    /// CNS reports it (its own capacity, see [`volume::adopted`]), the lowest ID winning
+    /// when several have the name, so that the controller saves a PV for it: a live claim
+    /// gets the disk made for it (bound only if it satisfies the claim), and a deleted
+    /// claim's volume is reclaimed through its PV (deleted, or kept under `Retain`).
+    /// Answering `NoChange` instead would keep a deleted claim's crash-safety finalizer
+    /// forever, as its cleanup asks `provision` for the asset until it gets a PV or a
+    /// final answer. A failed lookup is [`ProvisionError::NoChange`] (nothing known).
+    async fn refused(
+        &self,
+        options: &ProvisionOptions,
+        refused: ProvisionerError,
+    ) -> Result<PersistentVolume, ProvisionError> {
+        let name = &options.pv_name;
+        let volumes = match self.find_by_name(name).await {
+            Ok(volumes) => volumes,
+            Err(lookup) => {
+                warn!(volume = name, error = %error_chain(&lookup), refused = %error_chain(&refused),
+                    "cannot tell whether a cns volume exists for a refused claim");
+                return Err(ProvisionError::NoChange(Box::new(refused)));
+            }
+        };
+        let count = volumes.len();
+        let Some(lowest) = volumes.into_iter().next() else {
+            return Err(match self.unresolved_create(name) {
                 None => ProvisionError::final_(refused),
                 Some(pending) => {
                     warn!(volume = name, error = %error_chain(&refused), pending = %pending,
                         "refusing a claim whose cns volume may still be created; asked again until it lands or the settle window passes");
                     ProvisionError::InBackground(Box::new(refused))
                 }
-            },
-            Ok(volumes) => {
-                warn!(volume = name, volume_id = %volumes[0].volume_id, error = %error_chain(&refused),
-                    "refusing a claim whose cns volume already exists; the volume is kept");
-                ProvisionError::NoChange(Box::new(refused))
-            }
-            Err(lookup) => {
-                warn!(volume = name, error = %error_chain(&lookup), "cannot tell whether a cns volume exists");
-                ProvisionError::NoChange(Box::new(refused))
-            }
-        }
+            });
+        };
+        warn!(volume = name, volume_id = %lowest.volume_id, capacity_in_mb = lowest.capacity_in_mb,
+            count, error = %error_chain(&refused),
+            "the claim's request or class is refused, but a cns volume of its name exists; handing that volume over as it is (the lowest id when several)");
+        Ok(volume::adopted(options, &lowest))
     }
 
     /// The error telling that a create of `name` sent less than the settle window ago may
@@ -578,7 +615,7 @@ impl Provisioner for CnsProvisioner {
             .and_then(|request| Ok((self.datastores(&request.class, &request.params)?, request)));
         let (datastores, request) = match checked {
             Ok(checked) => checked,
-            Err(refused) => return Err(self.refused(name, refused).await),
+            Err(refused) => return self.refused(options, refused).await,
         };
         // Nothing was sent yet, so a failed lookup changes nothing.
         if let Some(id) = self

@@ -529,12 +529,73 @@ async fn a_refused_claim_is_not_final_while_its_create_may_still_land() {
             if matches!(e.downcast_ref::<ProvisionerError>(), Some(ProvisionerError::UnknownParameter { .. }))),
         "{err:?}"
     );
-    // Once the volume landed, the refusal keeps it (`NoChange`), as for any existing volume.
+    // Once the volume landed, the refusal hands it over, as for any existing volume; its
+    // PV's delete still waits for the create to be settled.
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(sim.volumes().len(), 1);
-    let err = provisioner.provision(&refused).await.unwrap_err();
-    assert!(matches!(err, ProvisionError::NoChange(_)), "{err:?}");
+    let pv = provisioner.provision(&refused).await.unwrap();
+    assert_eq!(ids(&sim), vec![handle(&pv)]);
     assert_eq!(count(&sim, "CnsCreateVolume"), 1);
+    let err = provisioner.delete(&provisioned(pv)).await.unwrap_err();
+    assert!(
+        err.to_string().contains("deleting the volume failed"),
+        "{err}"
+    );
+    assert!(sim.volumes().is_empty());
+    sim.shutdown().await;
+}
+
+/// [`options`] with the claim's request replaced by `request` and the class parameters
+/// `extra` added.
+fn refused_options(request: &str, extra: &[(&str, &str)]) -> ProvisionOptions {
+    let base = options();
+    let mut class = (*base.storage_class).clone();
+    let params = class.parameters.get_or_insert_with(BTreeMap::new);
+    for (key, value) in extra {
+        params.insert((*key).into(), (*value).into());
+    }
+    let mut claim = (*base.claim).clone();
+    claim
+        .spec
+        .as_mut()
+        .unwrap()
+        .resources
+        .as_mut()
+        .unwrap()
+        .requests
+        .as_mut()
+        .unwrap()
+        .insert("storage".into(), Quantity(request.into()));
+    ProvisionOptions::new(Arc::new(class), PV, Arc::new(claim), None)
+}
+
+#[tokio::test]
+async fn a_refused_claim_hands_over_the_lowest_id_of_its_name_and_deletes_nothing() {
+    let sim = sim().await;
+    let first = sim.insert_volume(PV, CLUSTER);
+    let second = sim.insert_volume(PV, CLUSTER);
+    let theirs = sim.insert_volume(PV, "cluster-2");
+    let lowest = first.clone().min(second.clone());
+    let provisioner = provisioner(&sim).await;
+    for refused in [
+        refused_options("4Ei", &[]),
+        refused_options("1Gi", &[("diskformat", "thin")]),
+    ] {
+        let pv = provisioner.provision(&refused).await.unwrap();
+        assert_eq!(handle(&pv), lowest.as_str());
+        assert_eq!(pv.metadata.name.as_deref(), Some(PV));
+    }
+    assert_eq!(sim.volumes().len(), 3, "{:?}", ids(&sim));
+    assert_eq!(count(&sim, "CnsDeleteVolume"), 0);
+    assert_eq!(count(&sim, "CnsCreateVolume"), 0);
+    // Once its PV is saved, the other volume of our cluster is a leftover; the other
+    // cluster's stays.
+    let pv = saved_pv(&lowest);
+    provisioner.volume_saved(&pv).await.unwrap();
+    assert_eq!(
+        sorted(ids(&sim)),
+        sorted(vec![lowest.to_string(), theirs.to_string()])
+    );
     sim.shutdown().await;
 }
 

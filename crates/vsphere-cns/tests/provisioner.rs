@@ -403,18 +403,98 @@ fn count(sim: &CnsSimulator, method: &str) -> usize {
     sim.requests().iter().filter(|r| r.method == method).count()
 }
 
+fn capacity(pv: &PersistentVolume) -> &str {
+    &pv.spec.as_ref().unwrap().capacity.as_ref().unwrap()["storage"].0
+}
+
 #[tokio::test]
-async fn a_class_refused_after_its_volume_was_made_is_no_change_and_keeps_the_volume() {
+async fn a_class_refused_after_its_volume_was_made_hands_that_volume_over_as_it_is() {
     let sim = sim().await;
     let provisioner = provisioner(&sim).await;
-    provisioner.provision(&default_options()).await.unwrap();
-    // The class gained a parameter this provisioner refuses (say, after a restart).
-    let changed = options(
-        class(&[("datastoreurl", DS_URL), ("diskformat", "thin")]),
-        claim("1500Mi"),
+    let made = provisioner.provision(&default_options()).await.unwrap();
+    // The class gained a parameter this provisioner refuses (say, after a restart), and
+    // the claim as seen now asks for more than was made.
+    let mut changed_class = class(&[
+        ("datastoreurl", DS_URL),
+        ("diskformat", "thin"),
+        ("csi.storage.k8s.io/fstype", "xfs"),
+    ]);
+    changed_class.reclaim_policy = Some("Retain".into());
+    changed_class.mount_options = Some(vec!["noatime".into()]);
+    let changed = options(changed_class, claim("3Gi"));
+    let pv = provisioner.provision(&changed).await.unwrap();
+    assert_eq!(handle(&pv), handle(&made));
+    assert_eq!(
+        capacity(&pv),
+        "1500Mi",
+        "the volume's own size, not the request"
     );
-    let err = provisioner.provision(&changed).await.unwrap_err();
-    assert!(matches!(err, ProvisionError::NoChange(_)), "{err:?}");
+    let spec = pv.spec.as_ref().unwrap();
+    assert_eq!(
+        spec.persistent_volume_reclaim_policy.as_deref(),
+        Some("Retain")
+    );
+    assert_eq!(spec.mount_options, Some(vec!["noatime".to_owned()]));
+    assert_eq!(spec.access_modes, Some(vec!["ReadWriteOnce".to_owned()]));
+    let csi = spec.csi.as_ref().unwrap();
+    assert_eq!(csi.driver, "csi.vsphere.vmware.com");
+    assert_eq!(csi.fs_type.as_deref(), Some("xfs"));
+    assert_eq!(
+        csi.volume_attributes.as_ref().unwrap()["type"],
+        "vSphere CNS Block Volume"
+    );
+    assert_eq!(sim.volumes().len(), 1);
+    assert_eq!(count(&sim, "CnsCreateVolume"), 1);
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_invalid_request_hands_over_the_volume_of_its_name_with_its_own_capacity() {
+    let sim = sim().await;
+    let provisioner = provisioner(&sim).await;
+    // A volume of the claim's name exists (an earlier attempt's, or a late create's):
+    // 1024 MiB.
+    let id = sim.insert_volume("pvc-uid-1", "cluster-1");
+    let mut no_request = claim("1Gi");
+    no_request.spec.as_mut().unwrap().resources = None;
+    for claim in [claim("4Ei"), claim("lots"), no_request] {
+        let refused = options(class(&[("datastoreurl", DS_URL)]), claim);
+        let pv = provisioner.provision(&refused).await.unwrap();
+        assert_eq!(pv.metadata.name.as_deref(), Some("pvc-uid-1"));
+        assert_eq!(handle(&pv), id.as_str());
+        assert_eq!(capacity(&pv), "1Gi");
+        assert_eq!(
+            pv.spec.unwrap().persistent_volume_reclaim_policy.as_deref(),
+            Some("Delete")
+        );
+    }
+    assert_eq!(count(&sim, "CnsCreateVolume"), 0);
+    // Its PV is released like any other: the volume goes with it.
+    let pv = provisioner
+        .provision(&options(class(&[("datastoreurl", DS_URL)]), claim("4Ei")))
+        .await
+        .unwrap();
+    provisioner.delete(&provisioned(pv)).await.unwrap();
+    assert!(sim.volumes().is_empty(), "{:?}", sim.volumes());
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_refused_claim_is_final_without_a_volume_and_no_change_when_the_lookup_fails() {
+    let sim = sim().await;
+    let provisioner = provisioner(&sim).await;
+    let refused = options(class(&[("datastoreurl", DS_URL)]), claim("4Ei"));
+    let err = provisioner.provision(&refused).await.unwrap_err();
+    assert!(matches!(err, ProvisionError::Final(_)), "{err:?}");
+    sim.insert_volume("pvc-uid-1", "cluster-1");
+    sim.fail_next("CnsQueryVolume", SimFault::call("CnsFault"));
+    let err = provisioner.provision(&refused).await.unwrap_err();
+    assert!(
+        matches!(&err, ProvisionError::NoChange(e)
+            if matches!(e.downcast_ref::<ProvisionerError>(), Some(ProvisionerError::InvalidCapacity { .. }))),
+        "{err:?}"
+    );
+    assert_eq!(count(&sim, "CnsCreateVolume"), 0);
     assert_eq!(sim.volumes().len(), 1);
     sim.shutdown().await;
 }

@@ -90,6 +90,23 @@ impl ClassParams {
     }
 }
 
+/// The file system class `parameters` name, read without checking the other parameters
+/// (for the PV of a volume adopted while the class is refused): the first non-empty
+/// [`PARAM_FS_TYPE`], else [`PARAM_FS_TYPE_DEPRECATED`], matched case-insensitively;
+/// `ext4` when neither is given.
+pub(crate) fn fs_type_lenient(parameters: Option<&BTreeMap<String, String>>) -> &str {
+    let named = |wanted: &str| {
+        parameters
+            .into_iter()
+            .flatten()
+            .find(|(key, value)| key.eq_ignore_ascii_case(wanted) && !value.trim().is_empty())
+            .map(|(_, value)| value.trim())
+    };
+    named(PARAM_FS_TYPE)
+        .or_else(|| named(PARAM_FS_TYPE_DEPRECATED))
+        .unwrap_or(DEFAULT_FS_TYPE)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,6 +142,23 @@ mod tests {
                 .as_deref(),
             Some("datastore-59")
         );
+    }
+
+    #[test]
+    fn the_lenient_fs_type_ignores_the_other_parameters() {
+        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let refused = map(&[("diskformat", "thin"), ("FSType", " xfs ")]);
+        assert!(ClassParams::parse("fast", Some(&refused)).is_err());
+        assert_eq!(fs_type_lenient(Some(&refused)), "xfs");
+        let both = map(&[("fstype", "ext3"), ("csi.storage.k8s.io/fstype", "xfs")]);
+        assert_eq!(fs_type_lenient(Some(&both)), "xfs", "the current key first");
+        assert_eq!(fs_type_lenient(Some(&map(&[("fstype", " ")]))), "ext4");
+        assert_eq!(fs_type_lenient(None), "ext4");
     }
 
     #[test]

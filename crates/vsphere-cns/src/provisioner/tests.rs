@@ -169,3 +169,89 @@ fn create_errors_say_whether_the_create_may_still_run() {
         ProvisionError::Final(_)
     ));
 }
+
+fn cns_volume(capacity_in_mb: Option<i64>, volume_type: Option<&str>) -> CnsVolume {
+    CnsVolume {
+        volume_id: "fcd-9".into(),
+        datastore_url: None,
+        name: Some("pvc-1".into()),
+        volume_type: volume_type.map(str::to_owned),
+        storage_policy_id: None,
+        metadata: None,
+        capacity_in_mb,
+        backing_disk_id: None,
+        compliance_status: None,
+        health_status: None,
+    }
+}
+
+#[test]
+fn an_adopted_volume_is_described_as_cns_reports_it() {
+    let mut sc = class(&[("diskformat", "thin"), ("fstype", "xfs")]);
+    sc.reclaim_policy = Some("Retain".into());
+    let refused = options(sc, claim(Some("4Ei"), &["ReadWriteOnce"], None));
+    assert!(VolumeRequest::new(&refused).is_err());
+    let pv = volume::adopted(&refused, &cns_volume(Some(2048), Some("BLOCK")));
+    assert_eq!(pv.metadata.name.as_deref(), Some("pvc-1"));
+    let spec = pv.spec.unwrap();
+    assert_eq!(spec.capacity.unwrap()["storage"], Quantity("2Gi".into()));
+    assert_eq!(
+        spec.persistent_volume_reclaim_policy.as_deref(),
+        Some("Retain")
+    );
+    let csi = spec.csi.unwrap();
+    assert_eq!(csi.volume_handle, "fcd-9");
+    assert_eq!(csi.fs_type.as_deref(), Some("xfs"));
+    assert_eq!(
+        csi.volume_attributes.unwrap()["type"],
+        "vSphere CNS Block Volume"
+    );
+
+    // No capacity reported: 0, which no claim's request is satisfied by.
+    for reported in [None, Some(0), Some(-5)] {
+        let pv = volume::adopted(&refused, &cns_volume(reported, None));
+        assert_eq!(
+            pv.spec.unwrap().capacity.unwrap()["storage"],
+            Quantity("0".into()),
+            "{reported:?}"
+        );
+    }
+    let pv = volume::adopted(&refused, &cns_volume(Some(1), Some("FILE")));
+    let attributes = pv.spec.unwrap().csi.unwrap().volume_attributes.unwrap();
+    assert_eq!(attributes["type"], "vSphere CNS File Volume");
+}
+
+#[test]
+fn an_adopted_block_volume_offers_read_write_many_only_to_block_mode() {
+    let modes = |claim: PersistentVolumeClaim, volume_type: &str| {
+        let refused = options(class(&[]), claim);
+        volume::adopted(&refused, &cns_volume(Some(1024), Some(volume_type)))
+            .spec
+            .unwrap()
+            .access_modes
+            .unwrap()
+    };
+    // A file system on a block volume is never shared between nodes.
+    assert_eq!(
+        modes(claim(Some("1Gi"), &["ReadWriteMany"], None), "BLOCK"),
+        ["ReadWriteOnce"]
+    );
+    assert_eq!(
+        modes(
+            claim(Some("1Gi"), &["ReadOnlyMany", "ReadWriteMany"], None),
+            "BLOCK"
+        ),
+        ["ReadOnlyMany"]
+    );
+    assert_eq!(
+        modes(
+            claim(Some("1Gi"), &["ReadWriteMany"], Some("Block")),
+            "BLOCK"
+        ),
+        ["ReadWriteMany"]
+    );
+    assert_eq!(
+        modes(claim(Some("1Gi"), &["ReadWriteMany"], None), "FILE"),
+        ["ReadWriteMany"]
+    );
+}

@@ -1,4 +1,5 @@
-//! [`VolumeRequest`]: what a claim asks for, checked, and the PV that exposes its volume.
+//! [`VolumeRequest`]: what a claim asks for, checked, and the PV that exposes its volume;
+//! [`adopted`]: the PV of an existing volume whose claim or class is refused.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,9 +11,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use provision_controller::ProvisionOptions;
 
-use super::params::ClassParams;
-use super::{BLOCK_VOLUME_TYPE, CSI_DRIVER, ProvisionerError, quantity};
-use crate::types::CnsVolumeId;
+use super::params::{self, ClassParams};
+use super::{BLOCK_VOLUME_TYPE, CSI_DRIVER, FILE_VOLUME_TYPE, ProvisionerError, quantity};
+use crate::types::{CnsVolume, CnsVolumeId};
 
 /// What a claim asks for, checked, and how its PV looks.
 #[derive(Debug)]
@@ -78,7 +79,104 @@ impl VolumeRequest {
 
     pub(super) fn volume(&self, name: &str, id: &CnsVolumeId) -> PersistentVolume {
         let claim_spec = self.claim.spec.as_ref();
-        let volume_mode = claim_spec.and_then(|s| s.volume_mode.clone());
+        Layout {
+            claim: &self.claim,
+            reclaim_policy: self.reclaim_policy.clone(),
+            mount_options: self.mount_options.clone(),
+            fs_type: self.params.fs_type(),
+        }
+        .pv(
+            name,
+            id,
+            Quantity(quantity::format_mib(self.mib)),
+            claim_spec.and_then(|s| s.access_modes.clone()),
+            BLOCK_VOLUME_TYPE,
+        )
+    }
+}
+
+/// The PV for `volume`, a CNS volume named like the claim of `options` that exists while
+/// the claim or its class is refused (made by an earlier attempt, before the class or
+/// the request changed, or by another replica): it describes the volume as CNS reports
+/// it, and needs nothing of what was refused.
+///
+/// - The capacity is the volume's own (`0` when CNS reports none, so that no claim binds
+///   it by size), whatever the claim requests.
+/// - The `type` attribute follows the volume's type (block unless CNS says `FILE`).
+/// - The access modes and volume mode are the claim's, except that a block volume never
+///   offers `ReadWriteMany` to a file system (only `ReadWriteOnce` is left when nothing
+///   else is).
+/// - The reclaim policy and mount options are the class's; the file system is the one
+///   the class names (read leniently: a class refused for another parameter still says
+///   it), else `ext4`.
+pub(super) fn adopted(options: &ProvisionOptions, volume: &CnsVolume) -> PersistentVolume {
+    let class = &options.storage_class;
+    let claim_spec = options.claim.spec.as_ref();
+    let block_mode = claim_spec.and_then(|s| s.volume_mode.as_deref()) == Some("Block");
+    let file = volume
+        .volume_type
+        .as_deref()
+        .is_some_and(|t| t.eq_ignore_ascii_case("FILE"));
+    let capacity = volume
+        .capacity_in_mb
+        .and_then(|mib| u64::try_from(mib).ok())
+        .filter(|&mib| mib > 0)
+        .map_or_else(|| "0".to_owned(), quantity::format_mib);
+    let access_modes = claim_spec
+        .and_then(|s| s.access_modes.clone())
+        .map(|modes| {
+            if file || block_mode {
+                return modes;
+            }
+            let single: Vec<String> = modes.into_iter().filter(|m| m != "ReadWriteMany").collect();
+            if single.is_empty() {
+                vec!["ReadWriteOnce".to_owned()]
+            } else {
+                single
+            }
+        });
+    Layout {
+        claim: &options.claim,
+        reclaim_policy: class
+            .reclaim_policy
+            .clone()
+            .unwrap_or_else(|| "Delete".into()),
+        mount_options: class.mount_options.clone().filter(|m| !m.is_empty()),
+        fs_type: params::fs_type_lenient(class.parameters.as_ref()),
+    }
+    .pv(
+        &options.pv_name,
+        &volume.volume_id,
+        Quantity(capacity),
+        access_modes,
+        if file {
+            FILE_VOLUME_TYPE
+        } else {
+            BLOCK_VOLUME_TYPE
+        },
+    )
+}
+
+/// What a PV takes from its claim and class, whatever the volume.
+struct Layout<'a> {
+    claim: &'a PersistentVolumeClaim,
+    reclaim_policy: String,
+    mount_options: Option<Vec<String>>,
+    fs_type: &'a str,
+}
+
+impl Layout<'_> {
+    /// The CSI PV `name` for CNS volume `id` of `capacity`, whose `type` attribute is
+    /// `volume_type`.
+    fn pv(
+        self,
+        name: &str,
+        id: &CnsVolumeId,
+        capacity: Quantity,
+        access_modes: Option<Vec<String>>,
+        volume_type: &str,
+    ) -> PersistentVolume {
+        let volume_mode = self.claim.spec.as_ref().and_then(|s| s.volume_mode.clone());
         let block = volume_mode.as_deref() == Some("Block");
         PersistentVolume {
             metadata: ObjectMeta {
@@ -86,21 +184,18 @@ impl VolumeRequest {
                 ..ObjectMeta::default()
             },
             spec: Some(PersistentVolumeSpec {
-                capacity: Some(BTreeMap::from([(
-                    "storage".to_owned(),
-                    Quantity(quantity::format_mib(self.mib)),
-                )])),
-                access_modes: claim_spec.and_then(|s| s.access_modes.clone()),
-                persistent_volume_reclaim_policy: Some(self.reclaim_policy.clone()),
-                mount_options: self.mount_options.clone(),
+                capacity: Some(BTreeMap::from([("storage".to_owned(), capacity)])),
+                access_modes,
+                persistent_volume_reclaim_policy: Some(self.reclaim_policy),
+                mount_options: self.mount_options,
                 volume_mode,
                 csi: Some(CSIPersistentVolumeSource {
                     driver: CSI_DRIVER.to_owned(),
                     volume_handle: id.to_string(),
-                    fs_type: (!block).then(|| self.params.fs_type().to_owned()),
+                    fs_type: (!block).then(|| self.fs_type.to_owned()),
                     volume_attributes: Some(BTreeMap::from([(
                         "type".to_owned(),
-                        BLOCK_VOLUME_TYPE.to_owned(),
+                        volume_type.to_owned(),
                     )])),
                     ..CSIPersistentVolumeSource::default()
                 }),
