@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use crate::{
     error::ConfigError,
     leader::LeaderElection,
-    strategy::{FailureBackoff, PvSaveStrategy},
+    retry::{self, FailureBackoff, PvSaveStrategy},
 };
 
 /// Computes the PV name for a claim (Go `getProvisionedVolumeNameForClaim`, `VolumeNameHook`).
@@ -111,9 +111,9 @@ impl Config {
     /// Default failure thresholds (Go `DefaultFailedProvisionThreshold`/`DefaultFailedDeleteThreshold`).
     pub const DEFAULT_FAILED_THRESHOLD: u32 = 15;
     /// Default PV create attempts (Go `DefaultCreateProvisionedPVRetryCount`).
-    pub const DEFAULT_CREATE_PV_RETRIES: u32 = 5;
+    pub const DEFAULT_CREATE_PV_RETRIES: u32 = retry::DEFAULT_CREATE_PV_RETRIES;
     /// Default pause between PV create attempts (Go `DefaultCreateProvisionedPVInterval`).
-    pub const DEFAULT_CREATE_PV_INTERVAL: Duration = Duration::from_secs(10);
+    pub const DEFAULT_CREATE_PV_INTERVAL: Duration = retry::DEFAULT_CREATE_PV_INTERVAL;
     /// Default for [`Config::shutdown_grace`]: 30 s, Kubernetes' default
     /// `terminationGracePeriodSeconds`, so a pod's in-flight work gets all the time the
     /// kubelet gives it before SIGKILL.

@@ -103,7 +103,7 @@ mod controller;
 mod error;
 pub mod events;
 mod provisioner;
-mod strategy;
+mod retry;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
@@ -118,4 +118,4 @@ pub use kube_controller_kit::{http, leader};
 pub use leader::LeaderElection;
 pub use metrics::ControllerMetrics;
 pub use provisioner::{DeletionGuard, ProvisionOptions, Provisioner, Qualifier};
-pub use strategy::{FailureBackoff, PvSaveStrategy};
+pub use retry::{FailureBackoff, PvSaveStrategy};

@@ -15,7 +15,7 @@ use super::{
     claim::{State, claim_key},
     op::{OpError, api, call, chain, get_volume, is_api},
 };
-use crate::{DeleteError, events, queue::WorkQueue, strategy::PvSaveStrategy};
+use crate::{DeleteError, events, queue::WorkQueue, retry::PvSaveStrategy};
 
 /// The configured strategy, ready to run.
 pub(crate) enum Saver {

@@ -1,9 +1,17 @@
-//! Strategies that replace Go options excluding each other: [`FailureBackoff`] and
-//! [`PvSaveStrategy`].
+//! How failures are retried, as options that replace Go options excluding each other:
+//! [`FailureBackoff`] (a failed claim or volume sync) and [`PvSaveStrategy`] (a PV that
+//! could not be saved). Read by [`Config`](crate::Config); below it, so the defaults live
+//! here and `Config` names them.
 
 use std::{fmt, sync::Arc, time::Duration};
 
-use crate::{config::Config, ratelimit::RateLimiter};
+use crate::ratelimit::RateLimiter;
+
+/// Go `CreateProvisionedPVRetryCount`'s default ([`crate::Config::DEFAULT_CREATE_PV_RETRIES`]).
+pub(crate) const DEFAULT_CREATE_PV_RETRIES: u32 = 5;
+
+/// Go `CreateProvisionedPVInterval`'s default ([`crate::Config::DEFAULT_CREATE_PV_INTERVAL`]).
+pub(crate) const DEFAULT_CREATE_PV_INTERVAL: Duration = Duration::from_secs(10);
 
 /// How a failed claim or volume is delayed before its next attempt.
 ///
@@ -90,8 +98,8 @@ pub enum PvSaveStrategy {
 impl Default for PvSaveStrategy {
     fn default() -> Self {
         Self::Blocking {
-            retries: Config::DEFAULT_CREATE_PV_RETRIES,
-            interval: Config::DEFAULT_CREATE_PV_INTERVAL,
+            retries: DEFAULT_CREATE_PV_RETRIES,
+            interval: DEFAULT_CREATE_PV_INTERVAL,
         }
     }
 }
