@@ -1,13 +1,14 @@
 //! [`ProvisionController`]: the builder, the shared context and `run`.
 
+mod calls;
 mod claim;
-mod decorate;
-mod intent;
+mod crash_safety;
 mod late;
-mod op;
+mod names;
 mod run;
 mod save;
 mod volume;
+mod volume_object;
 mod worker;
 
 use std::{
@@ -368,8 +369,8 @@ impl Drop for OwnWriteGuard<'_> {
 }
 
 impl Context {
-    pub(crate) fn names(&self) -> op::Names<'_> {
-        op::Names {
+    pub(crate) fn names(&self) -> names::Names<'_> {
+        names::Names {
             primary: &self.name,
             additional: &self.config.additional_provisioner_names,
         }
@@ -477,7 +478,7 @@ impl Context {
             return;
         };
         let write = own.entry(uid.to_owned()).or_default();
-        write.intent = intent::has_intent(claim);
+        write.intent = crash_safety::has_intent(claim);
         if let Some(at) = write.early.iter().position(|e| e == rv) {
             // Its event came before its answer: the cache shows it already.
             write.early.remove(at);
@@ -617,10 +618,10 @@ impl Context {
         let Some(q) = &self.qualifier else {
             return true;
         };
-        match op::call(self.config.provision_timeout, q.should_provision(claim)).await {
+        match calls::call(self.config.provision_timeout, q.should_provision(claim)).await {
             Ok(answer) => answer,
             Err(err) => {
-                tracing::warn!(error = %op::chain(&err.into_op("qualifier")), "qualifier failed; skipping claim");
+                tracing::warn!(error = %calls::chain(&err.into_op("qualifier")), "qualifier failed; skipping claim");
                 false
             }
         }

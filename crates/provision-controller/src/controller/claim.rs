@@ -1,6 +1,10 @@
 //! The claim flow: `should_provision` and `can_provision` (pure), then `sync_claim` and
 //! `provision_claim` (I/O). Go: `syncClaim`, `shouldProvision`, `canProvision`,
 //! `provisionClaimOperation`, `provisionVolumeErrorHandling`, `rescheduleProvisioning`.
+//!
+//! A claim's way starts here (the claim worker calls [`sync_claim`]): the crash-safety
+//! plan and finalizer (`crash_safety`), the driver, the PV object (`volume_object`), its
+//! saving (`save`).
 
 use std::sync::Arc;
 
@@ -10,26 +14,17 @@ use tokio::time::Instant;
 
 use super::{
     Context, InProgress,
-    decorate::{claim_reference, decorate, ensure_name},
-    intent,
-    op::{self, Names, OpError, api, call, chain},
+    calls::{self, OpError, api, call, chain},
+    crash_safety,
+    names::{Names, claim_key},
+    save::State,
+    volume_object::{claim_reference, decorate, ensure_name},
 };
 use crate::{
     ProvisionError, ProvisionOptions,
     annotations::{self, ANN_SELECTED_NODE},
     events,
 };
-
-/// Go's `ProvisioningState` after a failed attempt: what the controller must remember.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum State {
-    /// Work may continue in the backend: keep driving the claim even once it is deleted.
-    InBackground,
-    /// Nothing runs in the backend.
-    Finished,
-    /// Keep whatever was remembered.
-    NoChange,
-}
 
 /// How an attempt ended without failing.
 #[derive(Debug, PartialEq, Eq)]
@@ -100,14 +95,6 @@ pub(crate) fn can_provision(
     Ok(())
 }
 
-pub(crate) fn claim_key(claim: &PersistentVolumeClaim) -> String {
-    format!(
-        "{}/{}",
-        claim.metadata.namespace.as_deref().unwrap_or_default(),
-        claim.metadata.name.as_deref().unwrap_or_default()
-    )
-}
-
 fn data_source_kind(claim: &PersistentVolumeClaim) -> &str {
     claim
         .spec
@@ -127,25 +114,25 @@ fn wanted(ctx: &Context, claim: &PersistentVolumeClaim) -> bool {
             .is_none_or(|c| names.knows(&c.provisioner))
 }
 
-/// What the claim's crash-safety finalizer asks for (see [`intent::plan`]).
-pub(crate) fn intent_plan(ctx: &Context, claim: &PersistentVolumeClaim) -> intent::Plan {
-    let owned = intent::owns_intent(claim, ctx.names());
+/// What the claim's crash-safety finalizer asks for (see [`crash_safety::plan`]).
+pub(crate) fn intent_plan(ctx: &Context, claim: &PersistentVolumeClaim) -> crash_safety::Plan {
+    let owned = crash_safety::owns_intent(claim, ctx.names());
     if !owned {
-        return intent::Plan::Continue;
+        return crash_safety::Plan::Continue;
     }
     let pv_name = ctx.config.volume_namer.name(claim);
-    let facts = intent::Facts {
+    let facts = crash_safety::Facts {
         owned,
         pv_name: &pv_name,
         volume_exists: ctx.caches.volume_exists(&pv_name),
         wanted: wanted(ctx, claim),
     };
-    intent::plan(claim, facts)
+    crash_safety::plan(claim, facts)
 }
 
 /// The class to provision (or clean up) the claim with: the class its provisioning
 /// started with, as remembered in memory (`entry`) or recorded on the claim with our
-/// crash-safety finalizer (see [`intent::recorded_class`]), else its class as cached now.
+/// crash-safety finalizer (see [`crash_safety::recorded_class`]), else its class as cached now.
 /// A claim in progress must not depend on a class that may have been deleted or changed
 /// since its asset was asked for.
 fn provisioning_class(
@@ -156,8 +143,8 @@ fn provisioning_class(
     entry
         .and_then(|e| e.class.clone())
         .or_else(|| {
-            intent::owns_intent(claim, ctx.names())
-                .then(|| intent::recorded_class(claim))
+            crash_safety::owns_intent(claim, ctx.names())
+                .then(|| crash_safety::recorded_class(claim))
                 .flatten()
         })
         .or_else(|| ctx.caches.class(annotations::claim_class(claim)))
@@ -174,7 +161,7 @@ pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> 
         (None, Some(entry)) if ctx.config.crash_safe_provisioning => {
             tracing::info!(pvc = %claim_key(&entry.claim), "claim vanished while its provisioning runs in the background; cleaning up");
             let class = provisioning_class(ctx, &entry.claim, Some(entry));
-            return Box::pin(intent::clean_up(ctx, &entry.claim, class, true)).await;
+            return Box::pin(crash_safety::clean_up(ctx, &entry.claim, class, true)).await;
         }
         (None, Some(entry)) => Arc::clone(&entry.claim),
         (None, None) => {
@@ -183,20 +170,20 @@ pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> 
         }
     };
     match intent_plan(ctx, &claim) {
-        intent::Plan::Continue => {}
-        intent::Plan::Remove => {
+        crash_safety::Plan::Continue => {}
+        crash_safety::Plan::Remove => {
             if ctx.wrote_intent_removed(uid) {
                 // The cache has not caught up with our removal yet.
                 return Ok(());
             }
-            return intent::set_claim_intent(ctx, &claim, intent::Intent::Remove).await;
+            return crash_safety::set_claim_intent(ctx, &claim, crash_safety::Intent::Remove).await;
         }
-        intent::Plan::CleanUp => {
+        crash_safety::Plan::CleanUp => {
             if ctx.wrote_intent_removed(uid) {
                 return Ok(());
             }
             let class = provisioning_class(ctx, &claim, entry.as_ref());
-            return Box::pin(intent::clean_up(ctx, &claim, class, false)).await;
+            return Box::pin(crash_safety::clean_up(ctx, &claim, class, false)).await;
         }
     }
     let class_name = annotations::claim_class(&claim).to_owned();
@@ -333,11 +320,11 @@ async fn provision_claim(
     let crash_safe = ctx.config.crash_safe_provisioning;
     let uid = claim.metadata.uid.as_deref().unwrap_or_default();
     // A cached claim that shows our finalizer may predate our own removal of it.
-    if crash_safe && (!intent::has_intent(claim) || ctx.wrote_intent_removed(uid)) {
+    if crash_safe && (!crash_safety::has_intent(claim) || ctx.wrote_intent_removed(uid)) {
         if claim.metadata.deletion_timestamp.is_some() {
             return Ok(Outcome::Stopped("claim is being deleted"));
         }
-        intent::set_claim_intent(ctx, claim, intent::Intent::Add(&class))
+        crash_safety::set_claim_intent(ctx, claim, crash_safety::Intent::Add(&class))
             .await
             .map_err(|e| (State::NoChange, e))?;
     }
@@ -347,7 +334,7 @@ async fn provision_claim(
         Ok(Err(ProvisionError::Ignored { reason })) => {
             tracing::info!(%reason, "volume provision ignored");
             if crash_safe {
-                intent::drop_intent(ctx, claim).await;
+                crash_safety::drop_intent(ctx, claim).await;
             }
             return Ok(Outcome::Stopped("provisioner ignored the claim"));
         }
@@ -355,7 +342,7 @@ async fn provision_claim(
             // Go v13: a slow retry, and this event instead of the usual one.
             tracing::info!(error = %chain(&*source), "infeasible volume provisioning request; retries will be delayed");
             if crash_safe {
-                intent::drop_intent(ctx, claim).await;
+                crash_safety::drop_intent(ctx, claim).await;
             }
             ctx.mark_infeasible(uid, Some(&class));
             let note = format!(
@@ -380,7 +367,7 @@ async fn provision_claim(
             };
             if crash_safe && state == State::Finished {
                 // The driver holds no asset for the claim: nothing to record.
-                intent::drop_intent(ctx, claim).await;
+                crash_safety::drop_intent(ctx, claim).await;
             }
             let err = OpError::Provision {
                 class: class_name,
@@ -389,12 +376,12 @@ async fn provision_claim(
             return error_handling(ctx, claim, state, reschedule, err).await;
         }
         // The backend may still be working on a timed-out call.
-        Err(e @ op::CallError::Timeout(_)) => {
+        Err(e @ calls::CallError::Timeout(_)) => {
             let err = e.into_op("provision");
             return error_handling(ctx, claim, State::InBackground, false, err).await;
         }
         // We cannot know what a panicking driver did: keep the remembered state.
-        Err(e @ op::CallError::Panicked(_)) => {
+        Err(e @ calls::CallError::Panicked(_)) => {
             let err = e.into_op("provision");
             return error_handling(ctx, claim, State::NoChange, false, err).await;
         }
@@ -409,8 +396,8 @@ async fn provision_claim(
     // does not (its claim keeps the crash-safety finalizer until the saver is done).
     if saved {
         ctx.caches.mark_saved(&name);
-        if crash_safe || intent::has_intent(claim) {
-            intent::drop_intent(ctx, claim).await;
+        if crash_safe || crash_safety::has_intent(claim) {
+            crash_safety::drop_intent(ctx, claim).await;
         }
     }
     Ok(Outcome::Provisioned)

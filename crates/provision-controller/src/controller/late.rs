@@ -52,7 +52,8 @@ use tokio::time::Instant;
 
 use super::{
     Context,
-    op::{Names, call, chain},
+    calls::{call, chain},
+    names::{Names, is_ours},
 };
 use crate::{Config, DeleteError, LeaderElection, annotations};
 
@@ -258,11 +259,10 @@ pub(crate) enum Sweep {
 
 /// Whether `volume` was dynamically provisioned under one of our names (its
 /// `pv.kubernetes.io/provisioned-by` names us): only such a PV's claim can have assets
-/// of ours that landed late. Narrower than [`is_ours`](super::volume::is_ours), which
+/// of ours that landed late. Narrower than [`is_ours`], which
 /// also counts static PVs of our driver and PVs migrated to us.
 pub(crate) fn provisioned_by_us(volume: &PersistentVolume, names: Names<'_>) -> bool {
-    super::volume::is_ours(volume, names)
-        && annotations::provisioned_by(volume).is_some_and(|p| names.knows(p))
+    is_ours(volume, names) && annotations::provisioned_by(volume).is_some_and(|p| names.knows(p))
 }
 
 /// What to do for `volume` at `now` (pure), with the late-asset `window` and the takeover
@@ -347,7 +347,7 @@ pub(crate) async fn sweep(ctx: &Context, name: &str, volume: Option<&PersistentV
         let names = ctx.names();
         if (window.is_none() && entry.is_none())
             || volume.metadata.deletion_timestamp.is_some()
-            || !super::volume::is_ours(volume, names)
+            || !is_ours(volume, names)
         {
             pending.remove(name);
             return;

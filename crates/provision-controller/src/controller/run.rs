@@ -54,13 +54,13 @@ impl Background {
         if let Some((server, stop)) = self.server.take() {
             stop.cancel();
             if let Err(error) = server.join().await {
-                tracing::warn!(error = %crate::controller::op::chain(&error), "metrics server ended with an error");
+                tracing::warn!(error = %crate::controller::calls::chain(&error), "metrics server ended with an error");
             }
         }
         match &result {
             Ok(()) => tracing::info!(provisioner = %name, "provision controller stopped"),
             Err(error) => {
-                tracing::warn!(provisioner = %name, error = %crate::controller::op::chain(error), "provision controller stopped")
+                tracing::warn!(provisioner = %name, error = %crate::controller::calls::chain(error), "provision controller stopped")
             }
         }
         result
@@ -358,7 +358,7 @@ pub(super) async fn run(
     } else if let Some(mut elector) = elector
         && let Err(error) = elector.release().await
     {
-        tracing::warn!(error = %crate::controller::op::chain(&error), "failed to release the lease; it expires after its duration");
+        tracing::warn!(error = %crate::controller::calls::chain(&error), "failed to release the lease; it expires after its duration");
     }
     set_leader(&ctx, false);
     bg.finish(&ctx, result).await
@@ -389,7 +389,7 @@ fn spawn_feeders(
                 feed.claim_queue.add(uid);
             }
             Some(_) => {}
-            None => tracing::warn!(pvc = %super::claim::claim_key(&claim), "claim without a uid; skipped"),
+            None => tracing::warn!(pvc = %super::names::claim_key(&claim), "claim without a uid; skipped"),
         }
         async {}
     }));

@@ -1,5 +1,10 @@
-//! Saving provisioned PVs (Go `volume_store.go`): blocking with retries and cleanup, or a
-//! background queue that retries forever.
+//! Saving provisioned PVs (Go `volume_store.go`) as [`Config::pv_save`](crate::Config)
+//! says: blocking with retries and cleanup, or a background queue that retries forever
+//! (whose saves remove the claim's crash-safety finalizer). Also [`State`]: what a claim
+//! must remember after a failed attempt.
+//!
+//! In a claim's way: the last step of a provisioning attempt (`claim`), after the PV was
+//! built (`volume_object`, which also creates it).
 
 use std::{
     collections::HashMap,
@@ -8,14 +13,26 @@ use std::{
 };
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use kube_client::{Api, api::PostParams};
 
 use super::{
     Context,
-    claim::{State, claim_key},
-    op::{OpError, api, call, chain, get_volume, is_api},
+    calls::{OpError, call, chain, get_volume},
+    crash_safety,
+    names::claim_key,
+    volume_object::{create, reuse_existing},
 };
 use crate::{DeleteError, events, queue::WorkQueue, retry::PvSaveStrategy};
+
+/// Go's `ProvisioningState` after a failed attempt: what the controller must remember.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum State {
+    /// Work may continue in the backend: keep driving the claim even once it is deleted.
+    InBackground,
+    /// Nothing runs in the backend.
+    Finished,
+    /// Keep whatever was remembered.
+    NoChange,
+}
 
 /// The configured strategy, ready to run.
 pub(crate) enum Saver {
@@ -133,129 +150,6 @@ impl Saver {
 fn set_unsaved(ctx: &Context, n: usize) {
     if let Some(m) = &ctx.metrics {
         m.set_unsaved_pvs(i64::try_from(n).unwrap_or(i64::MAX));
-    }
-}
-
-/// Creates the PV and returns the PV saved under its name; an existing one counts as
-/// saved (Go), after [`reuse_existing`]. Either way the driver hears of the saved PV
-/// ([`Provisioner::volume_saved`](crate::Provisioner::volume_saved)). `claim` is the
-/// claim events go to, if any.
-pub(crate) async fn create(
-    ctx: &Context,
-    volume: &PersistentVolume,
-    claim: Option<&PersistentVolumeClaim>,
-) -> Result<PersistentVolume, OpError> {
-    let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    let name = volume.metadata.name.as_deref().unwrap_or_default();
-    match api(
-        ctx.config.provision_timeout,
-        || format!("create persistentvolume {name}"),
-        volumes.create(&PostParams::default(), volume),
-    )
-    .await
-    {
-        Ok(created) => {
-            volume_saved(ctx, &created).await;
-            Ok(created)
-        }
-        Err(OpError::Api { source, .. }) if is_api(&source, |s| s.is_already_exists()) => {
-            match get_volume(&ctx.client, ctx.config.provision_timeout, name).await? {
-                Some(saved) => {
-                    reuse_existing(ctx, claim, volume, &saved).await;
-                    Ok(saved)
-                }
-                None => Err(OpError::VolumeGone {
-                    name: name.to_owned(),
-                }),
-            }
-        }
-        Err(err) => Err(err),
-    }
-}
-
-/// The part of a PV's spec that names its asset: the spec without the fields the
-/// controller or the claim decide (claimRef, class, capacity, access, mount options,
-/// node affinity, reclaim policy, volume mode).
-fn volume_source(volume: &PersistentVolume) -> k8s_openapi::api::core::v1::PersistentVolumeSpec {
-    let mut spec = volume.spec.clone().unwrap_or_default();
-    spec.access_modes = None;
-    spec.capacity = None;
-    spec.claim_ref = None;
-    spec.mount_options = None;
-    spec.node_affinity = None;
-    spec.persistent_volume_reclaim_policy = None;
-    spec.storage_class_name = None;
-    spec.volume_mode = None;
-    spec
-}
-
-/// Whether two PVs name the same asset (their volume sources are equal).
-pub(crate) fn same_source(a: &PersistentVolume, b: &PersistentVolume) -> bool {
-    volume_source(a) == volume_source(b)
-}
-
-/// Tells the driver that `saved` is stored
-/// ([`Provisioner::volume_saved`](crate::Provisioner::volume_saved)); a failure is logged,
-/// fails nothing, and is retried by the volume worker until the driver answers without
-/// failing (see [`late`](super::late)).
-async fn volume_saved(ctx: &Context, saved: &PersistentVolume) {
-    // The first sync of the PV here then only waits for the end of its late-asset window.
-    super::late::saved(ctx, saved);
-    super::late::volume_saved(ctx, saved).await;
-}
-
-/// Another PV was saved under the name of `ours` first (another replica provisioned the
-/// same claim): when it names another asset, the driver releases ours
-/// ([`Provisioner::delete_duplicate`](crate::Provisioner::delete_duplicate)); then the
-/// driver hears of the saved PV ([`Provisioner::volume_saved`](crate::Provisioner::volume_saved)).
-/// Never fails: a failure is logged and reported on the claim, and the save counts as done.
-pub(crate) async fn reuse_existing(
-    ctx: &Context,
-    claim: Option<&PersistentVolumeClaim>,
-    ours: &PersistentVolume,
-    saved: &PersistentVolume,
-) {
-    release_duplicate(ctx, claim, ours, saved).await;
-    volume_saved(ctx, saved).await;
-}
-
-async fn release_duplicate(
-    ctx: &Context,
-    claim: Option<&PersistentVolumeClaim>,
-    ours: &PersistentVolume,
-    saved: &PersistentVolume,
-) {
-    let name = ours.metadata.name.as_deref().unwrap_or_default();
-    if same_source(ours, saved) {
-        tracing::info!(pv = name, "persistentvolume already exists, reusing");
-        return;
-    }
-    tracing::warn!(
-        pv = name,
-        "another PV with another volume source was saved under this name first; releasing the duplicate"
-    );
-    let outcome = call(
-        ctx.config.provision_timeout,
-        ctx.provisioner.delete_duplicate(ours, saved),
-    )
-    .await;
-    let error = match outcome {
-        Ok(Ok(()) | Err(DeleteError::Ignored { .. })) => {
-            tracing::info!(pv = name, "released the duplicate of the saved PV");
-            return;
-        }
-        Ok(Err(DeleteError::Failed(e))) => chain(&*e),
-        Err(e) => chain(&e.into_op("delete_duplicate")),
-    };
-    tracing::error!(pv = name, %error, "releasing the duplicate of the saved PV failed; delete it manually");
-    if let Some(claim) = claim {
-        let note = format!(
-            "Error deleting the duplicate of provisioned volume {name} for claim {}: {error}. Please delete manually.",
-            claim_key(claim)
-        );
-        ctx.events
-            .warning(claim, events::PROVISIONING_CLEANUP_FAILED, note)
-            .await;
     }
 }
 
@@ -435,12 +329,12 @@ pub(crate) async fn run_background_worker(ctx: Arc<Context>) {
                     if let Some((Some(ns), Some(claim_name))) = claim_ref
                         .as_ref()
                         .map(|r| (r.namespace.as_deref(), r.name.as_deref()))
-                        && let Err(err) = super::intent::set_intent(
+                        && let Err(err) = crash_safety::set_intent(
                             &ctx,
                             ns,
                             claim_name,
                             claim_uid,
-                            super::intent::Intent::Remove,
+                            crash_safety::Intent::Remove,
                         )
                         .await
                     {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tracing::Instrument;
 
-use super::{Context, claim, op, volume};
+use super::{Context, calls, claim, crash_safety, volume};
 
 pub(crate) async fn claim_worker(ctx: Arc<Context>) {
     while let Some(uid) = ctx.claim_queue.get().await {
@@ -13,7 +13,7 @@ pub(crate) async fn claim_worker(ctx: Arc<Context>) {
         // lives on and the key is released.
         let sync = claim::sync_claim(&ctx, &uid)
             .instrument(tracing::info_span!("sync_claim", claim_uid = %uid));
-        let result = op::call(None, sync)
+        let result = calls::call(None, sync)
             .await
             .unwrap_or_else(|e| Err(e.into_op("sync of claim")));
         match result {
@@ -23,19 +23,19 @@ pub(crate) async fn claim_worker(ctx: Arc<Context>) {
             }
             // Waiting after an infeasible answer is no failure: queued again once the
             // wait is over (or at once when the claim's class is re-created).
-            Err(op::OpError::Delayed { wait, .. }) => {
+            Err(calls::OpError::Delayed { wait, .. }) => {
                 tracing::debug!(claim_uid = %uid, ?wait, "provisioning previously failed with infeasible error; retry delayed");
                 ctx.claim_queue.add_after(uid.clone(), wait);
             }
             // A cleanup the qualifier refuses now: asked again slowly, not counted.
-            Err(err @ op::OpError::Refused { wait, .. }) => {
+            Err(err @ calls::OpError::Refused { wait, .. }) => {
                 tracing::debug!(claim_uid = %uid, error = %err, "cleanup refused; retry delayed");
                 ctx.claim_queue.add_after(uid.clone(), wait);
             }
             Err(err) => {
                 let failures = ctx.claim_queue.num_requeues(&uid);
                 let threshold = ctx.config.failed_provision_threshold;
-                let error = op::chain(&err);
+                let error = calls::chain(&err);
                 if threshold == 0 || failures < threshold {
                     tracing::warn!(claim_uid = %uid, failures, %error, "retrying claim");
                     ctx.claim_queue.add_rate_limited(uid.clone());
@@ -62,7 +62,7 @@ fn cleaning_up(ctx: &Context, uid: &str) -> bool {
     };
     // The plan calls the volume-name hook, whose panic must not end the worker.
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        claim::intent_plan(ctx, &claim) == super::intent::Plan::CleanUp
+        claim::intent_plan(ctx, &claim) == crash_safety::Plan::CleanUp
     }))
     .unwrap_or(false)
 }
@@ -71,7 +71,7 @@ pub(crate) async fn volume_worker(ctx: Arc<Context>) {
     while let Some(name) = ctx.volume_queue.get().await {
         let sync = volume::sync_volume(&ctx, &name)
             .instrument(tracing::info_span!("sync_volume", pv = %name));
-        let result = op::call(None, sync)
+        let result = calls::call(None, sync)
             .await
             .unwrap_or_else(|e| Err(e.into_op("sync of volume")));
         match result {
@@ -79,7 +79,7 @@ pub(crate) async fn volume_worker(ctx: Arc<Context>) {
             Err(err) => {
                 let failures = ctx.volume_queue.num_requeues(&name);
                 let threshold = ctx.config.failed_delete_threshold;
-                let error = op::chain(&err);
+                let error = calls::chain(&err);
                 if threshold == 0 || failures < threshold {
                     tracing::warn!(pv = %name, failures, %error, "retrying volume");
                     ctx.volume_queue.add_rate_limited(name.clone());

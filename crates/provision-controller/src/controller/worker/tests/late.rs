@@ -252,7 +252,7 @@ async fn a_failed_save_path_sweep_is_retried_with_backoff_until_it_succeeds() {
     let worker = tokio::spawn(volume_worker(Arc::clone(&h.ctx)));
 
     let start = Instant::now();
-    crate::controller::save::reuse_existing(&h.ctx, None, &volume, &volume).await;
+    crate::controller::volume_object::reuse_existing(&h.ctx, None, &volume, &volume).await;
     assert_eq!(h.ctx.late.owed(), 1, "the failed call is owed");
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(
@@ -330,7 +330,7 @@ async fn an_owed_sweep_is_dropped_when_the_volume_is_gone_being_deleted_or_not_o
     let owe = |volume: PersistentVolume| {
         let ctx = Arc::clone(&ctx);
         async move {
-            crate::controller::save::reuse_existing(&ctx, None, &volume, &volume).await;
+            crate::controller::volume_object::reuse_existing(&ctx, None, &volume, &volume).await;
             assert_eq!(ctx.late.owed(), 1);
         }
     };
@@ -388,7 +388,7 @@ async fn an_owed_sweep_is_not_made_after_shutdown() {
     let volume = young("u1", Duration::ZERO);
     put(&mut h, volume.clone());
     let worker = tokio::spawn(volume_worker(Arc::clone(&h.ctx)));
-    crate::controller::save::reuse_existing(&h.ctx, None, &volume, &volume).await;
+    crate::controller::volume_object::reuse_existing(&h.ctx, None, &volume, &volume).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(fake.volume_saved_calls().len(), 2, "retried while running");
 
@@ -565,7 +565,7 @@ async fn a_save_past_the_window_counts_as_the_sweep_of_the_volume() {
     let mut h = harness(Config::default(), fake.clone(), true);
     let volume = young("u1", WINDOW + Duration::from_secs(10));
     put(&mut h, volume.clone());
-    crate::controller::save::reuse_existing(&h.ctx, None, &volume, &volume).await;
+    crate::controller::volume_object::reuse_existing(&h.ctx, None, &volume, &volume).await;
     assert_eq!((fake.volume_saved_calls().len(), h.ctx.late.len()), (1, 1));
     volume::sync_volume(&h.ctx, "v").await.unwrap();
     assert_eq!(

@@ -96,7 +96,10 @@ async fn a_deleted_claim_the_qualifier_refuses_is_not_cleaned_up_by_this_control
     h.qualify.store(false, std::sync::atomic::Ordering::SeqCst);
     let refused = claim::sync_claim(&h.ctx, "u1").await;
     assert!(
-        matches!(refused, Err(crate::controller::op::OpError::Refused { .. })),
+        matches!(
+            refused,
+            Err(crate::controller::calls::OpError::Refused { .. })
+        ),
         "{refused:?}"
     );
     assert!(fake.provision_calls().is_empty());
@@ -154,7 +157,7 @@ async fn a_cleanup_after_a_restart_uses_the_class_recorded_on_the_claim() {
         .reclaim_policy("Retain")
         .build();
     started.parameters = Some([("pool".to_owned(), "gold".to_owned())].into());
-    let snapshot = crate::controller::intent::class_snapshot(&started).unwrap();
+    let snapshot = crate::controller::crash_safety::class_snapshot(&started).unwrap();
     h.put_claim(
         pvc("c")
             .uid("u1")
@@ -202,7 +205,7 @@ async fn a_cleanup_without_class_or_recorded_class_waits_for_the_class() {
     assert!(
         matches!(
             result,
-            Err(crate::controller::op::OpError::ClassNotFound { .. })
+            Err(crate::controller::calls::OpError::ClassNotFound { .. })
         ),
         "{result:?}"
     );
@@ -269,12 +272,12 @@ async fn a_conflict_removing_the_finalizer_counts_as_gone_only_for_another_claim
     let remove = |uid: String| {
         let ctx = Arc::clone(&h.ctx);
         async move {
-            crate::controller::intent::set_intent(
+            crate::controller::crash_safety::set_intent(
                 &ctx,
                 "default",
                 "c",
                 Some(&uid),
-                crate::controller::intent::Intent::Remove,
+                crate::controller::crash_safety::Intent::Remove,
             )
             .await
         }

@@ -51,8 +51,9 @@ use kube_client::{
 
 use super::{
     Context, InProgress,
-    claim::claim_key,
-    op::{Names, OpError, api, call, chain, is_api},
+    calls::{OpError, api, call, chain, is_api},
+    names::{Names, claim_key},
+    volume_object,
 };
 use crate::{
     ProvisionError, ProvisionOptions,
@@ -416,7 +417,7 @@ pub(crate) async fn clean_up(
             });
         }
         Err(err) => {
-            if matches!(err, super::op::CallError::Timeout(_)) {
+            if matches!(err, super::calls::CallError::Timeout(_)) {
                 in_background();
             }
             return Err(err.into_op("provision (cleanup)"));
@@ -424,19 +425,19 @@ pub(crate) async fn clean_up(
     };
     if let Some(mut volume) = volume {
         // Only a claimRef with the claim's uid gets the PV released once the claim is gone.
-        super::decorate::claim_reference(claim)?;
-        super::decorate::ensure_name(&mut volume, &pv_name, claim);
+        volume_object::claim_reference(claim)?;
+        volume_object::ensure_name(&mut volume, &pv_name, claim);
         // The class decides what happens to the asset once the PV is released.
         let policy = class.reclaim_policy.as_deref().unwrap_or("Delete");
         volume
             .spec
             .get_or_insert_with(Default::default)
             .persistent_volume_reclaim_policy = Some(policy.to_owned());
-        super::decorate::decorate(ctx, claim, &class, &mut volume);
+        volume_object::decorate(ctx, claim, &class, &mut volume);
         let name = volume.metadata.name.clone().unwrap_or_default();
         tracing::info!(pv = %name, "saving a PV that records the asset; it is reclaimed once released");
         let events_claim = (!claim_gone).then_some(&**claim);
-        if let Err(err) = super::save::create(ctx, &volume, events_claim).await {
+        if let Err(err) = volume_object::create(ctx, &volume, events_claim).await {
             if let Some(claim) = events_claim {
                 let note = format!(
                     "Error saving a PV for the volume of claim {}, which will not get it: {}. Retrying.",
