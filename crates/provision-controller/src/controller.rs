@@ -288,6 +288,20 @@ pub(crate) struct Context {
     pub(crate) late: late::LateAssets,
 }
 
+/// What whoever builds a [`Context`] gives it ([`Context::new`]); the rest (queues,
+/// saver, the records of claims and volumes) starts empty and is derived from `config`.
+pub(crate) struct Parts {
+    pub(crate) client: Client,
+    pub(crate) name: String,
+    pub(crate) provisioner: Arc<dyn Provisioner>,
+    pub(crate) qualifier: Option<Arc<dyn Qualifier>>,
+    pub(crate) guard: Option<Arc<dyn DeletionGuard>>,
+    pub(crate) config: Config,
+    pub(crate) caches: Caches,
+    pub(crate) events: Events,
+    pub(crate) metrics: Option<ControllerMetrics>,
+}
+
 /// A claim whose provisioning may run in the background, and the class it was started
 /// with (the driver is polled with that class even when the class is deleted or changed).
 #[derive(Clone)]
@@ -369,6 +383,50 @@ impl Drop for OwnWriteGuard<'_> {
 }
 
 impl Context {
+    /// The one place a context is built (by `run`, and by the worker tests): queues that
+    /// back off as [`Config::failure_backoff`] says, the PV saver of
+    /// [`Config::pv_save`], and no work accepted until leading (`accepting`).
+    pub(crate) fn new(parts: Parts) -> Self {
+        let Parts {
+            client,
+            name,
+            provisioner,
+            qualifier,
+            guard,
+            config,
+            caches,
+            events,
+            metrics,
+        } = parts;
+        let limiter = config.failure_backoff.limiter();
+        let queue = |queue_name| {
+            Arc::new(WorkQueue::new(
+                queue_name,
+                Arc::clone(&limiter),
+                metrics.as_ref().map(|m| m.queue(queue_name)),
+            ))
+        };
+        Self {
+            claim_queue: queue("claims"),
+            volume_queue: queue("volumes"),
+            saver: save::Saver::new(&config.pv_save, metrics.as_ref()),
+            client,
+            name,
+            provisioner,
+            qualifier,
+            guard,
+            config,
+            caches,
+            in_progress: Mutex::default(),
+            infeasible: Mutex::default(),
+            events,
+            metrics,
+            accepting: AtomicBool::new(false),
+            own_writes: Mutex::default(),
+            late: late::LateAssets::default(),
+        }
+    }
+
     pub(crate) fn names(&self) -> names::Names<'_> {
         names::Names {
             primary: &self.name,

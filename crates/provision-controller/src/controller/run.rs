@@ -20,7 +20,7 @@ use tokio::{task::JoinSet, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::{Context, ProvisionController, save, worker};
+use super::{Context, Parts, ProvisionController, save, worker};
 use crate::{
     cache::{Caches, VolumeCache},
     config::Config,
@@ -29,7 +29,6 @@ use crate::{
     http::{Health, HttpServer, HttpServerHandle, MetricsSource, Role},
     leader::{LeaderElection, LeaderElector, LeaderError},
     metrics::ControllerMetrics,
-    queue::WorkQueue,
 };
 
 /// How long a stopping controller waits for its queued events to be written.
@@ -148,33 +147,17 @@ pub(super) async fn run(
     let volumes = volumes.map_or_else(|| VolumeCache::watch(&client), VolumeCache::from);
     let classes = classes.unwrap_or_else(|| crate::cache::watch(Api::all(client.clone())));
 
-    let limiter = config.failure_backoff.limiter();
-    let queue = |queue_name| {
-        Arc::new(WorkQueue::new(
-            queue_name,
-            Arc::clone(&limiter),
-            Some(metrics.queue(queue_name)),
-        ))
-    };
-    let ctx = Arc::new(Context {
+    let ctx = Arc::new(Context::new(Parts {
         events: Events::new(client.clone(), &name, identity.clone()),
         client,
+        name,
         provisioner,
         qualifier,
         guard,
-        caches: Caches::new(claims.store.clone(), volumes.store, classes.store.clone()),
-        in_progress: std::sync::Mutex::default(),
-        infeasible: std::sync::Mutex::default(),
-        saver: save::Saver::new(&config.pv_save, Some(&metrics)),
-        claim_queue: queue("claims"),
-        volume_queue: queue("volumes"),
-        metrics: Some(metrics),
-        name,
         config,
-        accepting: false.into(),
-        own_writes: std::sync::Mutex::default(),
-        late: super::late::LateAssets::default(),
-    });
+        caches: Caches::new(claims.store.clone(), volumes.store, classes.store.clone()),
+        metrics: Some(metrics),
+    }));
     tracing::info!(
         provisioner = %ctx.name,
         %identity,

@@ -1,55 +1,85 @@
-//! The workers: take a key, run its flow, decide the retry (Go `processNextClaimWorkItem`,
-//! `processNextVolumeWorkItem`), and the periodic resync.
+//! The workers (Go `processNextClaimWorkItem`, `processNextVolumeWorkItem`): one loop,
+//! [`work`], that takes a key from a queue, runs its flow with a panic caught, lets the
+//! flow's `settle` decide the retry and releases the key; and the periodic resync.
+//!
+//! In a claim's way: the first step, before `claim::sync_claim`, and the last, when its
+//! result decides whether the claim is retried.
 
-use std::sync::Arc;
+use std::{future::Future, sync::Arc};
 
 use tracing::Instrument;
 
-use super::{Context, calls, claim, crash_safety, volume};
+use super::{Context, calls, calls::OpError, claim, crash_safety, volume};
+use crate::queue::WorkQueue;
+
+/// One worker of a flow: takes keys from `queue` until it shuts down; for each, runs
+/// `sync` (a panic anywhere in it, in a hook or a bug, fails that key only: the worker
+/// lives on), then `settle` with its result (forget, queue again, or give up), then
+/// releases the key.
+async fn work<S, F>(queue: &WorkQueue, what: &'static str, sync: impl Fn(String) -> S, settle: F)
+where
+    S: Future<Output = Result<(), OpError>>,
+    F: Fn(&str, Result<(), OpError>),
+{
+    while let Some(key) = queue.get().await {
+        let result = calls::call(None, sync(key.clone()))
+            .await
+            .unwrap_or_else(|e| Err(e.into_op(what)));
+        settle(&key, result);
+        queue.done(&key);
+    }
+}
 
 pub(crate) async fn claim_worker(ctx: Arc<Context>) {
-    while let Some(uid) = ctx.claim_queue.get().await {
-        // A panic anywhere in the sync (a hook, a bug) fails this claim only: the worker
-        // lives on and the key is released.
-        let sync = claim::sync_claim(&ctx, &uid)
-            .instrument(tracing::info_span!("sync_claim", claim_uid = %uid));
-        let result = calls::call(None, sync)
-            .await
-            .unwrap_or_else(|e| Err(e.into_op("sync of claim")));
-        match result {
-            Ok(()) => {
-                ctx.claim_queue.forget(&uid);
-                ctx.set_in_progress(&uid, None);
-            }
-            // Waiting after an infeasible answer is no failure: queued again once the
-            // wait is over (or at once when the claim's class is re-created).
-            Err(calls::OpError::Delayed { wait, .. }) => {
-                tracing::debug!(claim_uid = %uid, ?wait, "provisioning previously failed with infeasible error; retry delayed");
-                ctx.claim_queue.add_after(uid.clone(), wait);
-            }
-            // A cleanup the qualifier refuses now: asked again slowly, not counted.
-            Err(err @ calls::OpError::Refused { wait, .. }) => {
-                tracing::debug!(claim_uid = %uid, error = %err, "cleanup refused; retry delayed");
-                ctx.claim_queue.add_after(uid.clone(), wait);
-            }
-            Err(err) => {
-                let failures = ctx.claim_queue.num_requeues(&uid);
-                let threshold = ctx.config.failed_provision_threshold;
-                let error = calls::chain(&err);
-                if threshold == 0 || failures < threshold {
-                    tracing::warn!(claim_uid = %uid, failures, %error, "retrying claim");
-                    ctx.claim_queue.add_rate_limited(uid.clone());
-                } else if ctx.is_in_progress(&uid) || cleaning_up(&ctx, &uid) {
-                    // Go drops the claim here and can leak the volume being provisioned.
-                    tracing::warn!(claim_uid = %uid, failures, %error,
-                        "retrying claim past the threshold: its provisioning runs in the background or its asset is being cleaned up");
-                    ctx.claim_queue.add_rate_limited(uid.clone());
-                } else {
-                    tracing::error!(claim_uid = %uid, failures, threshold, %error, "giving up on claim");
-                }
+    let sync = |uid: String| {
+        let ctx = Arc::clone(&ctx);
+        async move {
+            claim::sync_claim(&ctx, &uid)
+                .instrument(tracing::info_span!("sync_claim", claim_uid = %uid))
+                .await
+        }
+    };
+    work(&ctx.claim_queue, "sync of claim", sync, |uid, result| {
+        settle_claim(&ctx, uid, result);
+    })
+    .await;
+}
+
+/// What a claim's sync result means for the claim: forgotten, queued after a wait,
+/// retried with backoff, or given up past [`Config::failed_provision_threshold`](crate::Config::failed_provision_threshold).
+fn settle_claim(ctx: &Context, uid: &str, result: Result<(), OpError>) {
+    match result {
+        Ok(()) => {
+            ctx.claim_queue.forget(uid);
+            ctx.set_in_progress(uid, None);
+        }
+        // Waiting after an infeasible answer is no failure: queued again once the
+        // wait is over (or at once when the claim's class is re-created).
+        Err(OpError::Delayed { wait, .. }) => {
+            tracing::debug!(claim_uid = %uid, ?wait, "provisioning previously failed with infeasible error; retry delayed");
+            ctx.claim_queue.add_after(uid.to_owned(), wait);
+        }
+        // A cleanup the qualifier refuses now: asked again slowly, not counted.
+        Err(err @ OpError::Refused { wait, .. }) => {
+            tracing::debug!(claim_uid = %uid, error = %err, "cleanup refused; retry delayed");
+            ctx.claim_queue.add_after(uid.to_owned(), wait);
+        }
+        Err(err) => {
+            let failures = ctx.claim_queue.num_requeues(uid);
+            let threshold = ctx.config.failed_provision_threshold;
+            let error = calls::chain(&err);
+            if threshold == 0 || failures < threshold {
+                tracing::warn!(claim_uid = %uid, failures, %error, "retrying claim");
+                ctx.claim_queue.add_rate_limited(uid.to_owned());
+            } else if ctx.is_in_progress(uid) || cleaning_up(ctx, uid) {
+                // Go drops the claim here and can leak the volume being provisioned.
+                tracing::warn!(claim_uid = %uid, failures, %error,
+                    "retrying claim past the threshold: its provisioning runs in the background or its asset is being cleaned up");
+                ctx.claim_queue.add_rate_limited(uid.to_owned());
+            } else {
+                tracing::error!(claim_uid = %uid, failures, threshold, %error, "giving up on claim");
             }
         }
-        ctx.claim_queue.done(&uid);
     }
 }
 
@@ -68,27 +98,36 @@ fn cleaning_up(ctx: &Context, uid: &str) -> bool {
 }
 
 pub(crate) async fn volume_worker(ctx: Arc<Context>) {
-    while let Some(name) = ctx.volume_queue.get().await {
-        let sync = volume::sync_volume(&ctx, &name)
-            .instrument(tracing::info_span!("sync_volume", pv = %name));
-        let result = calls::call(None, sync)
-            .await
-            .unwrap_or_else(|e| Err(e.into_op("sync of volume")));
-        match result {
-            Ok(()) => ctx.volume_queue.forget(&name),
-            Err(err) => {
-                let failures = ctx.volume_queue.num_requeues(&name);
-                let threshold = ctx.config.failed_delete_threshold;
-                let error = calls::chain(&err);
-                if threshold == 0 || failures < threshold {
-                    tracing::warn!(pv = %name, failures, %error, "retrying volume");
-                    ctx.volume_queue.add_rate_limited(name.clone());
-                } else {
-                    tracing::error!(pv = %name, failures, threshold, %error, "giving up on volume");
-                }
+    let sync = |name: String| {
+        let ctx = Arc::clone(&ctx);
+        async move {
+            volume::sync_volume(&ctx, &name)
+                .instrument(tracing::info_span!("sync_volume", pv = %name))
+                .await
+        }
+    };
+    work(&ctx.volume_queue, "sync of volume", sync, |name, result| {
+        settle_volume(&ctx, name, result);
+    })
+    .await;
+}
+
+/// What a volume's sync result means for the volume: forgotten, retried with backoff, or
+/// given up past [`Config::failed_delete_threshold`](crate::Config::failed_delete_threshold).
+fn settle_volume(ctx: &Context, name: &str, result: Result<(), OpError>) {
+    match result {
+        Ok(()) => ctx.volume_queue.forget(name),
+        Err(err) => {
+            let failures = ctx.volume_queue.num_requeues(name);
+            let threshold = ctx.config.failed_delete_threshold;
+            let error = calls::chain(&err);
+            if threshold == 0 || failures < threshold {
+                tracing::warn!(pv = %name, failures, %error, "retrying volume");
+                ctx.volume_queue.add_rate_limited(name.to_owned());
+            } else {
+                tracing::error!(pv = %name, failures, threshold, %error, "giving up on volume");
             }
         }
-        ctx.volume_queue.done(&name);
     }
 }
 
@@ -106,7 +145,6 @@ pub(crate) async fn resync(ctx: Arc<Context>) {
 #[cfg(test)]
 mod tests {
     use std::{
-        collections::HashMap,
         sync::{Arc, Mutex},
         time::Duration,
     };
@@ -121,7 +159,6 @@ mod tests {
         cache::Caches,
         controller::save::Saver,
         events::Events,
-        queue::WorkQueue,
         testing::{DeleteStep, FakeProvisioner, ProvisionStep, class, pvc},
     };
 
@@ -184,8 +221,8 @@ mod tests {
         let seen = Arc::clone(&calls);
         let qualify = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let answer = Arc::clone(&qualify);
-        let limiter = config.failure_backoff.limiter();
-        let ctx = Arc::new(Context {
+        // The PVs wait in the background saver when the API server cannot be reached.
+        let mut ctx = Context::new(crate::controller::Parts {
             client,
             name: ME.into(),
             provisioner: Arc::new(fake),
@@ -194,19 +231,13 @@ mod tests {
                 answer.load(std::sync::atomic::Ordering::SeqCst)
             })),
             guard: None,
+            config: config.pv_save(PvSaveStrategy::background()),
             caches: Caches::new(claims_store, volumes_store, classes_store),
-            in_progress: Mutex::new(HashMap::new()),
-            infeasible: Mutex::default(),
             events: Events::disabled(),
             metrics: None,
-            claim_queue: Arc::new(WorkQueue::new("claims", Arc::clone(&limiter), None)),
-            volume_queue: Arc::new(WorkQueue::new("volumes", limiter, None)),
-            saver: Saver::new(&PvSaveStrategy::background(), None),
-            accepting: std::sync::atomic::AtomicBool::new(true),
-            own_writes: Mutex::default(),
-            late: crate::controller::late::LateAssets::default(),
-            config,
         });
+        ctx.accepting = std::sync::atomic::AtomicBool::new(true);
+        let ctx = Arc::new(ctx);
         Harness {
             ctx,
             claims,
