@@ -497,8 +497,10 @@ mod tests {
         assert!(fake.provision_calls().is_empty());
     }
 
+    mod in_progress;
     mod late;
-    mod more;
+    mod own_writes;
+    mod panics;
     mod safety;
 
     #[tokio::test]
