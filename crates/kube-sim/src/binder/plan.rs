@@ -1,7 +1,7 @@
 //! The binder's cache of watched objects and its pure decisions: given the cache and one
 //! changed key, which single write (if any) brings that object closer to its desired state.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
@@ -130,6 +130,12 @@ pub(super) struct BindPlan {
 pub(super) struct Cache {
     classes: HashMap<String, ClassInfo>,
     claims: HashMap<ClaimKey, PersistentVolumeClaim>,
+    /// UIDs of claims seen deleted (by a delete event or a relist without them). A
+    /// write's answer or a GET that raced with the deletion carries the claim as it was
+    /// before; folded in after the delete event it would bring the claim back for good
+    /// (chaos seed 10231 claim-061: its PV was bound to the ghost and never released).
+    /// Kept for the binder's life: a simulator's claims are few.
+    deleted_claims: HashSet<String>,
     volumes: HashMap<String, PersistentVolume>,
     volumes_by_claim: HashMap<ClaimKey, BTreeSet<String>>,
     staged_classes: HashMap<String, ClassInfo>,
@@ -211,6 +217,12 @@ impl Cache {
 
     pub(super) fn apply_claim(&mut self, mut claim: PersistentVolumeClaim) -> Vec<Key> {
         let key = ClaimKey::of(&claim);
+        if claim
+            .uid()
+            .is_some_and(|uid| self.deleted_claims.contains(&uid))
+        {
+            return Vec::new();
+        }
         if let Some(old) = self.claims.get(&key)
             && old.uid() == claim.uid()
             && !is_newer(
@@ -227,7 +239,12 @@ impl Cache {
 
     pub(super) fn delete_claim(&mut self, claim: &PersistentVolumeClaim) -> Vec<Key> {
         let key = ClaimKey::of(claim);
-        self.claims.remove(&key);
+        self.deleted_claims.extend(claim.uid());
+        if let Some(cached) = self.claims.remove(&key)
+            && cached.uid() != claim.uid()
+        {
+            self.deleted_claims.extend(cached.uid());
+        }
         self.claim_and_volumes(&key)
     }
 
@@ -244,7 +261,12 @@ impl Cache {
 
     pub(super) fn finish_claims(&mut self) -> Vec<Key> {
         let mut dirty = self.everything();
-        self.claims = std::mem::take(&mut self.staged_claims);
+        let claims = std::mem::take(&mut self.staged_claims);
+        let listed: HashSet<String> = claims.values().filter_map(ResourceExt::uid).collect();
+        for (_, old) in std::mem::replace(&mut self.claims, claims) {
+            self.deleted_claims
+                .extend(old.uid().filter(|uid| !listed.contains(uid)));
+        }
         dirty.extend(self.everything());
         dirty
     }
@@ -854,5 +876,34 @@ mod tests {
         assert!(dirty.contains(&Key::Claim(key("gone"))));
         assert!(dirty.contains(&Key::Claim(key("new"))));
         assert!(cache.claims.contains_key(&key("new")) && !cache.claims.contains_key(&key("gone")));
+        // A late answer carrying the claim as it was before the relist brings nothing back.
+        assert!(cache.apply_claim(claim("gone", "x", "1")).is_empty());
+        assert!(!cache.claims.contains_key(&key("gone")));
+    }
+
+    /// Chaos seed 10231, claim-061: the release check's GET found the claim just before it
+    /// was deleted; its answer was folded in after the delete event, and the PV was bound
+    /// to that ghost and never released.
+    #[test]
+    fn a_stale_copy_of_a_deleted_claim_does_not_bring_it_back() {
+        let mut cache = Cache::default();
+        cache.apply_class(&class("fast", "p", false));
+        cache.apply_volume(volume("pv", Some(("c", Some("uid-c"))), "Pending"));
+        let before = claim("c", "fast", "3");
+        cache.apply_claim(before.clone());
+        let mut deleted = before.clone();
+        deleted.metadata.resource_version = Some("4".into());
+        cache.delete_claim(&deleted);
+        assert!(cache.apply_claim(before).is_empty());
+        assert!(!cache.claims.contains_key(&key("c")));
+        assert!(matches!(
+            cache.plan(&Key::Volume("pv".into())),
+            Some(Action::ReleaseIfGone { .. })
+        ));
+        // A claim of the same name created again (a new uid) is seen.
+        let mut again = claim("c", "fast", "5");
+        again.metadata.uid = Some("uid-c-2".into());
+        cache.apply_claim(again);
+        assert!(cache.claims.contains_key(&key("c")));
     }
 }
