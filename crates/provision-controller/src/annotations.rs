@@ -1,4 +1,5 @@
-//! Annotation and finalizer names the controller reads and writes, with typed getters.
+//! Annotation and finalizer names the controller reads and writes, with typed getters
+//! (and, for the crate, the `namespace/name` a claim is named by in logs and events).
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 
@@ -130,6 +131,15 @@ pub fn has_finalizer(volume: &PersistentVolume, finalizer: &str) -> bool {
         .finalizers
         .as_ref()
         .is_some_and(|f| f.iter().any(|x| x == finalizer))
+}
+
+/// The claim as `namespace/name`, for logs, events and errors.
+pub(crate) fn claim_key(claim: &PersistentVolumeClaim) -> String {
+    format!(
+        "{}/{}",
+        claim.metadata.namespace.as_deref().unwrap_or_default(),
+        claim.metadata.name.as_deref().unwrap_or_default()
+    )
 }
 
 #[cfg(test)]

@@ -16,13 +16,13 @@ use super::{
     Context, InProgress,
     calls::{self, OpError, api, call, chain},
     crash_safety,
-    names::{Names, claim_key},
+    names::Names,
     save::State,
     volume_object::{claim_reference, decorate, ensure_name},
 };
 use crate::{
     ProvisionError, ProvisionOptions,
-    annotations::{self, ANN_SELECTED_NODE},
+    annotations::{self, ANN_SELECTED_NODE, claim_key},
     events,
 };
 

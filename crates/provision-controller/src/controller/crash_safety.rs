@@ -52,12 +52,14 @@ use kube_client::{
 use super::{
     Context, InProgress,
     calls::{OpError, api, call, chain, is_api},
-    names::{Names, claim_key},
+    names::Names,
     volume_object,
 };
 use crate::{
     ProvisionError, ProvisionOptions,
-    annotations::{self, ANN_PROVISIONING_CLASS, ANN_PROVISIONING_OWNER, FINALIZER_PROVISIONING},
+    annotations::{
+        self, ANN_PROVISIONING_CLASS, ANN_PROVISIONING_OWNER, FINALIZER_PROVISIONING, claim_key,
+    },
     events,
 };
 

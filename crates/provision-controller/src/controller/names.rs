@@ -1,9 +1,8 @@
 //! Who the controller is: the provisioner names it answers to ([`Names`]), which PVs are
-//! ours by those names ([`is_ours`]), and how a claim is named in logs, events and errors
-//! ([`claim_key`]). The ground floor of the flows: every file of a claim's or a volume's way
+//! ours by those names ([`is_ours`]). The ground floor of the flows: every file of a claim's or a volume's way
 //! asks it, and it asks none of them.
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::PersistentVolume;
 
 use crate::annotations;
 
@@ -18,15 +17,6 @@ impl Names<'_> {
     pub(crate) fn knows(&self, name: &str) -> bool {
         name == self.primary || self.additional.iter().any(|n| n == name)
     }
-}
-
-/// The claim as `namespace/name`, for logs, events and errors.
-pub(crate) fn claim_key(claim: &PersistentVolumeClaim) -> String {
-    format!(
-        "{}/{}",
-        claim.metadata.namespace.as_deref().unwrap_or_default(),
-        claim.metadata.name.as_deref().unwrap_or_default()
-    )
 }
 
 /// Whether the PV belongs to us (newer Go `isProvisionerForVolume`):

@@ -372,7 +372,7 @@ fn spawn_feeders(
                 feed.claim_queue.add(uid);
             }
             Some(_) => {}
-            None => tracing::warn!(pvc = %super::names::claim_key(&claim), "claim without a uid; skipped"),
+            None => tracing::warn!(pvc = %crate::annotations::claim_key(&claim), "claim without a uid; skipped"),
         }
         async {}
     }));

@@ -18,10 +18,9 @@ use super::{
     Context,
     calls::{OpError, call, chain, get_volume},
     crash_safety,
-    names::claim_key,
     volume_object::{create, reuse_existing},
 };
-use crate::{DeleteError, events, queue::WorkQueue, retry::PvSaveStrategy};
+use crate::{DeleteError, annotations::claim_key, events, queue::WorkQueue, retry::PvSaveStrategy};
 
 /// Go's `ProvisioningState` after a failed attempt: what the controller must remember.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

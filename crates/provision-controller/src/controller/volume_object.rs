@@ -17,11 +17,10 @@ use super::{
     Context,
     calls::{OpError, api, call, chain, get_volume, is_api},
     late,
-    names::claim_key,
 };
 use crate::{
     DeleteError,
-    annotations::{self, ANN_PROVISIONED_BY, FINALIZER_PV},
+    annotations::{self, ANN_PROVISIONED_BY, FINALIZER_PV, claim_key},
     events,
 };
 
