@@ -57,6 +57,9 @@ use super::{
 };
 use crate::{Config, DeleteError, LeaderElection, annotations};
 
+/// The precision of the creation times the API server keeps: whole seconds.
+const CREATION_PRECISION: Duration = Duration::from_secs(1);
+
 /// The delay before the first retry of a failed sweep; each further failure doubles it,
 /// up to the resync period.
 pub(crate) const FIRST_RETRY: Duration = Duration::from_secs(1);
@@ -267,8 +270,9 @@ pub(crate) fn provisioned_by_us(volume: &PersistentVolume, names: Names<'_>) -> 
 
 /// What to do for `volume` at `now` (pure), with the late-asset `window` and the takeover
 /// `grace` ([`grace`]). `swept` is the UID recorded for its name and what was done, if it
-/// was swept in this process. A PV whose creation time lies ahead of `now` (clock skew)
-/// counts as just created. A zero window sweeps nothing.
+/// was swept in this process. The age counts from the end of the second of the PV's
+/// creation time (the API server truncates it to whole seconds). A PV whose creation time
+/// lies ahead of `now` (clock skew) counts as just created. A zero window sweeps nothing.
 pub(crate) fn plan(
     volume: &PersistentVolume,
     names: Names<'_>,
@@ -290,7 +294,12 @@ pub(crate) fn plan(
     let swept = swept
         .filter(|(uid, _)| volume.metadata.uid.as_deref() == Some(*uid))
         .map(|(_, s)| s);
-    let age = Duration::try_from(now.duration_since(created.0)).unwrap_or(Duration::ZERO);
+    // The API server keeps creation times in whole seconds (truncated): the PV may have
+    // been created up to a second after the time it shows, so its age counts from the end
+    // of that second, and its window never ends early (a create sent right before the PV
+    // was saved lands up to a window after it was sent).
+    let created = after(created.0, CREATION_PRECISION);
+    let age = Duration::try_from(now.duration_since(created)).unwrap_or(Duration::ZERO);
     let left = |bound: Duration| bound.checked_sub(age).filter(|d| !d.is_zero());
     let in_window = left(window);
     let in_grace = left(window.saturating_add(grace));
@@ -535,7 +544,8 @@ mod tests {
         Timestamp::from_second(second).unwrap()
     }
 
-    /// A PV of `builder`, uid `u1`, created at second 1000.
+    /// A PV of `builder`, uid `u1`, created at second 1000 as the API server shows it
+    /// (so at most a second later: its age counts from second 1001).
     fn created(builder: crate::testing::PvBuilder) -> PersistentVolume {
         let mut v = builder.build();
         v.metadata.uid = Some("u1".into());
@@ -562,14 +572,14 @@ mod tests {
             (
                 "a young PV of ours is swept at its first sync",
                 ours(),
-                1010,
+                1011,
                 None,
                 Sweep::First(secs(50)),
             ),
             (
                 "a young PV already swept waits for the end of its window",
                 ours(),
-                1020,
+                1021,
                 young,
                 Sweep::Wait(secs(40)),
             ),
@@ -577,70 +587,70 @@ mod tests {
                 "a swept PV whose window ended gets its last sweep, then is remembered \
                  until the grace ends",
                 ours(),
-                1060,
+                1061,
                 young,
                 Sweep::Last(secs(30)),
             ),
             (
                 "a swept PV whose last sweep comes after the grace is not remembered",
                 ours(),
-                1100,
+                1101,
                 young,
                 Sweep::Last(Duration::ZERO),
             ),
             (
                 "a PV never swept here whose window ended within the grace is swept once",
                 ours(),
-                1060,
+                1061,
                 None,
                 Sweep::Takeover(secs(30)),
             ),
             (
-                "a PV never swept here, at the last second of the grace",
+                "a PV never swept here, in the last second of the grace",
                 ours(),
-                1089,
+                1090,
                 None,
                 Sweep::Takeover(secs(1)),
             ),
             (
                 "a PV never swept here, older than the window plus the grace, gets nothing",
                 ours(),
-                1090,
+                1091,
                 None,
                 Sweep::Nothing,
             ),
             (
                 "a PV swept for good within the grace is not swept again",
                 ours(),
-                1070,
+                1071,
                 done,
                 Sweep::Done(secs(20)),
             ),
             (
                 "a PV swept for good is forgotten once the grace ended",
                 ours(),
-                1090,
+                1091,
                 done,
                 Sweep::Nothing,
             ),
             (
                 "a PV swept for good whose creation time moved ahead stays swept",
                 ours(),
-                1010,
+                1011,
                 done,
                 Sweep::Done(secs(80)),
             ),
             (
                 "a PV re-created under a swept name is swept as new",
                 ours(),
-                1010,
+                1011,
                 Some(("u0", Swept::Young)),
                 Sweep::First(secs(50)),
             ),
             (
                 "a PV re-created under a name swept for good is swept as new",
                 ours(),
-                1070,
+                1071,
                 Some(("u0", Swept::Done)),
                 Sweep::Takeover(secs(20)),
             ),
@@ -654,51 +664,66 @@ mod tests {
             (
                 "a PV of another provisioner gets nothing",
                 created(pv("v").provisioned_by("example.com/other")),
-                1010,
+                1011,
                 None,
                 Sweep::Nothing,
             ),
             (
                 "a PV of another provisioner gets nothing after its window either",
                 created(pv("v").provisioned_by("example.com/other")),
-                1070,
+                1071,
                 None,
                 Sweep::Nothing,
             ),
             (
                 "a PV migrated to us gets nothing: we did not provision it",
                 created(pv("v").provisioned_by("in/tree").migrated_to(ME)),
-                1010,
+                1011,
                 None,
                 Sweep::Nothing,
             ),
             (
                 "a static PV gets nothing",
                 created(pv("v")),
-                1070,
+                1071,
                 None,
                 Sweep::Nothing,
             ),
             (
                 "a PV being deleted gets nothing",
                 created(pv("v").provisioned_by(ME).deleting()),
-                1010,
+                1011,
                 young,
                 Sweep::Nothing,
             ),
             (
                 "a PV being deleted gets nothing within the grace either",
                 created(pv("v").provisioned_by(ME).deleting()),
-                1070,
+                1071,
                 None,
                 Sweep::Nothing,
             ),
             (
                 "a PV without a creation time gets nothing",
                 pv("v").provisioned_by(ME).build(),
-                1010,
+                1011,
                 None,
                 Sweep::Nothing,
+            ),
+            (
+                "a PV shown created at second 1000 may be up to a second younger: its \
+                 window has not ended at 1060",
+                ours(),
+                1060,
+                young,
+                Sweep::Wait(secs(1)),
+            ),
+            (
+                "a PV shown created at second 1000, never swept here, is still young at 1060",
+                ours(),
+                1060,
+                None,
+                Sweep::First(secs(1)),
             ),
         ];
         for (name, volume, now, swept, want) in cases {
