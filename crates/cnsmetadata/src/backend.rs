@@ -207,24 +207,13 @@ impl BackendError {
     }
 }
 
-/// `error` and its sources joined with `": "`, for status messages and events.
-pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 #[cfg(test)]
 fn _dyn_compatible(_: &dyn VolumeMetadataBackend) {}
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube_controller_kit::error::chain as error_chain;
 
     #[test]
     fn not_found_is_distinguishable() {

@@ -1,4 +1,5 @@
-//! Failure backoff per object, keyed by namespace and name.
+//! Failure backoff per object, keyed by namespace and name: kube-controller-kit's
+//! [`ItemExponentialLimiter`] plus the state each object failed in.
 
 use std::{
     collections::HashMap,
@@ -6,6 +7,7 @@ use std::{
     time::Duration,
 };
 
+use kube_controller_kit::backoff::{ItemExponentialLimiter, RateLimiter};
 use kube_runtime::reflector::ObjectRef;
 
 use crate::resource::CnsVolumeMetadata;
@@ -15,7 +17,9 @@ use crate::resource::CnsVolumeMetadata;
 /// The first failure of an object waits [`initial`](Self::initial), each further failure
 /// twice as long as the one before, up to [`max`](Self::max); a success
 /// ([`reset`](Self::reset)) starts over. kube's `error_policy` never sees successes, so the
-/// reconciler resets the delay itself.
+/// reconciler resets the delay itself. The delays are kube-controller-kit's
+/// [`ItemExponentialLimiter`]: `max` is a hard cap, so a `max` below `initial` makes every
+/// delay `max`.
 ///
 /// The reconciler also starts over when the failing object is no longer the same problem:
 /// its spec or finalizers changed, or its deletion started. So a deletion that CNS refuses
@@ -27,16 +31,19 @@ use crate::resource::CnsVolumeMetadata;
 /// namespaces do not share a delay) and the delay is capped.
 #[derive(Debug)]
 pub struct PerObjectBackoff {
-    initial: Duration,
-    max: Duration,
-    delays: Mutex<HashMap<ObjectRef<CnsVolumeMetadata>, Entry>>,
+    delays: ItemExponentialLimiter,
+    /// Every object with recorded failures, and the state it failed in (what triggers its
+    /// reconciles; 0 when the failure was recorded without one).
+    states: Mutex<HashMap<ObjectRef<CnsVolumeMetadata>, u64>>,
 }
 
-/// The next delay of one object, and the state of the object whose failures it counts.
-#[derive(Clone, Copy, Debug)]
-struct Entry {
-    next: Duration,
-    state: u64,
+/// The limiter's key of an object: `namespace/name`.
+fn limiter_key(key: &ObjectRef<CnsVolumeMetadata>) -> String {
+    format!(
+        "{}/{}",
+        key.namespace.as_deref().unwrap_or_default(),
+        key.name
+    )
 }
 
 impl PerObjectBackoff {
@@ -45,96 +52,96 @@ impl PerObjectBackoff {
     /// Default cap: 5 min.
     pub const DEFAULT_MAX: Duration = Duration::from_secs(5 * 60);
 
-    /// A backoff starting at `initial`, doubling, capped at `max` (raised to `initial` if smaller).
+    /// A backoff starting at `initial`, doubling, capped at `max` (a `max` below `initial`
+    /// makes every delay `max`).
     #[must_use]
     pub fn new(initial: Duration, max: Duration) -> Self {
         Self {
-            initial,
-            max: max.max(initial),
-            delays: Mutex::new(HashMap::new()),
+            delays: ItemExponentialLimiter::new(initial, max),
+            states: Mutex::new(HashMap::new()),
         }
     }
 
     /// The first delay.
     #[must_use]
     pub fn initial(&self) -> Duration {
-        self.initial
+        self.delays.base()
     }
 
     /// The cap.
     #[must_use]
     pub fn max(&self) -> Duration {
-        self.max
+        self.delays.max()
     }
 
-    fn delays(&self) -> MutexGuard<'_, HashMap<ObjectRef<CnsVolumeMetadata>, Entry>> {
-        // The map holds plain durations; a panic elsewhere cannot leave it inconsistent.
-        self.delays
+    fn states(&self) -> MutexGuard<'_, HashMap<ObjectRef<CnsVolumeMetadata>, u64>> {
+        // The map holds plain numbers; a panic elsewhere cannot leave it inconsistent.
+        self.states
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Records a failure of `key` and returns how long to wait before retrying it.
     pub fn next_delay(&self, key: &ObjectRef<CnsVolumeMetadata>) -> Duration {
-        let mut delays = self.delays();
-        let entry = delays.get(key).copied();
-        let delay = entry.map_or(self.initial, |e| e.next);
-        let state = entry.map_or(0, |e| e.state);
-        delays.insert(key.clone(), self.after(delay, state));
-        delay
+        let mut states = self.states();
+        states.entry(key.clone()).or_insert(0);
+        self.delays.when(&limiter_key(key))
     }
 
     /// Records a failure of `key` in `state` (what triggers its reconciles: spec,
     /// finalizers, deletion) and returns how long to wait before retrying it; failures in
     /// another state are forgotten first.
     pub(crate) fn next_delay_in(&self, key: &ObjectRef<CnsVolumeMetadata>, state: u64) -> Duration {
-        let mut delays = self.delays();
-        let delay = delays
-            .get(key)
-            .filter(|e| e.state == state)
-            .map_or(self.initial, |e| e.next);
-        delays.insert(key.clone(), self.after(delay, state));
-        delay
-    }
-
-    fn after(&self, delay: Duration, state: u64) -> Entry {
-        Entry {
-            next: delay.saturating_mul(2).min(self.max),
-            state,
+        let mut states = self.states();
+        let limiter_key = limiter_key(key);
+        if states
+            .insert(key.clone(), state)
+            .is_some_and(|s| s != state)
+        {
+            self.delays.forget(&limiter_key);
         }
+        self.delays.when(&limiter_key)
     }
 
     /// The delay the next failure of `key` would get, without recording anything.
     #[must_use]
     pub fn peek(&self, key: &ObjectRef<CnsVolumeMetadata>) -> Duration {
-        self.delays().get(key).map_or(self.initial, |e| e.next)
+        self.delays.peek(&limiter_key(key))
     }
 
     /// Forgets the failures of `key` (after a success, or once the object is gone).
     pub fn reset(&self, key: &ObjectRef<CnsVolumeMetadata>) {
-        self.delays().remove(key);
+        let mut states = self.states();
+        states.remove(key);
+        self.delays.forget(&limiter_key(key));
     }
 
     /// Keeps only the objects for which `keep` holds (the others are gone).
     pub(crate) fn retain(&self, mut keep: impl FnMut(&ObjectRef<CnsVolumeMetadata>) -> bool) {
-        self.delays().retain(|key, _| keep(key));
+        self.states().retain(|key, _| {
+            let kept = keep(key);
+            if !kept {
+                self.delays.forget(&limiter_key(key));
+            }
+            kept
+        });
     }
 
     /// Forgets every object (this replica stopped leading).
     pub(crate) fn clear(&self) {
-        self.delays().clear();
+        self.retain(|_| false);
     }
 
     /// Number of objects with a recorded failure.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.delays().len()
+        self.states().len()
     }
 
     /// Whether no object has a recorded failure.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.delays().is_empty()
+        self.states().is_empty()
     }
 }
 
@@ -213,10 +220,34 @@ mod tests {
     }
 
     #[test]
-    fn cap_below_initial_is_raised_to_initial() {
+    fn a_cap_below_initial_caps_every_delay() {
         let backoff = PerObjectBackoff::new(Duration::from_secs(10), Duration::from_secs(1));
         let object = key("ns", "x");
-        assert_eq!(backoff.next_delay(&object), Duration::from_secs(10));
-        assert_eq!(backoff.next_delay(&object), Duration::from_secs(10));
+        assert_eq!(backoff.next_delay(&object), Duration::from_secs(1));
+        assert_eq!(backoff.next_delay_in(&object, 3), Duration::from_secs(1));
+        assert_eq!(backoff.peek(&object), Duration::from_secs(1));
+        assert_eq!(
+            backoff.max(),
+            Duration::from_secs(1),
+            "the cap is kept as given"
+        );
+        assert_eq!(backoff.initial(), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn retain_and_clear_forget_the_delays_too() {
+        let backoff = PerObjectBackoff::default();
+        let (a, b) = (key("ns", "a"), key("ns", "b"));
+        for _ in 0..3 {
+            backoff.next_delay(&a);
+            backoff.next_delay_in(&b, 7);
+        }
+        backoff.retain(|k| k == &b);
+        assert_eq!(backoff.len(), 1);
+        assert_eq!(backoff.peek(&a), Duration::from_secs(1), "a starts over");
+        assert_eq!(backoff.peek(&b), Duration::from_secs(8));
+        backoff.clear();
+        assert!(backoff.is_empty());
+        assert_eq!(backoff.peek(&b), Duration::from_secs(1));
     }
 }

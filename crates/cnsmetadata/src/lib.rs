@@ -4,7 +4,6 @@ mod backend;
 mod backoff;
 mod config;
 mod crd;
-mod events;
 mod plan;
 mod reconciler;
 mod record;

@@ -9,6 +9,10 @@ use std::{
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube_client::{Client, Resource, ResourceExt};
+use kube_controller_kit::{
+    error::chain,
+    events::{Event, EventType, EventWriter, Reporter},
+};
 use kube_runtime::{
     controller::Action,
     reflector::{ObjectRef, Store},
@@ -16,10 +20,9 @@ use kube_runtime::{
 use tracing::{debug, info, warn};
 
 use crate::{
-    backend::{VolumeMetadataBackend, error_chain},
+    backend::VolumeMetadataBackend,
     backoff::PerObjectBackoff,
     config::Config,
-    events::{EventType, EventWriter},
     record::{self, Edit, PUSHED_ANNOTATION, PushedEntry, Settle, later},
     resource::{CnsVolumeMetadata, VolumeStatus},
     sync::{Failed, Resolved, Target, best_effort_entries, push, targets},
@@ -40,8 +43,6 @@ pub const REPORTING_CONTROLLER: &str = "cns.vmware.com";
 const RECORDED_MEANWHILE_RETRY: Duration = Duration::from_secs(1);
 /// Longest requeue of an object waiting for tombstones to settle; it checks again then.
 const MAX_SETTLE_WAIT: Duration = Duration::from_secs(3600);
-/// Events notes are limited to 1 kB.
-const MAX_NOTE_BYTES: usize = 1024;
 
 /// Why one reconcile of one object failed; [`error_policy`] schedules the retry.
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +99,14 @@ pub struct Context {
 impl Context {
     /// A context reading supervisor claims and volumes from the given caches (fill them
     /// with reflectors; [`run`](crate::run) does).
+    ///
+    /// Events are written in the background by kube-controller-kit's
+    /// [`EventWriter`](kube_controller_kit::events::EventWriter) (notes longer than the
+    /// 1024 bytes the API server accepts are cut and end in `...`); see
+    /// [`flush_events`](Self::flush_events).
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime: the events writer task is spawned here.
     #[must_use]
     pub fn new(
         client: Client,
@@ -109,8 +118,10 @@ impl Context {
         Self {
             events: EventWriter::new(
                 client.clone(),
-                REPORTING_CONTROLLER,
-                config.get_reporting_instance(),
+                Reporter {
+                    controller: REPORTING_CONTROLLER.to_owned(),
+                    instance: config.get_reporting_instance().map(str::to_owned),
+                },
             ),
             client,
             backend,
@@ -199,10 +210,21 @@ impl Context {
             EventType::Normal => REASON_UPDATE_SUCCEEDED,
             EventType::Warning => REASON_UPDATE_FAILED,
         };
-        let note = truncate(note, MAX_NOTE_BYTES);
-        self.events
-            .publish(object.object_ref(&()), type_, reason, action, note)
-            .await;
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        self.events.publish(&event, &object.object_ref(&())).await;
+    }
+
+    /// Waits until every event published so far is written (or has failed), at most
+    /// `limit`. Events are written in the background; [`run`](crate::run) flushes them
+    /// when it stops, and a test that reads them after a [`reconcile`] flushes first.
+    pub async fn flush_events(&self, limit: Duration) {
+        self.events.flush(limit).await;
     }
 }
 
@@ -247,7 +269,7 @@ pub fn error_policy(
     let delay = ctx
         .backoff
         .next_delay_in(&ObjectRef::from_obj(&*object), trigger_hash(&object));
-    warn!(error = %error_chain(error), retry_in = ?delay, "reconcile failed");
+    warn!(error = %chain(error), retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }
 
@@ -772,7 +794,7 @@ async fn warn_finalizer_failure<T>(
         let note = format!(
             "Failed to {verb} finalizer {FINALIZER:?} for {:?}. Err: {}. Requeueing request.",
             object.name_any(),
-            error_chain(error)
+            chain(error)
         );
         ctx.publish(object, EventType::Warning, "UpdateFinalizer", note)
             .await;
@@ -804,30 +826,9 @@ fn volume_errors(status: &[VolumeStatus]) -> String {
     text
 }
 
-fn truncate(mut text: String, max: usize) -> String {
-    if text.len() > max {
-        let mut end = max.saturating_sub(3);
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-        text.push_str("...");
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn long_notes_are_cut_at_a_char_boundary() {
-        let note = "é".repeat(600);
-        let cut = truncate(note, MAX_NOTE_BYTES);
-        assert!(cut.len() <= MAX_NOTE_BYTES);
-        assert!(cut.ends_with("..."));
-        assert_eq!(truncate("short".into(), MAX_NOTE_BYTES), "short");
-    }
 
     #[test]
     fn volume_errors_list_only_failed_volumes() {

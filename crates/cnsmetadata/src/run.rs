@@ -15,7 +15,8 @@ use futures::{
     stream,
 };
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use kube_client::{Api, Client, Resource, ResourceExt};
+use kube_client::{Api, Client, Resource};
+use kube_controller_kit::{error::chain, leader::Leading, store::drop_managed_fields};
 use kube_runtime::{
     Controller, WatchStreamExt,
     controller::{self, Action, Config as ControllerConfig},
@@ -27,7 +28,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::{
-    backend::{ClusterFlavor, VolumeMetadataBackend, error_chain},
+    backend::{ClusterFlavor, VolumeMetadataBackend},
     backoff::PerObjectBackoff,
     config::{Config, ConfigError},
     reconciler::{Context, ReconcileError, error_policy, reconcile},
@@ -69,7 +70,7 @@ async fn fill_cache<K>(
 {
     watcher(api, watcher::Config::default())
         .default_backoff()
-        .modify(|object: &mut K| object.managed_fields_mut().clear())
+        .modify(drop_managed_fields)
         .reflect(writer)
         .for_each(|event| {
             let next = match event {
@@ -82,7 +83,7 @@ async fn fill_cache<K>(
                     }
                 }
                 Err(error) => {
-                    warn!(cache = what, error = %error_chain(&error), "watch failed; retrying");
+                    warn!(cache = what, error = %chain(&error), "watch failed; retrying");
                     None
                 }
             };
@@ -147,7 +148,7 @@ async fn watch_objects(
     })
     .flatten();
     events
-        .modify(|object: &mut CnsVolumeMetadata| object.metadata.managed_fields = None)
+        .modify(drop_managed_fields)
         .reflect(writer)
         .for_each(|event| {
             let next = match event {
@@ -158,7 +159,7 @@ async fn watch_objects(
                     triggers.observe(&event, &backoff)
                 }
                 Err(error) => {
-                    warn!(cache = "cnsvolumemetadatas", error = %error_chain(&error), "watch failed; retrying");
+                    warn!(cache = "cnsvolumemetadatas", error = %chain(&error), "watch failed; retrying");
                     None
                 }
             };
@@ -188,18 +189,19 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let (_always, leading) = watch::channel(true);
-    run_while_leading(client, backend, config, leading, shutdown).await
+    run_while_leading(client, backend, config, Leading::always(), shutdown).await
 }
 
 /// Runs the `CnsVolumeMetadata` reconciler until `shutdown` completes, reconciling only
-/// while `leading` says this replica is the leader.
+/// while `leading` says this replica is the leader: follow the election of another
+/// controller ([`Health::leading`](kube_controller_kit::http::Health::leading)) or of an
+/// elector of your own ([`LeaderElector::leading`](kube_controller_kit::leader::LeaderElector::leading)).
 ///
 /// Does nothing and returns `Ok(())` at once unless the cluster flavor is
 /// [`ClusterFlavor::Workload`]. Otherwise it starts at once, leader or not, the caches of
 /// supervisor claims and volumes (managedFields dropped) and the watch of
 /// `CnsVolumeMetadata` objects of every namespace, so that a standby is warm. Once they are
-/// filled, each time `*leading.borrow()` turns `true` a term starts: the objects are
+/// filled, each time `leading` turns to leading a term starts: the objects are
 /// listed again, every object is reconciled (the new leader catches up on whatever
 /// happened meanwhile), then each object again on its creation, a change of spec or finalizers, the start of its
 /// deletion, a change of a supervisor claim it names or of that claim's PV (the claim
@@ -211,12 +213,13 @@ pub async fn run(
 /// - A term reconciles nothing before a new list of the objects is complete (one LIST
 ///   per term): a standby's watch may have been broken, and a reconcile of an object
 ///   another leader deleted meanwhile would push its entity to CNS again, for good.
-/// - When `leading` turns `false`, no new reconcile starts; the ones running finish, the
+/// - When `leading` turns to not leading, no new reconcile starts; the ones running finish, the
 ///   retry delays are forgotten, and the replica waits to lead again.
-/// - A dropped sender means "not leading" for good: the replica stays a warm standby
-///   until `shutdown` completes.
+/// - A source of `leading` that is gone (the elector or health handle dropped) means "not
+///   leading" for good: the replica stays a warm standby until `shutdown` completes.
 /// - When `shutdown` completes, no new reconcile starts; the ones running finish, then
-///   `run_while_leading` returns `Ok(())`. No task outlives the returned future.
+///   `run_while_leading` returns `Ok(())` (after writing the events published so far, for
+///   at most 5 s). No task outlives the returned future.
 ///
 /// # Errors
 /// [`Error::Config`] when [`Config::validate`] fails; [`Error::CacheStopped`] if a cache
@@ -232,13 +235,16 @@ pub async fn run(
 /// # Example
 /// ```no_run
 /// # async fn doc(backend: std::sync::Arc<dyn cnsmetadata::VolumeMetadataBackend>) -> Result<(), Box<dyn std::error::Error>> {
+/// use kube_controller_kit::leader::Leading;
 /// use tokio::sync::watch;
 ///
 /// let client = kube_client::Client::try_default().await?;
 /// let config = cnsmetadata::Config::default().cluster_id("domain-c8");
-/// // The leader elector owns the sender: `send(true)` on acquiring the lease,
-/// // `send(false)` on losing it.
-/// let (elected, leading) = watch::channel(false);
+/// // Whoever elects owns the sender: `send(true)` on acquiring the lease, `send(false)`
+/// // on losing it. (With a kube-controller-kit elector or health handle, pass its
+/// // `leading()` instead.)
+/// let (elected, follower) = watch::channel(false);
+/// let leading = Leading::from(follower);
 /// let shutdown = async {
 ///     let _ = tokio::signal::ctrl_c().await;
 /// };
@@ -254,7 +260,7 @@ pub async fn run_while_leading(
     client: Client,
     backend: Arc<dyn VolumeMetadataBackend>,
     config: Config,
-    leading: watch::Receiver<bool>,
+    leading: Leading,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     serve(
@@ -274,7 +280,7 @@ pub(crate) async fn serve(
     client: Client,
     backend: Arc<dyn VolumeMetadataBackend>,
     config: Config,
-    leading: watch::Receiver<bool>,
+    leading: Leading,
     shutdown: impl Future<Output = ()> + Send + 'static,
     triggers: Arc<Triggers>,
     backoff: Arc<PerObjectBackoff>,
@@ -335,7 +341,17 @@ pub(crate) async fn serve(
             () = shutdown.clone() => return Ok(()),
         };
         info!(workers, "caches filled");
-        lead(ctx, objects, triggers, relists, workers, leading, shutdown).await;
+        lead(
+            ctx.clone(),
+            objects,
+            triggers,
+            relists,
+            workers,
+            leading,
+            shutdown,
+        )
+        .await;
+        ctx.flush_events(EVENTS_FLUSH_LIMIT).await;
         info!("CnsVolumeMetadata reconciler stopped");
         Ok(())
     };
@@ -346,31 +362,12 @@ pub(crate) async fn serve(
     }
 }
 
-/// Waits until `leading` is `true`; `false` when the sender is gone (never again).
-async fn until_leading(leading: &mut watch::Receiver<bool>) -> bool {
-    loop {
-        if leading.is_closed() {
-            return false;
-        }
-        if *leading.borrow_and_update() {
-            return true;
-        }
-        if leading.changed().await.is_err() {
-            return false;
-        }
-    }
-}
+/// How long a stopping reconciler waits for its events to be written.
+const EVENTS_FLUSH_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Waits until `leading` is `false` or its sender is gone.
-async fn until_not_leading(mut leading: watch::Receiver<bool>) {
-    loop {
-        if leading.is_closed() || !*leading.borrow_and_update() {
-            return;
-        }
-        if leading.changed().await.is_err() {
-            return;
-        }
-    }
+/// Waits until `leading` says this replica does not lead (or will never lead again).
+async fn until_not_leading(mut leading: Leading) {
+    leading.wait_not_leading().await;
 }
 
 /// How a term gets a fresh list of the objects from [`watch_objects`].
@@ -398,12 +395,12 @@ async fn lead(
     triggers: Arc<Triggers>,
     mut relists: Relists,
     workers: u16,
-    mut leading: watch::Receiver<bool>,
+    mut leading: Leading,
     shutdown: Shared<BoxFuture<'static, ()>>,
 ) {
     loop {
         let leads = tokio::select! {
-            leads = until_leading(&mut leading) => leads,
+            leads = leading.wait_leading() => leads,
             () = shutdown.clone() => return,
         };
         if !leads {
@@ -470,7 +467,7 @@ fn outcome(result: ControllerResult, ctx: &Context) {
         }
         // Already logged by `error_policy`.
         Err(controller::Error::ReconcilerFailed(..)) | Ok(_) => {}
-        Err(error) => warn!(error = %error_chain(&error), "controller error"),
+        Err(error) => warn!(error = %chain(&error), "controller error"),
     }
 }
 
@@ -487,7 +484,10 @@ mod tests {
         api::core::v1::Namespace,
         apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     };
-    use kube_client::api::{DeleteParams, ObjectMeta, PostParams};
+    use kube_client::{
+        ResourceExt,
+        api::{DeleteParams, ObjectMeta, PostParams},
+    };
 
     fn assert_send<T: Send>(t: T) -> T {
         t
@@ -507,7 +507,7 @@ mod tests {
             client,
             backend,
             Config::default(),
-            leading,
+            leading.into(),
             future::pending(),
         )));
     }
@@ -600,7 +600,7 @@ mod tests {
             client.clone(),
             Arc::new(backend.clone()),
             Config::default().cluster_id("cluster-7"),
-            leading,
+            leading.into(),
             async move {
                 let _ = stopped.await;
             },
@@ -753,7 +753,7 @@ mod tests {
             client.clone(),
             Arc::new(backend.clone()),
             Config::default().cluster_id("cluster-7"),
-            leading,
+            leading.into(),
             async move {
                 let _ = stopped.await;
             },
@@ -870,7 +870,7 @@ mod tests {
             client.clone(),
             Arc::new(backend.clone()),
             config,
-            leading,
+            leading.into(),
             async move {
                 let _ = stopped.await;
             },

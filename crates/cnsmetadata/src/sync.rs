@@ -3,11 +3,11 @@
 use std::time::SystemTime;
 
 use kube_client::ResourceExt;
+use kube_controller_kit::error::chain;
 use kube_runtime::reflector::ObjectRef;
 use tracing::{debug, info, warn};
 
 use crate::{
-    backend::error_chain,
     plan::referred_entities,
     reconciler::Context,
     record::PushedEntry,
@@ -143,9 +143,9 @@ pub(crate) async fn push(ctx: &Context, entry: &PushedEntry, delete: bool) -> Re
             Ok(())
         }
         Ok(Err(error)) => {
-            warn!(volume_id = %update.volume_id, delete, error = %error_chain(&error), "cns update failed");
+            warn!(volume_id = %update.volume_id, delete, error = %chain(&error), "cns update failed");
             Err(Failed {
-                message: error_chain(&error),
+                message: chain(&error),
                 unanswered: error.may_land_later().then_some(sent),
             })
         }

@@ -2,11 +2,10 @@
 //! resource, with conflict retries on a fresh copy.
 
 use kube_client::{Api, ResourceExt, api::PostParams};
+use kube_controller_kit::{error::chain, events::EventType};
 use tracing::debug;
 
 use crate::{
-    backend::error_chain,
-    events::EventType,
     reconciler::{Context, ReconcileError, describe},
     record::{self, Edit},
     resource::{CnsVolumeMetadata, VolumeStatus},
@@ -98,7 +97,7 @@ pub(crate) async fn write_status(
         let note = format!(
             "Failed to update status for {:?}. Err: {}.",
             object.name_any(),
-            error_chain(error)
+            chain(error)
         );
         ctx.publish(object, EventType::Warning, "UpdateStatus", note)
             .await;

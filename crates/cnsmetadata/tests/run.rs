@@ -97,14 +97,18 @@ async fn pvc_entity_is_pushed_finalized_and_removed_on_delete() {
         container_cluster: container_cluster("TKGService"),
     };
     assert_eq!(h.backend.updates(), vec![expected.clone()]);
-    let events = h.events("tenant", "gc-1-data").await;
-    assert!(
+    // Events are written in the background: wait for it.
+    wait_for("an UpdateSucceeded event", || async {
+        let events = h.events("tenant", "gc-1-data").await;
         events
             .iter()
-            .any(|e| e.reason.as_deref() == Some(REASON_UPDATE_SUCCEEDED)
-                && e.type_.as_deref() == Some("Normal")),
-        "no UpdateSucceeded event in {events:?}"
-    );
+            .any(|e| {
+                e.reason.as_deref() == Some(REASON_UPDATE_SUCCEEDED)
+                    && e.type_.as_deref() == Some("Normal")
+            })
+            .then_some(())
+    })
+    .await;
 
     h.delete("tenant", "gc-1-data").await;
     wait_for("gc-1-data to be gone", || async {
@@ -292,7 +296,7 @@ fn start_standby(
         h.client.clone(),
         backend,
         config(),
-        leading,
+        leading.into(),
         async move {
             let _ = stopped.await;
         },

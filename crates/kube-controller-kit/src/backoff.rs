@@ -78,6 +78,9 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Per-key exponential backoff: the n-th failure of a key waits `base * 2^(n-1)`,
 /// capped at `max`.
 ///
+/// `max` is a hard cap: no delay is ever longer, so a `max` below `base` makes every delay
+/// `max` (as client-go does). A configured cap is never silently raised.
+///
 /// The failure count of a key grows with every [`when`](RateLimiter::when) and is reset
 /// by [`forget`](RateLimiter::forget). Keys are tracked until forgotten, so callers must
 /// forget keys that succeed or are given up on for good, or the map keeps them.
@@ -100,6 +103,24 @@ impl ItemExponentialLimiter {
             max,
             failures: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The first delay.
+    #[must_use]
+    pub fn base(&self) -> Duration {
+        self.base
+    }
+
+    /// The cap of every delay.
+    #[must_use]
+    pub fn max(&self) -> Duration {
+        self.max
+    }
+
+    /// The delay the next failure of `key` would get, without recording anything.
+    #[must_use]
+    pub fn peek(&self, key: &str) -> Duration {
+        self.delay_after(self.retries(key))
     }
 
     /// The delay after `previous` earlier failures: `base * 2^previous`, capped at `max`.
@@ -342,6 +363,30 @@ mod tests {
         // A base larger than the cap is capped from the first failure.
         let capped = ItemExponentialLimiter::new(secs(15), secs(10));
         assert_eq!(capped.when("a"), secs(10));
+    }
+
+    #[test]
+    fn a_max_below_base_caps_every_delay_at_max() {
+        let limiter = ItemExponentialLimiter::new(secs(10), secs(1));
+        let delays: Vec<_> = (0..3).map(|_| limiter.when("a")).collect();
+        assert_eq!(
+            delays,
+            [1, 1, 1].map(secs),
+            "the cap is never raised to the base"
+        );
+        assert_eq!(limiter.peek("a"), secs(1));
+    }
+
+    #[test]
+    fn peek_tells_the_next_delay_without_recording_it() {
+        let limiter = ItemExponentialLimiter::new(secs(1), secs(100));
+        assert_eq!(limiter.peek("a"), secs(1));
+        limiter.when("a");
+        limiter.when("a");
+        assert_eq!(limiter.peek("a"), secs(4));
+        assert_eq!(limiter.peek("a"), secs(4));
+        assert_eq!(limiter.retries("a"), 2);
+        assert_eq!((limiter.base(), limiter.max()), (secs(1), secs(100)));
     }
 
     #[tokio::test(start_paused = true)]

@@ -66,9 +66,12 @@ pub use kube_runtime::events::{Event, EventType, Reporter};
 
 use crate::error::chain;
 
-/// Longest note the API server accepts (`events.k8s.io/v1`: 1 kB); longer notes are cut,
-/// see [`EventWriter::note_limit`].
+/// Longest note the API server accepts: it refuses an `events.k8s.io/v1` Event whose
+/// `note` is longer than 1024 bytes (its validation counts bytes, not characters). Longer
+/// notes are cut, see [`EventWriter::note_limit`].
 pub const NOTE_LIMIT: usize = 1024;
+/// Ends a note that was cut, so a reader knows the text goes on.
+pub const CUT_MARKER: &str = "...";
 /// Events queued for the writer task before a publisher waits (Go's `maxQueuedEvents`).
 pub const QUEUE_CAPACITY: usize = 1000;
 /// Event creates in flight at once.
@@ -166,9 +169,9 @@ impl EventWriter {
         }
     }
 
-    /// Notes longer than `bytes` (at most [`NOTE_LIMIT`]) are cut to `bytes`, on a
-    /// character boundary. Default [`NOTE_LIMIT`]. Applies to this handle and the clones
-    /// made from it afterwards.
+    /// Notes longer than `bytes` (at most [`NOTE_LIMIT`]) are cut on a character boundary
+    /// and end in [`CUT_MARKER`], `bytes` long at most with the marker. Default
+    /// [`NOTE_LIMIT`]. Applies to this handle and the clones made from it afterwards.
     #[must_use]
     pub fn note_limit(mut self, bytes: usize) -> Self {
         self.note_limit = bytes.min(NOTE_LIMIT);
@@ -306,14 +309,18 @@ fn event_name(object: &str, nanos: i128, sequence: u64) -> String {
     format!("{prefix}{suffix}")
 }
 
-/// `note` cut to at most `max` bytes, on a character boundary.
+/// `note` cut to at most `max` bytes with [`CUT_MARKER`] at its end, on a character
+/// boundary; a note that fits is kept whole.
 fn truncate(mut note: String, max: usize) -> String {
     if note.len() > max {
-        let mut cut = max;
+        let mut cut = max.saturating_sub(CUT_MARKER.len());
         while !note.is_char_boundary(cut) {
             cut -= 1;
         }
         note.truncate(cut);
+        if CUT_MARKER.len() <= max {
+            note.push_str(CUT_MARKER);
+        }
     }
     note
 }
@@ -325,13 +332,27 @@ mod tests {
     use kube_client::Resource;
 
     #[test]
-    fn notes_are_cut_on_a_character_boundary() {
+    fn notes_are_cut_on_a_character_boundary_and_marked() {
         assert_eq!(truncate("abc".to_owned(), 1000), "abc");
+        let fits = "x".repeat(NOTE_LIMIT);
+        assert_eq!(
+            truncate(fits.clone(), NOTE_LIMIT),
+            fits,
+            "a note that fits is whole"
+        );
         let long = "é".repeat(600);
-        let cut = truncate(long, 1000);
-        assert_eq!(cut.len(), 1000);
+        let cut = truncate(long, NOTE_LIMIT);
+        // 1021 bytes of text end inside an "é": 1020 bytes, then the marker.
+        assert_eq!(cut.len(), 1023);
+        assert!(cut.ends_with(CUT_MARKER));
+        assert!(cut.starts_with(&"é".repeat(510)));
         let odd = format!("a{}", "é".repeat(600));
-        assert_eq!(truncate(odd, 1000).len(), 999);
+        assert_eq!(truncate(odd, NOTE_LIMIT).len(), NOTE_LIMIT);
+        assert_eq!(
+            truncate("abcdef".to_owned(), 2),
+            "",
+            "no room for the marker"
+        );
     }
 
     #[test]
@@ -399,7 +420,9 @@ mod tests {
             assert_eq!(event.reason.as_deref(), Some("SyncFailed"));
             assert_eq!(event.type_.as_deref(), Some("Warning"));
             assert_eq!(event.action.as_deref(), Some("Sync"));
-            assert_eq!(event.note.as_deref().map(str::len), Some(NOTE_LIMIT));
+            let note = event.note.as_deref().unwrap();
+            assert_eq!(note.len(), NOTE_LIMIT);
+            assert!(note.ends_with(CUT_MARKER), "a cut note says so");
             assert_eq!(
                 event.reporting_controller.as_deref(),
                 Some("example.com/ctl")
@@ -425,7 +448,8 @@ mod tests {
         assert_eq!(listed.len(), 1);
         let written = &listed[0];
         assert_eq!(written.type_.as_deref(), Some("Normal"));
-        assert_eq!(written.note.as_deref().map(str::len), Some(1000));
+        // 997 bytes of text end inside an "é": 996 bytes, then the marker.
+        assert_eq!(written.note.as_deref().map(str::len), Some(999));
         assert_eq!(
             written.reporting_instance.as_deref(),
             Some("example.com/ctl"),

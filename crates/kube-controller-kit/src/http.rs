@@ -200,6 +200,25 @@ impl Health {
         self.inner.role.subscribe()
     }
 
+    /// Whether the replica leads ([`Role::Leading`]), for another controller under the
+    /// election of the controller that drives this handle; once every clone of this
+    /// handle is dropped, never again.
+    ///
+    /// ```
+    /// use kube_controller_kit::http::{Health, Role};
+    ///
+    /// let health = Health::new();
+    /// let leading = health.leading();
+    /// health.set_role(Role::Leading);
+    /// assert!(leading.is_leading());
+    /// health.set_role(Role::Stopping);
+    /// assert!(!leading.is_leading());
+    /// ```
+    #[must_use]
+    pub fn leading(&self) -> crate::leader::Leading {
+        crate::leader::Leading::from_watch(self.watch_role(), |role| *role == Role::Leading)
+    }
+
     /// What `/readyz` reports.
     ///
     /// # Errors

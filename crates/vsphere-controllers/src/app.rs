@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context as _, anyhow};
 use kube_client::Client;
 use kube_client::config::{KubeConfigOptions, Kubeconfig};
-use provision_controller::http::{Health, Role};
+use provision_controller::http::Health;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use vsphere_cns::{
@@ -92,8 +92,8 @@ pub fn select_mode(found: &Found) -> Result<Mode, String> {
 pub struct Settings {
     /// The provisioner name claims' classes must name.
     pub provisioner_name: String,
-    /// Leader election: the provision controller elects on its Lease and the reconciler
-    /// runs only on the leader. On in the binary; off runs both everywhere.
+    /// Leader election: one election, on the provision controller's Lease, for both
+    /// controllers; the reconciler follows it. On in the binary; off runs both everywhere.
     pub leader_election: bool,
     /// Where the provision controller serves metrics, if anywhere.
     pub metrics_address: Option<SocketAddr>,
@@ -126,12 +126,15 @@ pub struct Running {
     tasks: JoinSet<(&'static str, anyhow::Result<()>)>,
 }
 
-/// Starts the provision controller and the `CnsVolumeMetadata` reconciler.
+/// Starts the provision controller and the `CnsVolumeMetadata` reconciler under one
+/// election.
 ///
-/// With [`Settings::leader_election`] on, the provision controller elects a leader on its
-/// Lease, and the reconciler reconciles only while this replica leads (its caches fill at
+/// With [`Settings::leader_election`] on, the provision controller runs the election (on
+/// its Lease, with its `LeaderElection` options) and reports its role to a
+/// [`Health`] handle; the reconciler follows that one election through
+/// [`Health::leading`] and reconciles only while this replica leads (its caches fill at
 /// once, so a standby takes over warm). Without it, the reconciler runs once the provision
-/// controller has started. Losing the lease makes the provision controller fail, and
+/// controller has started (it then reports itself leading). Losing the lease makes the provision controller fail, and
 /// [`Running::run_until`] stops the reconciler too and returns the error: the process
 /// should exit and be restarted.
 pub fn start_controllers(
@@ -157,7 +160,8 @@ pub fn start_controllers(
             .metrics_port(address.port());
     }
     let health = Health::new();
-    let role = health.watch_role();
+    // The one election: the provision controller drives it, the reconciler follows it.
+    let leading = health.leading();
     let controller = provision_controller::ProvisionController::new(
         kube.clone(),
         settings.provisioner_name.clone(),
@@ -183,39 +187,20 @@ pub fn start_controllers(
     });
     let metadata_shutdown = shutdown();
     tasks.spawn(async move {
-        let (leading, follower) = watch::channel(false);
-        let reconciler = cnsmetadata::run_while_leading(
+        let result = cnsmetadata::run_while_leading(
             kube,
             Arc::new(backend),
             metadata_config,
-            follower,
+            leading,
             metadata_shutdown,
-        );
-        let result = tokio::select! {
-            result = reconciler => result,
-            never = follow_leadership(role, leading) => match never {},
-        };
+        )
+        .await;
         (
             "CnsVolumeMetadata reconciler",
             result.context("CnsVolumeMetadata reconciler failed"),
         )
     });
     Running { stop, tasks }
-}
-
-/// Publishes on `leading` whether the provision controller leads, until it is gone (then
-/// "not leading", for good); never returns.
-async fn follow_leadership(
-    mut role: watch::Receiver<Role>,
-    leading: watch::Sender<bool>,
-) -> std::convert::Infallible {
-    loop {
-        leading.send_replace(*role.borrow_and_update() == Role::Leading);
-        if role.changed().await.is_err() {
-            leading.send_replace(false);
-            return std::future::pending().await;
-        }
-    }
 }
 
 impl Running {

@@ -1,5 +1,6 @@
 //! One leader: with leader election on, a standby neither provisions nor reconciles
-//! `CnsVolumeMetadata` objects; once it holds the lease it does both.
+//! `CnsVolumeMetadata` objects; once it holds the lease it does both, and that one Lease
+//! is the only one: both controllers follow one election.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -190,6 +191,24 @@ async fn a_standby_neither_provisions_nor_reconciles_until_it_leads() {
     );
     let provisioned = eventually(Duration::from_secs(30), async || cns.volumes().len() == 1).await;
     assert!(provisioned, "the leader never provisioned the claim");
+
+    // One election: the provision controller's Lease is the only one, held by this replica.
+    let all: Vec<Lease> = Api::<Lease>::all(kube.clone())
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items;
+    let names: Vec<_> = all.iter().map(|l| l.metadata.name.clone()).collect();
+    assert_eq!(
+        names,
+        [Some(election.lease_name().to_owned())],
+        "both controllers follow one Lease"
+    );
+    let holder = all[0].spec.as_ref().and_then(|s| s.holder_identity.clone());
+    assert!(
+        holder.is_some_and(|h| h != "other-replica"),
+        "this replica holds the Lease"
+    );
 
     running.stop(Duration::from_secs(10)).await.unwrap();
     cns.shutdown().await;

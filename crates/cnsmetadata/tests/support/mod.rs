@@ -214,7 +214,8 @@ where
         .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
 }
 
-/// Reads the object from the server and reconciles it once.
+/// Reads the object from the server and reconciles it once; the events it published are
+/// written when it returns (they are written in the background).
 pub async fn step(
     h: &Harness,
     d: &Direct,
@@ -222,7 +223,9 @@ pub async fn step(
     name: &str,
 ) -> Result<Action, ReconcileError> {
     let object = h.get(namespace, name).await.expect("object exists");
-    reconcile(Arc::new(object), d.ctx.clone()).await
+    let result = reconcile(Arc::new(object), d.ctx.clone()).await;
+    d.ctx.flush_events(Duration::from_secs(10)).await;
+    result
 }
 
 /// Creates the object and reconciles it twice: finalizer, then the first update.

@@ -109,6 +109,13 @@ impl LeaderElector {
         self.shared.state.subscribe()
     }
 
+    /// Whether this replica leads, for the other controllers that follow this election
+    /// (see [`Leading`](super::Leading)); once the elector is dropped, never again.
+    #[must_use]
+    pub fn leading(&self) -> super::Leading {
+        super::Leading::from_watch(self.subscribe(), LeaderState::is_leading)
+    }
+
     /// Waits until this replica holds the lease, trying every
     /// [`retry_period`](LeaderElection::retry_period) (plus jitter), then starts renewing it
     /// in a task owned by the elector. Creates the Lease when it does not exist. Returns at

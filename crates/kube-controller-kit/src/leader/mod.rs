@@ -7,6 +7,31 @@
 //! calls [`release`](LeaderElector::release) so a standby takes over at its next attempt
 //! instead of waiting out the lease.
 //!
+//! # Several controllers, one election
+//! An application that runs several controllers (a provisioner and a reconciler, say)
+//! elects once, on one Lease, and every controller follows that election through a
+//! [`Leading`]:
+//! - the controller that runs the elector hands out [`LeaderElector::leading`] (or, when
+//!   it reports its role to a [`Health`](crate::http::Health) handle, as
+//!   `provision-controller` does, [`Health::leading`](crate::http::Health::leading));
+//! - every other controller takes the `Leading` and works only while it leads
+//!   (`cnsmetadata::run_while_leading` does: its caches stay warm on a standby, and each
+//!   term starts from a fresh list);
+//! - losing the lease ends the elector's controller with an error; the application stops
+//!   the others then, and the process restarts as a standby.
+//!
+//! ```no_run
+//! use kube_controller_kit::{http::Health, leader::Leading};
+//! # async fn follower(leading: Leading) {}
+//! # async fn doc() {
+//! let health = Health::new();
+//! // `health` goes to the controller that elects (it sets the role from its elector) ...
+//! let leading: Leading = health.leading();
+//! // ... and `leading` to each controller that follows.
+//! tokio::spawn(follower(leading));
+//! # }
+//! ```
+//!
 //! # Renewals do not queue behind worker traffic
 //! Every clone of a `kube_client::Client` shares one tower `Buffer` (its worker polls the
 //! inner service one request at a time) and one hyper connection pool; over HTTP/2 that
@@ -48,11 +73,13 @@
 
 mod config;
 mod elector;
+mod leading;
 mod lease;
 mod record;
 
 pub use config::{InvalidLeaderElection, LeaderElection};
 pub use elector::LeaderElector;
+pub use leading::Leading;
 
 use kube_client::Client;
 
