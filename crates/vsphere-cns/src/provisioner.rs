@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::PersistentVolume;
+use kube_controller_kit::error::chain;
 use provision_controller::annotations::ANN_PROVISIONED_BY;
 use provision_controller::{DeleteError, ProvisionError, ProvisionOptions, Provisioner};
 use tracing::{debug, info, instrument, warn};
@@ -428,7 +429,7 @@ impl CnsProvisioner {
                 _ => created,
             },
             Err(e) => {
-                warn!(volume = name, error = %error_chain(&e), "could not look for other cns volumes of this name");
+                warn!(volume = name, error = %chain(&e), "could not look for other cns volumes of this name");
                 created
             }
         }
@@ -453,7 +454,7 @@ impl CnsProvisioner {
                 match failed {
                     None => failed = Some(e),
                     Some(_) => {
-                        warn!(error = %error_chain(&e), "could not delete a leftover cns volume")
+                        warn!(error = %chain(&e), "could not delete a leftover cns volume")
                     }
                 }
             }
@@ -498,7 +499,7 @@ impl CnsProvisioner {
         let volumes = match self.find_by_name(name).await {
             Ok(volumes) => volumes,
             Err(lookup) => {
-                warn!(volume = name, error = %error_chain(&lookup), refused = %error_chain(&refused),
+                warn!(volume = name, error = %chain(&lookup), refused = %chain(&refused),
                     "cannot tell whether a cns volume exists for a refused claim");
                 return Err(ProvisionError::NoChange(Box::new(refused)));
             }
@@ -508,14 +509,14 @@ impl CnsProvisioner {
             return Err(match self.unresolved_create(name) {
                 None => ProvisionError::final_(refused),
                 Some(pending) => {
-                    warn!(volume = name, error = %error_chain(&refused), pending = %pending,
+                    warn!(volume = name, error = %chain(&refused), pending = %pending,
                         "refusing a claim whose cns volume may still be created; asked again until it lands or the settle window passes");
                     ProvisionError::InBackground(Box::new(refused))
                 }
             });
         };
         warn!(volume = name, volume_id = %lowest.volume_id, capacity_in_mb = lowest.capacity_in_mb,
-            count, error = %error_chain(&refused),
+            count, error = %chain(&refused),
             "the claim's request or class is refused, but a cns volume of its name exists; handing that volume over as it is (the lowest id when several)");
         Ok(volume::adopted(options, &lowest))
     }
@@ -549,7 +550,7 @@ impl CnsProvisioner {
             ProvisionError::Final(source) => source,
             ProvisionError::InBackground(source) => {
                 self.pending.record(name, sent_at, self.create_settle);
-                warn!(volume = name, error = %error_chain(&*source), settle = ?self.create_settle,
+                warn!(volume = name, error = %chain(&*source), settle = ?self.create_settle,
                     "the cns create may still land; retries wait for it instead of creating another volume");
                 return ProvisionError::InBackground(source);
             }
@@ -563,7 +564,7 @@ impl CnsProvisioner {
                 ProvisionError::InBackground(source)
             }
             Err(lookup) => {
-                warn!(volume = name, error = %error_chain(&lookup), "cannot look for a volume left by the failed create");
+                warn!(volume = name, error = %chain(&lookup), "cannot look for a volume left by the failed create");
                 ProvisionError::InBackground(source)
             }
         }
@@ -794,18 +795,6 @@ fn create_error(name: &str, source: Error) -> ProvisionError {
         Some(false) => ProvisionError::Final(error),
         None => ProvisionError::NoChange(error),
     }
-}
-
-/// `error` and its sources joined with `": "`.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]
