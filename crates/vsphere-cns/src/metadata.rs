@@ -8,8 +8,8 @@ use tracing::instrument;
 use crate::Error;
 use crate::client::CnsClient;
 use crate::types::{
-    ClusterFlavor, CnsVolumeId, ContainerCluster, EntityMetadata, EntityReference, EntityType,
-    KeyValue, VolumeMetadata, VolumeMetadataUpdateSpec,
+    CnsVolumeId, ContainerCluster, EntityMetadata, EntityReference, EntityType, KeyValue,
+    VolumeMetadata, VolumeMetadataUpdateSpec,
 };
 
 /// A [`VolumeMetadataBackend`] that sends each update to vCenter with
@@ -87,7 +87,7 @@ fn update_spec(update: &VolumeMetadataUpdate) -> Result<VolumeMetadataUpdateSpec
         cluster_type: source.cluster_type.as_str().to_owned(),
         cluster_id: source.cluster_id.clone(),
         vsphere_user: source.vsphere_user.clone(),
-        cluster_flavor: Some(flavor(source.cluster_flavor)),
+        cluster_flavor: Some(source.cluster_flavor),
         cluster_distribution: non_empty(&source.cluster_distribution),
         delete: None,
     };
@@ -127,14 +127,9 @@ fn non_empty(value: &str) -> Option<String> {
     (!value.is_empty()).then(|| value.to_owned())
 }
 
-fn flavor(flavor: cnsmetadata::ClusterFlavor) -> ClusterFlavor {
-    match flavor {
-        cnsmetadata::ClusterFlavor::Workload => ClusterFlavor::Workload,
-        cnsmetadata::ClusterFlavor::GuestCluster => ClusterFlavor::GuestCluster,
-        cnsmetadata::ClusterFlavor::Vanilla => ClusterFlavor::Vanilla,
-    }
-}
-
+/// The CNS entity type of a CRD entity type. The CRD's type is open (an object naming a
+/// type CNS does not know is still read, and fails here, naming the type); the CNS wire
+/// type is closed.
 fn entity_type(value: &cnsmetadata::EntityType) -> Result<EntityType, BackendError> {
     EntityType::from_wire(value.as_str()).ok_or_else(|| {
         BackendError::other(format!(
@@ -148,6 +143,7 @@ fn entity_type(value: &cnsmetadata::EntityType) -> Result<EntityType, BackendErr
 mod tests {
     use std::collections::BTreeMap;
 
+    use crate::types::ClusterFlavor;
     use cnsmetadata::{ClusterType, EntityReference as CrdReference};
 
     use super::*;

@@ -82,37 +82,10 @@ impl VolumeType {
     }
 }
 
-/// The kind of Kubernetes cluster (govmomi: `CnsClusterFlavor`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ClusterFlavor {
-    /// A plain Kubernetes cluster (`VANILLA`).
-    Vanilla,
-    /// A vSphere supervisor cluster (`WORKLOAD`).
-    Workload,
-    /// A Tanzu guest cluster (`GUEST_CLUSTER`).
-    GuestCluster,
-}
-
-impl ClusterFlavor {
-    /// The wire value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ClusterFlavor::Vanilla => "VANILLA",
-            ClusterFlavor::Workload => "WORKLOAD",
-            ClusterFlavor::GuestCluster => "GUEST_CLUSTER",
-        }
-    }
-
-    /// Parses a wire value.
-    pub fn from_wire(value: &str) -> Option<Self> {
-        match value {
-            "VANILLA" => Some(ClusterFlavor::Vanilla),
-            "WORKLOAD" => Some(ClusterFlavor::Workload),
-            "GUEST_CLUSTER" => Some(ClusterFlavor::GuestCluster),
-            _ => None,
-        }
-    }
-}
+/// The kind of Kubernetes cluster (govmomi: `CnsClusterFlavor`): cnsmetadata's type, whose
+/// [`as_str`](ClusterFlavor::as_str) and [`parse`](ClusterFlavor::parse) are the wire
+/// values.
+pub use cnsmetadata::ClusterFlavor;
 
 /// The container cluster a volume belongs to (govmomi: `CnsContainerCluster`).
 #[doc(alias = "CnsContainerCluster")]

@@ -11,9 +11,7 @@ use kube_client::config::{KubeConfigOptions, Kubeconfig};
 use provision_controller::http::Health;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use vsphere_cns::{
-    ClusterFlavor, CnsClient, CnsMetadataBackend, CnsProvisioner, MoRef, VsphereConfig,
-};
+use vsphere_cns::{CnsClient, CnsMetadataBackend, CnsProvisioner, MoRef, VsphereConfig};
 
 /// Where `csi-vsphere.conf` is looked for when `--vsphere-config` is not given.
 pub const DEFAULT_VSPHERE_CONFIG: &str = "/etc/cloud/csi-vsphere.conf";
@@ -109,15 +107,6 @@ pub struct Settings {
     pub provision_config: provision_controller::Config,
     /// Metadata-reconciler options read from the environment (workers, flavor).
     pub metadata_config: cnsmetadata::Config,
-}
-
-/// The CNS flavor for a cnsmetadata flavor.
-pub fn cns_flavor(flavor: cnsmetadata::ClusterFlavor) -> ClusterFlavor {
-    match flavor {
-        cnsmetadata::ClusterFlavor::Workload => ClusterFlavor::Workload,
-        cnsmetadata::ClusterFlavor::GuestCluster => ClusterFlavor::GuestCluster,
-        cnsmetadata::ClusterFlavor::Vanilla => ClusterFlavor::Vanilla,
-    }
 }
 
 /// Both controllers, running until [`Running::stop`].
@@ -330,8 +319,8 @@ pub async fn connect_real(
         .iter()
         .map(MoRef::datastore)
         .collect();
-    let mut provisioner = CnsProvisioner::new(cns.clone(), owner, cns_flavor(flavor))?
-        .default_datastores(default_datastores);
+    let mut provisioner =
+        CnsProvisioner::new(cns.clone(), owner, flavor)?.default_datastores(default_datastores);
     if let Some(distribution) = &vsphere.global.cluster_distribution {
         provisioner = provisioner.cluster_distribution(distribution.clone());
     }

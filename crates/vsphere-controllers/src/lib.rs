@@ -31,7 +31,7 @@ mod run;
 
 pub use app::{
     DEFAULT_VSPHERE_CONFIG, DEMO_BANNER, Found, Mode, Real, RealOptions, Running, Settings,
-    cns_flavor, connect_real, exists, select_mode, start_controllers,
+    connect_real, exists, select_mode, start_controllers,
 };
 pub use demo::{CLASS, DemoOptions, DemoReport, Row, run_demo};
 pub use run::{Options, RunError, parse_datastore, run};

@@ -310,7 +310,7 @@ fn cluster(element: &Element) -> ContainerCluster {
         vsphere_user: opt_text(element, "vSphereUser").unwrap_or_default(),
         cluster_flavor: element
             .child_text("clusterFlavor")
-            .and_then(crate::types::ClusterFlavor::from_wire),
+            .and_then(crate::types::ClusterFlavor::parse),
         cluster_distribution: opt_text(element, "clusterDistribution"),
         delete: parse_bool(element, "delete"),
     }
