@@ -6,7 +6,7 @@ mod quantity;
 mod volume;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::PersistentVolume;
@@ -119,12 +119,10 @@ pub enum ProvisionerError {
         settle: Duration,
     },
     /// The PV's volume and the other volumes of its name were deleted, but a create of
-    /// that name whose outcome is unknown may still land: one this provisioner sent
-    /// earlier (see [`ProvisionerError::CreatePending`]), or, while the PV is younger
-    /// than the settle window, one another replica sent before the PV was saved.
-    /// `delete` fails until the settle window has passed since it was sent (since the
-    /// PV was created, for another replica's), so that the controller keeps the PV and
-    /// deletes again, and the late volume goes too. Returned as [`DeleteError::Failed`].
+    /// that name this provisioner sent earlier, whose outcome is unknown, may still land
+    /// (see [`ProvisionerError::CreatePending`]): `delete` fails until the settle window
+    /// has passed since it was sent, so that the controller keeps the PV and deletes
+    /// again, and the late volume goes too. Returned as [`DeleteError::Failed`].
     #[error(
         "deleted the volumes named {volume:?}, but a create of that name sent {sent_ago:?} \
          ago may still land; the PV is kept and deleted again until {settle:?} have passed \
@@ -133,8 +131,7 @@ pub enum ProvisionerError {
     DeletePending {
         /// The volume name (the PV's name).
         volume: String,
-        /// How long ago that create was sent (for another replica's: how long ago the
-        /// PV was created, after it was sent).
+        /// How long ago that create was sent.
         sent_ago: Duration,
         /// The settle window.
         settle: Duration,
@@ -607,17 +604,6 @@ fn provisioned_name(volume: &PersistentVolume) -> Option<&str> {
         .filter(|name| provisioned && !name.is_empty())
 }
 
-/// How long ago `volume` was created, while that is less than `settle` plus a second
-/// (creation times have a precision of one second); a creation time ahead of the clock
-/// counts as now. `None` without a creation time.
-fn young(volume: &PersistentVolume, settle: Duration) -> Option<Duration> {
-    let created: SystemTime = volume.metadata.creation_timestamp.as_ref()?.0.into();
-    let age = SystemTime::now()
-        .duration_since(created)
-        .unwrap_or(Duration::ZERO);
-    (age < settle.saturating_add(Duration::from_secs(1))).then_some(age)
-}
-
 #[async_trait]
 impl Provisioner for CnsProvisioner {
     #[instrument(skip_all, fields(pv = %options.pv_name))]
@@ -697,19 +683,11 @@ impl Provisioner for CnsProvisioner {
             self.delete_leftovers(name, &id).await.map_err(failed)?;
             // A create of this name that may still land would leave a volume no PV names
             // once this PV is gone: keep the PV (the controller deletes again) until it
-            // can no longer land. This replica remembers its own creates; one another
-            // replica sent (and abandoned when it stopped) was sent before the PV was
-            // saved, so it lands before the settle window has passed since the PV's
-            // creation (chaos seed 10014 claim-153).
-            let pending = self
-                .pending
-                .unresolved(name, self.create_settle)
-                .map(|p| p.age)
-                .or_else(|| young(volume, self.create_settle));
-            if let Some(age) = pending {
+            // can no longer land.
+            if let Some(pending) = self.pending.unresolved(name, self.create_settle) {
                 let error = ProvisionerError::DeletePending {
                     volume: name.to_owned(),
-                    sent_ago: millis(age),
+                    sent_ago: millis(pending.age),
                     settle: self.create_settle,
                 };
                 warn!(volume_id = %id, error = %error, "a create of this name may still land; the PV is deleted again later");
