@@ -170,11 +170,13 @@ async fn a_failed_window_end_sweep_is_retried_until_it_succeeds() {
 }
 
 #[tokio::test]
-async fn a_volume_older_than_the_window_is_not_swept() {
+async fn a_volume_older_than_the_window_and_the_grace_is_not_swept() {
     let sim = Env::sim().await;
     create_pv(&sim, "pvc-old", ME).await;
-    // Older than the window when the controller starts (creation times are whole seconds).
-    tokio::time::sleep(WINDOW + Duration::from_secs(1)).await;
+    // Older than the window plus the takeover grace (the window again without leader
+    // election) when the controller starts; creation times are whole seconds, and an age
+    // counts from the end of the second shown.
+    tokio::time::sleep(2 * WINDOW + Duration::from_secs(2)).await;
     create_pv(&sim, "pvc-young", ME).await;
     let driver = Timed::new(Some(WINDOW));
     let env = start(sim, &driver).await;
