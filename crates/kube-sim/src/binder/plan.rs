@@ -134,7 +134,8 @@ pub(super) struct Cache {
     /// write's answer or a GET that raced with the deletion carries the claim as it was
     /// before; folded in after the delete event it would bring the claim back for good
     /// (chaos seed 10231 claim-061: its PV was bound to the ghost and never released).
-    /// Kept for the binder's life: a simulator's claims are few.
+    /// Kept for the binder's life: one UID per deleted claim (a few MB after the bench's
+    /// 50,000 claims).
     deleted_claims: HashSet<String>,
     volumes: HashMap<String, PersistentVolume>,
     volumes_by_claim: HashMap<ClaimKey, BTreeSet<String>>,

@@ -37,12 +37,15 @@ pub(crate) fn is_ours(volume: &PersistentVolume, names: Names<'_>) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::testing::pv;
 
-    const ME: &str = "example.com/me";
-    fn names(extra: &[String]) -> Names<'_> {
+    /// The provisioner name of the unit tests.
+    pub(crate) const ME: &str = "example.com/me";
+
+    /// [`ME`], answering to `extra` too.
+    pub(crate) fn names(extra: &[String]) -> Names<'_> {
         Names {
             primary: ME,
             additional: extra,

@@ -289,13 +289,7 @@ mod tests {
     use super::*;
     use crate::testing::pv;
 
-    const ME: &str = "example.com/me";
-    fn names(extra: &[String]) -> Names<'_> {
-        Names {
-            primary: ME,
-            additional: extra,
-        }
-    }
+    use crate::controller::names::tests::{ME, names};
 
     #[test]
     fn should_delete_decisions() {
