@@ -25,6 +25,7 @@ use k8s_openapi::api::{
     storage::v1::StorageClass,
 };
 use kube_client::Client;
+use prometheus_client::registry::Registry;
 
 use crate::{
     cache::{Caches, SharedCache},
@@ -147,23 +148,40 @@ impl ProvisionController {
         self
     }
 
-    /// Counts into `metrics` (Go `MetricsInstance`). Without it the controller counts
-    /// into a registry of its own, served on the metrics endpoint.
+    /// Registers the controller's metrics on `registry`, counts into them, and serves
+    /// `registry` on the metrics endpoint (when [`Config::metrics_port`] is not 0); Go
+    /// `MetricsInstance`.
+    ///
+    /// Register the process's other metrics on the same registry, before or after this
+    /// call: the endpoint encodes the whole registry at every scrape. A caller that serves
+    /// metrics on a server of its own (with [`Config::metrics_port`] 0) serves this
+    /// registry there. Without this call the controller counts into a registry of its
+    /// own, which the endpoint serves.
+    ///
+    /// ```no_run
+    /// use std::sync::{Arc, Mutex};
+    /// use prometheus_client::{metrics::counter::Counter, registry::Registry};
+    /// use provision_controller::{Config, ProvisionController, testing::FakeProvisioner};
+    /// # fn doc(client: kube_client::Client) {
+    /// let registry = Arc::new(Mutex::new(Registry::default()));
+    /// let calls = Counter::<u64>::default();
+    /// registry.lock().unwrap().register("driver_calls", "Calls to the backend", calls.clone());
+    /// let controller = ProvisionController::new(client, "example.com/nfs", FakeProvisioner::new())
+    ///     .with_config(Config::default().metrics_port(8080))
+    ///     .metrics_registry(registry); // /metrics serves driver_calls_total and the controller's
+    /// # }
+    /// ```
     #[doc(alias = "MetricsInstance")]
     #[must_use]
-    pub fn metrics(mut self, metrics: ControllerMetrics) -> Self {
+    pub fn metrics_registry(mut self, registry: Arc<Mutex<Registry>>) -> Self {
+        let metrics = ControllerMetrics::new(
+            &mut registry
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
         self.metrics = Some(metrics);
+        self.metrics_source = Some(MetricsSource::from(registry));
         self
-    }
-
-    /// Registers the controller's metrics on `registry` and counts into them.
-    ///
-    /// The metrics endpoint serves the controller's own registry unless told otherwise:
-    /// pass the same registry to [`metrics_source`](Self::metrics_source) (e.g. as
-    /// `Arc<Registry>` once everything is registered) to serve it.
-    #[must_use]
-    pub fn metrics_registry(self, registry: &mut prometheus_client::registry::Registry) -> Self {
-        self.metrics(ControllerMetrics::new(registry))
     }
 
     /// Reads claims from the caller's cache instead of watching them (Go `ClaimsInformer`).
@@ -206,19 +224,6 @@ impl ProvisionController {
     #[must_use]
     pub fn leader_election_client(mut self, client: Client) -> Self {
         self.leader_client = Some(client);
-        self
-    }
-
-    /// What the metrics endpoint serves (when [`Config::metrics_port`] is not 0).
-    ///
-    /// Default: the controller's own registry, holding its metrics when neither
-    /// [`metrics`](Self::metrics) nor [`metrics_registry`](Self::metrics_registry) was
-    /// called. A caller who registers the metrics on a registry of its own passes that
-    /// registry here (e.g. `Arc<Registry>` after registering everything), so the endpoint
-    /// serves it.
-    #[must_use]
-    pub fn metrics_source(mut self, source: impl Into<crate::http::MetricsSource>) -> Self {
-        self.metrics_source = Some(source.into());
         self
     }
 

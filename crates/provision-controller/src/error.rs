@@ -17,11 +17,16 @@ pub enum ProvisionError {
     #[doc(alias = "ProvisioningInBackground")]
     #[error("provisioning continues in the background")]
     InBackground(#[source] BoxError),
-    /// Nothing is running in the backend; this attempt failed and is retried with backoff
-    /// (Go: `ProvisioningFinished`).
+    /// This attempt failed and nothing of it is running in the backend (no asset exists
+    /// for it); the claim is provisioned again after the failure backoff (Go:
+    /// `ProvisioningFinished` with an error: the operation finished, unsuccessfully).
+    ///
+    /// Not final: the controller keeps retrying until
+    /// [`Config::failed_provision_threshold`](crate::Config::failed_provision_threshold)
+    /// attempts have failed, then waits for the claim's next change or resync.
     #[doc(alias = "ProvisioningFinished")]
     #[error("provisioning failed")]
-    Final(#[source] BoxError),
+    Failed(#[source] BoxError),
     /// The call changed nothing: the claim keeps whatever state an earlier call left
     /// (in background or not) and is retried (Go: `ProvisioningNoChange`).
     #[doc(alias = "ProvisioningNoChange")]
@@ -29,7 +34,7 @@ pub enum ProvisionError {
     NoChange(#[source] BoxError),
     /// The selected node cannot host the volume: the controller removes the claim's
     /// `volume.kubernetes.io/selected-node` annotation so the scheduler picks again
-    /// (Go: `ProvisioningReschedule`). Without a selected node it acts as [`Self::Final`].
+    /// (Go: `ProvisioningReschedule`). Without a selected node it acts as [`Self::Failed`].
     #[doc(alias = "ProvisioningReschedule")]
     #[error("provisioning must be rescheduled to another node")]
     Reschedule(#[source] BoxError),
@@ -54,10 +59,10 @@ pub enum ProvisionError {
 }
 
 impl ProvisionError {
-    /// Wraps `err` as [`ProvisionError::Final`].
+    /// Wraps `err` as [`ProvisionError::Failed`].
     #[must_use]
-    pub fn final_(err: impl Into<BoxError>) -> Self {
-        Self::Final(err.into())
+    pub fn failed(err: impl Into<BoxError>) -> Self {
+        Self::Failed(err.into())
     }
     /// Wraps `err` as [`ProvisionError::InBackground`].
     #[must_use]

@@ -23,7 +23,7 @@
 //! | `MetricsAddress`, `MetricsPort` (0 = off), `MetricsPath` | [`Config::metrics_address`], [`Config::metrics_port`], [`Config::metrics_path`]; also serves `/healthz` and `/readyz` ([`http`]) |
 //! | (none: process exit on shutdown) | [`Config::shutdown_grace`] (30 s) |
 //! | (none: kubernetes-csi/external-provisioner#486) | [`Config::crash_safe_provisioning`] (on) |
-//! | `MetricsInstance` | [`ProvisionController::metrics`], [`ProvisionController::metrics_registry`] |
+//! | `MetricsInstance` | [`ProvisionController::metrics_registry`]: the controller's metrics on the caller's registry, which the endpoint serves |
 //! | `ClaimsInformer`, `VolumesInformer`, `ClassesInformer` | [`ProvisionController::claims_cache`], [`ProvisionController::volumes_cache`], [`ProvisionController::classes_cache`] with a [`SharedCache`] |
 //! | `NodesLister` | not offered: the selected node is read with a GET, as Go does without a lister |
 //!

@@ -70,7 +70,7 @@ impl ProvisionOptions {
 ///   [`ProvisionError::InBackground`] while it is not ready); it never creates a second
 ///   asset. The name is deterministic (`pvc-<claim uid>` by default), so it can be the
 ///   backend's idempotency key or the asset's name.
-/// - **Errors tell the truth about the backend.** [`ProvisionError::Final`],
+/// - **Errors tell the truth about the backend.** [`ProvisionError::Failed`],
 ///   [`ProvisionError::Infeasible`], [`ProvisionError::Reschedule`] and
 ///   [`ProvisionError::Ignored`] mean that no asset
 ///   exists for this name (none was created, or it was removed again); anything that may

@@ -36,8 +36,8 @@ pub enum ProvisionStep {
     Succeed,
     /// Return [`ProvisionError::InBackground`].
     InBackground,
-    /// Return [`ProvisionError::Final`].
-    Final,
+    /// Return [`ProvisionError::Failed`].
+    Failed,
     /// Return [`ProvisionError::NoChange`].
     NoChange,
     /// Return [`ProvisionError::Reschedule`].
@@ -225,7 +225,7 @@ impl Provisioner for FakeProvisioner {
             ProvisionStep::InBackground => Err(ProvisionError::InBackground(err(
                 "fake: still provisioning",
             ))),
-            ProvisionStep::Final => Err(ProvisionError::Final(err("fake: provisioning failed"))),
+            ProvisionStep::Failed => Err(ProvisionError::Failed(err("fake: provisioning failed"))),
             ProvisionStep::NoChange => Err(ProvisionError::NoChange(err("fake: no change"))),
             ProvisionStep::Reschedule => Err(ProvisionError::Reschedule(err(
                 "fake: node cannot host the volume",

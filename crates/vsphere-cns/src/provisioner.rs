@@ -190,7 +190,7 @@ pub enum ProvisionerError {
 ///   create was sent is [`ProvisionError::InBackground`] (the controller keeps retrying,
 ///   and the lookup then finds the volume); a failure before anything was sent is
 ///   [`ProvisionError::NoChange`]; a rejected claim, class or spec is
-///   [`ProvisionError::Final`].
+///   [`ProvisionError::Failed`].
 /// - **A create that may still land is waited for, not repeated.** When a create of a name
 ///   was sent and its outcome is unknown (a timeout, on the call or on its task, or a
 ///   connection broken after sending), a later `provision` of that name whose lookup finds
@@ -209,11 +209,11 @@ pub enum ProvisionerError {
 ///   concluding that none exists. This memory is per provisioner (its clones share it)
 ///   and in memory only: another replica, or this one after a restart, does not know of
 ///   the pending create, and relies on the lowest-ID rule and the leftover sweeps above.
-/// - **`Final` means no volume of that name exists** (nor may one still land from a
+/// - **`Failed` means no volume of that name exists** (nor may one still land from a
 ///   create this provisioner sent), as crash-safe provisioning relies on: a claim or class
 ///   refused while a volume of that name exists is adopted (below), while none exists but
 ///   a create of that name may still land it is `InBackground`, and when the lookup fails
-///   it is `NoChange`; a create that failed in vCenter is `Final` only when no volume of
+///   it is `NoChange`; a create that failed in vCenter is `Failed` only when no volume of
 ///   that name exists afterwards, else (or when the lookup fails) `InBackground`, and the
 ///   retry adopts the volume; a `CnsAlreadyRegisteredFault` whose volume cannot be found
 ///   is `InBackground`.
@@ -475,7 +475,7 @@ impl CnsProvisioner {
         Ok(())
     }
 
-    /// Answers a claim or class refused now (`refused`). [`ProvisionError::Final`] only
+    /// Answers a claim or class refused now (`refused`). [`ProvisionError::Failed`] only
     /// when no volume of the claim's name exists (nor may one still land from a create this
     /// provisioner sent: then [`ProvisionError::InBackground`]). When one exists (made by
     /// an earlier attempt before the class or request changed, by another replica, or left
@@ -504,7 +504,7 @@ impl CnsProvisioner {
         let count = volumes.len();
         let Some(lowest) = volumes.into_iter().next() else {
             return Err(match self.unresolved_create(name) {
-                None => ProvisionError::final_(refused),
+                None => ProvisionError::failed(refused),
                 Some(pending) => {
                     warn!(volume = name, error = %chain(&refused), pending = %pending,
                         "refusing a claim whose cns volume may still be created; asked again until it lands or the settle window passes");
@@ -532,7 +532,7 @@ impl CnsProvisioner {
     /// Maps a failed create. A fault means the create ran and failed; a vCenter may still
     /// have left a volume behind (a task that failed after creating the disk). Nothing is
     /// deleted (another replica's PV may name a volume of that name): the failure is
-    /// [`ProvisionError::Final`] only when no volume of that name exists, else (or when
+    /// [`ProvisionError::Failed`] only when no volume of that name exists, else (or when
     /// that cannot be told) [`ProvisionError::InBackground`], and the retry's lookup
     /// adopts the volume. A create whose outcome is unknown (sent at `sent_at`) is
     /// remembered, so that retries wait for it rather than create another volume.
@@ -544,7 +544,7 @@ impl CnsProvisioner {
     ) -> ProvisionError {
         let outcome = create_error(name, error);
         let source = match outcome {
-            ProvisionError::Final(source) => source,
+            ProvisionError::Failed(source) => source,
             ProvisionError::InBackground(source) => {
                 self.pending.record(name, sent_at, self.create_settle);
                 warn!(volume = name, error = %chain(&*source), settle = ?self.create_settle,
@@ -554,7 +554,7 @@ impl CnsProvisioner {
             other => return other,
         };
         match self.find_by_name(name).await {
-            Ok(volumes) if volumes.is_empty() => ProvisionError::Final(source),
+            Ok(volumes) if volumes.is_empty() => ProvisionError::Failed(source),
             Ok(volumes) => {
                 warn!(volume = name, volume_id = %volumes[0].volume_id,
                     "a cns volume of this name exists after the failed create; the retry uses it");
@@ -770,7 +770,7 @@ fn create_error(name: &str, source: Error) -> ProvisionError {
     let error = Box::new(cns(name, source));
     match sent {
         Some(true) => ProvisionError::InBackground(error),
-        Some(false) => ProvisionError::Final(error),
+        Some(false) => ProvisionError::Failed(error),
         None => ProvisionError::NoChange(error),
     }
 }

@@ -185,7 +185,7 @@ async fn a_create_that_failed_after_making_its_volume_is_in_background_and_delet
     provisioner.delete(&provisioned(pv)).await.unwrap();
     sim.fail_next("CnsCreateVolume", SimFault::task("CnsFault"));
     let err = provisioner.provision(&options()).await.unwrap_err();
-    assert!(matches!(err, ProvisionError::Final(_)), "{err:?}");
+    assert!(matches!(err, ProvisionError::Failed(_)), "{err:?}");
     assert!(sim.volumes().is_empty());
     sim.shutdown().await;
 }
@@ -514,7 +514,7 @@ async fn a_refused_claim_is_not_final_while_its_create_may_still_land() {
     sim.delay("CnsCreateVolume", Duration::from_secs(5));
     let err = provisioner.provision(&options()).await.unwrap_err();
     assert!(matches!(err, ProvisionError::InBackground(_)), "{err:?}");
-    // The class changed meanwhile to one this provisioner refuses: `Final` would tell the
+    // The class changed meanwhile to one this provisioner refuses: `Failed` would tell the
     // controller that no volume exists, and the late one would leak.
     let mut refused = options();
     let mut class = (*refused.storage_class).clone();

@@ -216,7 +216,7 @@ async fn delete_failures_are_reported_and_other_drivers_ignored() {
 
 fn final_source(err: ProvisionError) -> String {
     match err {
-        ProvisionError::Final(source) => {
+        ProvisionError::Failed(source) => {
             assert!(source.downcast_ref::<ProvisionerError>().is_some());
             source.to_string()
         }
@@ -263,7 +263,7 @@ async fn a_rejected_create_is_final() {
     let provisioner = provisioner(&sim).await;
     sim.fail_next("CnsCreateVolume", SimFault::task("InvalidArgument"));
     let err = provisioner.provision(&default_options()).await.unwrap_err();
-    assert!(matches!(err, ProvisionError::Final(_)), "{err:?}");
+    assert!(matches!(err, ProvisionError::Failed(_)), "{err:?}");
     assert!(sim.volumes().is_empty());
     sim.shutdown().await;
 }
@@ -485,7 +485,7 @@ async fn a_refused_claim_is_final_without_a_volume_and_no_change_when_the_lookup
     let provisioner = provisioner(&sim).await;
     let refused = options(class(&[("datastoreurl", DS_URL)]), claim("4Ei"));
     let err = provisioner.provision(&refused).await.unwrap_err();
-    assert!(matches!(err, ProvisionError::Final(_)), "{err:?}");
+    assert!(matches!(err, ProvisionError::Failed(_)), "{err:?}");
     sim.insert_volume("pvc-uid-1", "cluster-1");
     sim.fail_next("CnsQueryVolume", SimFault::call("CnsFault"));
     let err = provisioner.provision(&refused).await.unwrap_err();

@@ -9,7 +9,7 @@
 //!   one patch with [`ANN_PROVISIONING_OWNER`] naming this controller and
 //!   [`ANN_PROVISIONING_CLASS`], a snapshot of the class the provisioning starts with;
 //! - removed (with both annotations) once a saved PV records the asset, or once the driver
-//!   answered that nothing exists (`Final`, `Reschedule`, `Ignored`, `Infeasible`).
+//!   answered that nothing exists (`Failed`, `Reschedule`, `Ignored`, `Infeasible`).
 //!
 //! Because the API server keeps a claim with a finalizer, a controller that starts (or
 //! restarts) finds every claim with unfinished provisioning in its cache. The claim is
@@ -404,7 +404,7 @@ pub(crate) async fn clean_up(
     let volume = match call(limit, ctx.provisioner.provision(&options)).await {
         Ok(Ok(volume)) => Some(volume),
         Ok(Err(
-            ProvisionError::Final(_)
+            ProvisionError::Failed(_)
             | ProvisionError::Reschedule(_)
             | ProvisionError::Ignored { .. }
             | ProvisionError::Infeasible(_),

@@ -394,8 +394,8 @@ mod tests {
         // (case, step, in progress before, claim still exists, in progress after, sync ok)
         let cases = [
             (
-                "a final error does not mark the claim",
-                Final,
+                "a failed attempt does not mark the claim",
+                Failed,
                 false,
                 true,
                 false,
@@ -418,8 +418,8 @@ mod tests {
                 false,
             ),
             (
-                "a final error unmarks the claim",
-                Final,
+                "a failed attempt unmarks the claim",
+                Failed,
                 true,
                 true,
                 false,

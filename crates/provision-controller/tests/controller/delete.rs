@@ -173,9 +173,10 @@ async fn only_released_delete_volumes_of_this_provisioner_are_deleted() {
 #[tokio::test]
 async fn an_ignored_delete_keeps_the_volume_without_an_event_and_counts_apart() {
     let fake = FakeProvisioner::new().script_delete([DeleteStep::Ignored]);
-    let mut registry = prometheus_client::registry::Registry::default();
-    let metrics = provision_controller::ControllerMetrics::new(&mut registry);
-    let env = Env::start_with(quiet(), fake, |c| c.metrics(metrics)).await;
+    let registry = std::sync::Arc::new(std::sync::Mutex::new(
+        prometheus_client::registry::Registry::default(),
+    ));
+    let env = Env::start_with(quiet(), fake, |c| c.metrics_registry(registry.clone())).await;
     create_volume(&env, pv("v").provisioned_by(ME).build(), "Released").await;
     eventually("delete called", || async {
         (!env.fake.delete_calls().is_empty()).then_some(())
@@ -186,7 +187,7 @@ async fn an_ignored_delete_keeps_the_volume_without_an_event_and_counts_apart() 
     assert!(env.volumes().get_opt("v").await.unwrap().is_some());
     assert!(env.events("v", VOLUME_FAILED_DELETE).await.is_empty());
     let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    prometheus_client::encoding::text::encode(&mut text, &registry.lock().unwrap()).unwrap();
     let counted = |name: &str| text.lines().any(|l| l.starts_with(name));
     assert!(
         text.contains("controller_persistentvolume_delete_stopped_total{class=\"\"} 1"),

@@ -297,10 +297,11 @@ async fn additional_provisioner_names_are_served() {
 
 #[tokio::test]
 async fn an_ignored_claim_gets_no_volume_no_event_and_no_failure_count() {
-    let mut registry = prometheus_client::registry::Registry::default();
+    let registry = std::sync::Arc::new(std::sync::Mutex::new(
+        prometheus_client::registry::Registry::default(),
+    ));
     let fake = FakeProvisioner::new().script_provision([ProvisionStep::Ignored]);
-    let metrics = provision_controller::ControllerMetrics::new(&mut registry);
-    let env = Env::start_with(quiet(), fake, |c| c.metrics(metrics)).await;
+    let env = Env::start_with(quiet(), fake, |c| c.metrics_registry(registry.clone())).await;
     env.create_class(fast_class()).await;
     env.create_claim(claim("first")).await;
     eventually("provision called", || async {
@@ -318,7 +319,7 @@ async fn an_ignored_claim_gets_no_volume_no_event_and_no_failure_count() {
     env.bound_volume("second").await;
 
     let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    prometheus_client::encoding::text::encode(&mut text, &registry.lock().unwrap()).unwrap();
     let line = |name: &str| {
         text.lines()
             .find(|l| l.starts_with(name))
@@ -344,7 +345,7 @@ async fn an_ignored_claim_gets_no_volume_no_event_and_no_failure_count() {
 #[tokio::test]
 async fn a_failing_driver_gets_an_event_and_a_retry() {
     let fake =
-        FakeProvisioner::new().script_provision([ProvisionStep::Final, ProvisionStep::NoChange]);
+        FakeProvisioner::new().script_provision([ProvisionStep::Failed, ProvisionStep::NoChange]);
     let env = Env::start(quick(), fake).await;
     env.create_class(fast_class()).await;
     env.create_claim(claim("data")).await;
@@ -423,7 +424,7 @@ async fn a_qualifier_can_refuse_a_claim() {
 #[tokio::test]
 async fn final_and_background_errors_keep_the_selected_node() {
     let fake = FakeProvisioner::new()
-        .script_provision([ProvisionStep::Final, ProvisionStep::InBackground]);
+        .script_provision([ProvisionStep::Failed, ProvisionStep::InBackground]);
     let env = Env::start(quick(), fake).await;
     env.create_scheduled_claim().await;
     env.bound_volume("data").await;

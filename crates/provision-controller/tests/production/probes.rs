@@ -181,3 +181,82 @@ async fn readyz_is_not_ready_before_the_caches_sync_and_ready_after() {
     .await;
     replica.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn the_registry_passed_to_metrics_registry_is_the_one_served() {
+    use std::sync::{Arc, Mutex};
+
+    use prometheus_client::{metrics::counter::Counter, registry::Registry};
+
+    let sim = sim().await;
+    let registry = Arc::new(Mutex::new(Registry::default()));
+    let before = Counter::<u64>::default();
+    registry
+        .lock()
+        .unwrap()
+        .register("driver_calls", "Calls to the backend", before.clone());
+    let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let controller = ProvisionController::new(sim.client(), ME, FakeProvisioner::new())
+        .with_config(
+            config(None)
+                .metrics_address(addr.ip())
+                .metrics_port(addr.port()),
+        )
+        .metrics_registry(Arc::clone(&registry));
+    // Registered after the controller's own metrics: served all the same.
+    let after = Counter::<u64>::default();
+    registry
+        .lock()
+        .unwrap()
+        .register("driver_retries", "Retried backend calls", after.clone());
+    before.inc_by(2);
+    after.inc();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let run = tokio::spawn(controller.run(async {
+        let _ = stopped.await;
+    }));
+
+    let pv = create_claim(&sim, "data").await;
+    bound(&sim, "data", &pv).await;
+    let metrics = eventually("the provisioned volume in the scrape", || async {
+        let (status, body) = http_get(addr, "/metrics").await?;
+        assert_eq!(status, 200, "{body}");
+        let m = parse_metrics(&body);
+        m.contains_key(
+            r#"controller_persistentvolumeclaim_provision_total{class="fast",source=""}"#,
+        )
+        .then_some(m)
+    })
+    .await;
+    assert_eq!(
+        metrics.get("driver_calls_total"),
+        Some(&2.0),
+        "{metrics:#?}"
+    );
+    assert_eq!(
+        metrics.get("driver_retries_total"),
+        Some(&1.0),
+        "{metrics:#?}"
+    );
+    assert_eq!(
+        metrics.get(r#"controller_persistentvolumeclaim_provision_total{class="fast",source=""}"#),
+        Some(&1.0)
+    );
+    assert_eq!(metrics.get("controller_leader"), Some(&1.0));
+
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(15), run)
+        .await
+        .expect("run returns after shutdown")
+        .expect("run does not panic")
+        .unwrap();
+    // The controller counted into the caller's registry, not a copy.
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry.lock().unwrap()).unwrap();
+    assert!(
+        text.contains(
+            r#"controller_persistentvolumeclaim_provision_total{class="fast",source=""} 1"#
+        ),
+        "{text}"
+    );
+}

@@ -142,7 +142,7 @@ fn fault(operation: &'static str) -> Error {
 fn create_errors_say_whether_the_create_may_still_run() {
     assert!(matches!(
         create_error("pvc-1", fault("CnsCreateVolume")),
-        ProvisionError::Final(_)
+        ProvisionError::Failed(_)
     ));
     assert!(matches!(
         create_error("pvc-1", fault("RetrievePropertiesEx")),
@@ -166,7 +166,7 @@ fn create_errors_say_whether_the_create_may_still_run() {
     ));
     assert!(matches!(
         create_error("pvc-1", Error::Settings("bad".into())),
-        ProvisionError::Final(_)
+        ProvisionError::Failed(_)
     ));
 }
 

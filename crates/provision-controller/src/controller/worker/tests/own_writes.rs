@@ -13,7 +13,7 @@ fn the_claim() -> PersistentVolumeClaim {
         .build()
 }
 
-/// Chaos seed 1031: a claim whose driver answers `Final` is written twice per sync (our
+/// Chaos seed 1031: a claim whose driver answers `Failed` is written twice per sync (our
 /// finalizer added before the call, removed after it). Only the last write was
 /// remembered, so the watch event of the first queued the claim again, whose sync wrote
 /// twice again: a claim given up on was synced over and over, and the system never
