@@ -5,4 +5,5 @@ pub mod error;
 pub mod events;
 pub mod http;
 pub mod leader;
+pub mod quantity;
 pub mod store;

@@ -30,9 +30,6 @@ pub const PROVISIONING_CLEANUP_FAILED: &str = "ProvisioningCleanupFailed";
 /// On a PV: deleting its asset failed.
 pub const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
 
-/// Notes are cut to this many bytes (the API server accepts 1 kB).
-const MAX_NOTE_BYTES: usize = 1000;
-
 /// Publishes events; failures are logged, never returned (events are for users).
 #[derive(Clone)]
 pub(crate) struct Events {
@@ -48,7 +45,7 @@ impl Events {
             instance: Some(instance),
         };
         Self {
-            writer: EventWriter::new(client, reporter).note_limit(MAX_NOTE_BYTES),
+            writer: EventWriter::new(client, reporter),
         }
     }
 
@@ -132,7 +129,11 @@ mod tests {
             assert_eq!(event.reason.as_deref(), Some(PROVISIONING_FAILED));
             assert_eq!(event.type_.as_deref(), Some("Warning"));
             assert_eq!(event.action.as_deref(), Some("Provision"));
-            assert_eq!(event.note.as_deref().map(str::len), Some(1000));
+            assert_eq!(
+                event.note.as_deref().map(str::len),
+                Some(kube_controller_kit::events::NOTE_LIMIT),
+                "the kit's limit, as the metadata controller's events"
+            );
             assert_eq!(
                 event.reporting_controller.as_deref(),
                 Some("example.com/ctl")
