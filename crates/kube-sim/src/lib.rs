@@ -9,6 +9,7 @@ mod fault;
 mod fields;
 mod http;
 mod kubeconfig;
+mod load;
 mod meta;
 mod ops;
 mod patch;
@@ -25,5 +26,6 @@ mod validation;
 
 pub use crate::error::{Error, Result};
 pub use crate::fault::{FaultRule, Verb};
+pub use crate::load::{Cost, LoadModel, RequestCount};
 pub use crate::requests::RequestRecord;
 pub use crate::sim::{Builder, INITIAL_NAMESPACES, KubeSim};

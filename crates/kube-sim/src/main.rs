@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use kube_sim::KubeSim;
+use kube_sim::{KubeSim, LoadModel};
 use tracing_subscriber::EnvFilter;
 
 /// Command-line options.
@@ -37,6 +37,32 @@ struct Args {
     /// Watch events kept for resuming watches (default: the library's, 10000).
     #[arg(long, value_name = "N")]
     history_window: Option<NonZeroUsize>,
+    /// What requests cost: `none` answers at once; `realistic` costs what a real
+    /// kube-apiserver + etcd on two cores does (latency growing with the requests in
+    /// flight, at most 400 reads and 200 writes in flight, 429 past them).
+    #[arg(long, value_name = "NAME", default_value = "none",
+          value_parser = clap::builder::PossibleValuesParser::new(LoadModel::PROFILES))]
+    load_profile: String,
+    /// Overrides the profile's bound on reads in flight (0: unbounded).
+    #[arg(long, value_name = "N")]
+    max_requests_inflight: Option<usize>,
+    /// Overrides the profile's bound on writes in flight (0: unbounded).
+    #[arg(long, value_name = "N")]
+    max_mutating_requests_inflight: Option<usize>,
+}
+
+impl Args {
+    /// The load model the options pick.
+    fn load(&self) -> LoadModel {
+        let mut model = LoadModel::named(&self.load_profile).unwrap_or_default();
+        if let Some(n) = self.max_requests_inflight {
+            model = model.max_requests_inflight(n);
+        }
+        if let Some(n) = self.max_mutating_requests_inflight {
+            model = model.max_mutating_requests_inflight(n);
+        }
+        model
+    }
 }
 
 /// Why the program stopped with an error.
@@ -66,6 +92,7 @@ async fn main() -> ExitCode {
 
 async fn run(args: Args) -> Result<(), MainError> {
     let mut builder = KubeSim::builder()
+        .load(args.load())
         .pv_binder(args.pv_binder)
         .port(args.port)
         .kubeconfig_path(&args.kubeconfig);
@@ -134,6 +161,27 @@ mod tests {
         assert!(args.pv_binder);
         assert_eq!(args.port, 8080);
         assert_eq!(args.history_window, NonZeroUsize::new(50));
+        assert_eq!(args.load(), LoadModel::none());
+    }
+
+    #[test]
+    fn load_profile_by_name_with_overrides() {
+        let args = Args::try_parse_from([
+            "kube-sim",
+            "--kubeconfig",
+            "k",
+            "--load-profile",
+            "realistic",
+            "--max-mutating-requests-inflight",
+            "3",
+        ])
+        .unwrap();
+        assert_eq!(
+            args.load(),
+            LoadModel::realistic().max_mutating_requests_inflight(3)
+        );
+        let bad = Args::try_parse_from(["kube-sim", "--kubeconfig", "k", "--load-profile", "x"]);
+        assert!(bad.unwrap_err().to_string().contains("realistic"));
     }
 
     #[test]

@@ -10,6 +10,7 @@ use tokio::task::JoinHandle;
 
 use crate::error::{Error, Result};
 use crate::fault::FaultRule;
+use crate::load::{Gate, LoadModel, RequestCount};
 use crate::ops::Scope;
 use crate::requests::RequestRecord;
 use crate::shared::Shared;
@@ -29,6 +30,7 @@ pub struct Builder {
     kubeconfig_path: Option<PathBuf>,
     request_log_limit: usize,
     bookmark_interval: Duration,
+    load: LoadModel,
 }
 
 impl Default for Builder {
@@ -40,6 +42,7 @@ impl Default for Builder {
             kubeconfig_path: None,
             request_log_limit: Self::DEFAULT_REQUEST_LOG_LIMIT,
             bookmark_interval: Self::DEFAULT_BOOKMARK_INTERVAL,
+            load: LoadModel::none(),
         }
     }
 }
@@ -90,6 +93,15 @@ impl Builder {
     /// Default [`Self::DEFAULT_BOOKMARK_INTERVAL`].
     pub fn bookmark_interval(mut self, interval: Duration) -> Self {
         self.bookmark_interval = interval;
+        self
+    }
+
+    /// What requests cost: latency per verb class growing with the requests in flight,
+    /// watch delivery delay, bounds on requests in flight answered with `429`. Default
+    /// [`LoadModel::none`] (answers at once, no bounds); [`LoadModel::realistic`] costs what
+    /// a real kube-apiserver does. The PV binder's requests go through the same model.
+    pub fn load(mut self, model: LoadModel) -> Self {
+        self.load = model;
         self
     }
 
@@ -157,10 +169,23 @@ impl Builder {
         let client =
             kube_client::Client::try_from(kube_client::Config::new(uri)).map_err(Error::Client)?;
 
-        let router = http::router(shared.clone());
+        let gate = Arc::new(Gate::new(self.load));
+        let router = http::router(http::Front {
+            shared: shared.clone(),
+            gate: gate.clone(),
+            client: "client",
+        });
         // The binder stands in for kube-controller-manager: its requests take the same
-        // handlers (validation, faults, the request log) without a loopback TCP round trip.
-        let in_process = kube_client::Client::new(router.clone(), "default");
+        // handlers (validation, faults, the cost model, the request log) without a
+        // loopback TCP round trip.
+        let in_process = kube_client::Client::new(
+            http::router(http::Front {
+                shared: shared.clone(),
+                gate: gate.clone(),
+                client: "pv-binder",
+            }),
+            "default",
+        );
         let mut stop = shared.shutdown.subscribe();
         let server = tokio::spawn(async move {
             let graceful = async move {
@@ -179,6 +204,7 @@ impl Builder {
         tracing::debug!(%url, kubeconfig = %path.display(), "kube-sim started");
         Ok(KubeSim {
             shared,
+            gate,
             url,
             client,
             kubeconfig: path,
@@ -194,6 +220,7 @@ impl Builder {
 /// Dropping it stops the server (without waiting); [`KubeSim::shutdown`] stops it and waits.
 pub struct KubeSim {
     shared: Arc<Shared>,
+    gate: Arc<Gate>,
     url: String,
     client: kube_client::Client,
     kubeconfig: PathBuf,
@@ -273,6 +300,14 @@ impl KubeSim {
         self.shared.log().snapshot()
     }
 
+    /// How many requests of each verb, resource, code and client the sim answered since it
+    /// started (the PV binder's under client `pv-binder`). Unlike [`KubeSim::requests`] it
+    /// is never trimmed; `GET /metrics` serves the same counters.
+    #[must_use]
+    pub fn request_counts(&self) -> Vec<RequestCount> {
+        self.gate.request_counts()
+    }
+
     /// Forgets the logged requests.
     pub fn clear_requests(&self) {
         self.shared.log().clear();
@@ -316,5 +351,185 @@ impl Drop for KubeSim {
         if let Some(server) = self.server.take() {
             server.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod load_tests {
+    //! The cost model through the HTTP front, with an in-process client (as the PV binder
+    //! uses) so paused time cannot race a socket.
+
+    use std::time::Duration;
+
+    use http_body_util::BodyExt as _;
+    use k8s_openapi::api::core::v1::PersistentVolume;
+    use kube_client::api::{Api, PostParams};
+    use serde_json::{Value, json};
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::load::Cost;
+
+    fn in_process(sim: &KubeSim) -> kube_client::Client {
+        let router = http::router(http::Front {
+            shared: sim.shared.clone(),
+            gate: sim.gate.clone(),
+            client: "client",
+        });
+        kube_client::Client::new(router, "default")
+    }
+
+    fn volume(name: &str) -> PersistentVolume {
+        serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": name},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "hostPath": {"path": "/tmp"},
+            },
+        }))
+        .unwrap()
+    }
+
+    async fn post(client: &kube_client::Client, name: &str) -> (u16, Option<String>, Value) {
+        let body = serde_json::to_vec(&volume(name)).unwrap();
+        let request = ::http::Request::post("/api/v1/persistentvolumes")
+            .header("content-type", "application/json")
+            .body(body)
+            .unwrap();
+        let resp = client.send(request.map(Into::into)).await.unwrap();
+        let retry_after = resp
+            .headers()
+            .get(::http::header::RETRY_AFTER)
+            .map(|v| v.to_str().unwrap().to_owned());
+        let code = resp.status().as_u16();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        (code, retry_after, serde_json::from_slice(&body).unwrap())
+    }
+
+    /// Yields (without letting paused time move) until `n` requests are in flight.
+    async fn until_in_flight(sim: &KubeSim, n: usize) {
+        for _ in 0..100_000 {
+            if sim.gate.in_flight() >= n {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("{} requests in flight, wanted {n}", sim.gate.in_flight());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn writes_past_the_in_flight_bound_get_429_with_retry_after() {
+        let load = LoadModel::none()
+            .writes(Cost::fixed(Duration::from_secs(10)))
+            .max_mutating_requests_inflight(2);
+        let sim = KubeSim::builder().load(load).start().await.unwrap();
+        let client = in_process(&sim);
+        let held: Vec<_> = ["a", "b"]
+            .into_iter()
+            .map(|name| {
+                let client = client.clone();
+                tokio::spawn(async move { post(&client, name).await })
+            })
+            .collect();
+        until_in_flight(&sim, 2).await;
+        let (code, retry_after, status) = post(&client, "c").await;
+        assert_eq!((code, retry_after.as_deref()), (429, Some("1")), "{status}");
+        assert_eq!(status["reason"], "TooManyRequests");
+        assert_eq!(status["details"]["retryAfterSeconds"], 1);
+        // Reads have their own bound (unbounded here) and are served meanwhile.
+        let volumes: Api<PersistentVolume> = Api::all(client.clone());
+        assert!(volumes.get_opt("c").await.unwrap().is_none());
+        for task in held {
+            assert_eq!(task.await.unwrap().0, 201);
+        }
+        // The slots are free again.
+        assert_eq!(post(&client, "c").await.0, 201);
+        let refused: u64 = sim
+            .request_counts()
+            .iter()
+            .filter(|c| c.code == 429)
+            .map(|c| c.count)
+            .sum();
+        assert_eq!(refused, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_takes_at_least_its_fixed_latency() {
+        let latency = Duration::from_millis(250);
+        let load = LoadModel::none().writes(Cost::fixed(latency));
+        let sim = KubeSim::builder().load(load).start().await.unwrap();
+        let volumes: Api<PersistentVolume> = Api::all(in_process(&sim));
+        let started = Instant::now();
+        volumes
+            .create(&PostParams::default(), &volume("a"))
+            .await
+            .unwrap();
+        assert!(started.elapsed() >= latency, "{:?}", started.elapsed());
+        // Reads cost nothing in this model.
+        let started = Instant::now();
+        volumes.get("a").await.unwrap();
+        assert!(started.elapsed() < latency, "{:?}", started.elapsed());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_event_arrives_after_the_delivery_delay() {
+        use futures::StreamExt as _;
+        use kube_client::api::WatchParams;
+
+        let delay = Duration::from_millis(400);
+        let load = LoadModel::none().watch_delivery(Cost::fixed(delay));
+        let sim = KubeSim::builder().load(load).start().await.unwrap();
+        let volumes: Api<PersistentVolume> = Api::all(in_process(&sim));
+        let rv = sim.resource_version().to_string();
+        let mut events = volumes
+            .watch(&WatchParams::default(), &rv)
+            .await
+            .unwrap()
+            .boxed();
+        let written = Instant::now();
+        volumes
+            .create(&PostParams::default(), &volume("a"))
+            .await
+            .unwrap();
+        let event = events.next().await.unwrap().unwrap();
+        assert!(matches!(event, kube_client::api::WatchEvent::Added(_)));
+        assert!(written.elapsed() >= delay, "{:?}", written.elapsed());
+    }
+
+    #[tokio::test]
+    async fn requests_are_counted_by_verb_and_served_as_metrics() {
+        let sim = KubeSim::start().await.unwrap();
+        let volumes: Api<PersistentVolume> = Api::all(sim.client());
+        for name in ["a", "b"] {
+            volumes
+                .create(&PostParams::default(), &volume(name))
+                .await
+                .unwrap();
+        }
+        volumes.get("a").await.unwrap();
+        assert!(volumes.get("x").await.is_err());
+        let count = |verb: &str, code: u16| {
+            sim.request_counts()
+                .iter()
+                .filter(|c| c.verb == verb && c.resource == "persistentvolumes" && c.code == code)
+                .map(|c| c.count)
+                .sum::<u64>()
+        };
+        assert_eq!(count("create", 201), 2);
+        assert_eq!(count("get", 200), 1);
+        assert_eq!(count("get", 404), 1);
+        let request = ::http::Request::get("/metrics").body(Vec::new()).unwrap();
+        let resp = sim.client().send(request.map(Into::into)).await.unwrap();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let text = String::from_utf8(body.to_vec()).unwrap();
+        assert!(
+            text.contains(
+                "kube_sim_requests_total{verb=\"create\",resource=\"persistentvolumes\",subresource=\"\",code=\"201\",client=\"client\"} 2"
+            ),
+            "{text}"
+        );
     }
 }

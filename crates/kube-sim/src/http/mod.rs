@@ -24,6 +24,7 @@ use serde_json::Value;
 use crate::delete::DeleteOptions;
 use crate::fault::{self, RequestKey, Verb};
 use crate::fields::FieldValidation;
+use crate::load::{Class, Gate};
 use crate::ops::Scope;
 use crate::patch;
 use crate::requests::RequestRecord;
@@ -37,9 +38,19 @@ use self::route::{ResourcePath, Route};
 /// Largest request body accepted (the real server's limit is 3 MiB).
 const MAX_BODY: usize = 3 * 1024 * 1024;
 
+/// What the handlers share: the store and the cost model, and who the requests come from.
+#[derive(Debug)]
+pub(crate) struct Front {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) gate: Arc<Gate>,
+    /// The client label requests are counted under (`pv-binder` for the in-process binder,
+    /// `client` for everyone on the socket).
+    pub(crate) client: &'static str,
+}
+
 /// The router serving every path.
-pub(crate) fn router(shared: Arc<Shared>) -> Router {
-    Router::new().fallback(handle).with_state(shared)
+pub(crate) fn router(front: Front) -> Router {
+    Router::new().fallback(handle).with_state(Arc::new(front))
 }
 
 fn json_response(code: StatusCode, body: impl Into<Body>) -> Response {
@@ -55,10 +66,59 @@ fn value_response(v: &Value) -> Response {
     json_response(StatusCode::OK, serde_json::to_vec(v).unwrap_or_default())
 }
 
-async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+/// The class a request is admitted as, or `None` for requests outside the model (watches,
+/// health checks, metrics), as kube-apiserver leaves long-running requests out of its bounds.
+fn class_of(method: &Method, route: &Route, query: &str) -> Option<Class> {
+    match route {
+        Route::Health | Route::Metrics => None,
+        Route::Resource(_) if *method == Method::GET => {
+            let q = route::query(query);
+            let watch = q.get("watch").is_some_and(|v| v == "true" || v == "1");
+            (!watch).then_some(Class::Read)
+        }
+        _ if *method == Method::GET || *method == Method::HEAD => Some(Class::Read),
+        _ => Some(Class::Write),
+    }
+}
+
+async fn handle(State(front): State<Arc<Front>>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_string();
     let query = parts.uri.query().unwrap_or_default().to_string();
+    let route = route::parse(&path);
+    let admitted = match class_of(&parts.method, &route, &query) {
+        Some(class) => match front.gate.admit(class) {
+            Ok(admitted) => Some(admitted),
+            Err(err) => {
+                let resp = err.into_response();
+                let verb = if class == Class::Read { "get" } else { "write" };
+                front
+                    .gate
+                    .count(verb, "", None, resp.status().as_u16(), front.client);
+                return resp;
+            }
+        },
+        None => None,
+    };
+    if let Some(latency) = admitted.as_ref().map(|a| a.latency)
+        && !latency.is_zero()
+    {
+        tokio::time::sleep(latency).await;
+    }
+    let resp = serve(&front, parts, body, path, query, route).await;
+    drop(admitted);
+    resp
+}
+
+async fn serve(
+    front: &Arc<Front>,
+    parts: http::request::Parts,
+    body: Body,
+    path: String,
+    query: String,
+    route: Route,
+) -> Response {
+    let shared = &front.shared;
     let mut record = RequestRecord {
         verb: "other".into(),
         path: path.clone(),
@@ -69,7 +129,7 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         name: None,
         namespace: None,
     };
-    let resp = match route::parse(&path) {
+    let resp = match route {
         Route::Resource(rp) if auth::serves(&rp) => {
             record.verb = "create".into();
             record.resource = rp.plural.clone();
@@ -87,7 +147,7 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         Route::Resource(rp) => {
             let q = route::query(&query);
             match resource(
-                &shared,
+                front,
                 &parts.method,
                 &parts.headers,
                 rp,
@@ -105,13 +165,57 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
             let _ = other;
             ApiError::method_not_allowed().into_response()
         }
+        Route::Metrics => {
+            record.verb = "metrics".into();
+            metrics_response(&front.gate)
+        }
         other => {
             record.verb = "discovery".into();
-            discovery_response(&shared, other)
+            discovery_response(shared, other)
         }
     };
     record.status = resp.status().as_u16();
+    front.gate.count(
+        &record.verb,
+        &record.resource,
+        record.subresource.as_deref(),
+        record.status,
+        front.client,
+    );
     shared.record(record);
+    resp
+}
+
+/// `/metrics`: the request counters and the requests in flight, in the Prometheus text
+/// format.
+fn metrics_response(gate: &Gate) -> Response {
+    use std::fmt::Write as _;
+    let escape = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
+    let mut out = String::from(
+        "# HELP kube_sim_requests_total Requests answered, by audit verb, resource, subresource, code and client.\n\
+         # TYPE kube_sim_requests_total counter\n",
+    );
+    for ((verb, resource, subresource, code, client), n) in gate.counts() {
+        let _ = writeln!(
+            out,
+            "kube_sim_requests_total{{verb=\"{}\",resource=\"{}\",subresource=\"{}\",code=\"{code}\",client=\"{client}\"}} {n}",
+            escape(&verb),
+            escape(&resource),
+            escape(&subresource),
+        );
+    }
+    let _ = write!(
+        out,
+        "# HELP kube_sim_requests_in_flight Reads and writes in flight (watches not counted).\n\
+         # TYPE kube_sim_requests_in_flight gauge\n\
+         kube_sim_requests_in_flight {}\n",
+        gate.in_flight()
+    );
+    let mut resp = (StatusCode::OK, out).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
     resp
 }
 
@@ -135,7 +239,7 @@ fn discovery_response(shared: &Shared, route: Route) -> Response {
         }
         Route::OpenApiRoot => Some(openapi::root(&reg().registry)),
         Route::OpenApi { group, version } => openapi::document(&reg().registry, &group, &version),
-        Route::Resource(_) | Route::Unknown => None,
+        Route::Resource(_) | Route::Metrics | Route::Unknown => None,
     };
     match doc {
         Some(doc) => value_response(&doc),
@@ -233,7 +337,7 @@ fn warning_header(text: &str) -> String {
 }
 
 async fn resource(
-    shared: &Arc<Shared>,
+    front: &Arc<Front>,
     method: &Method,
     headers: &HeaderMap,
     rp: ResourcePath,
@@ -241,6 +345,7 @@ async fn resource(
     body: Body,
     record: &mut RequestRecord,
 ) -> ApiResult<Response> {
+    let shared = &front.shared;
     record.resource = rp.plural.clone();
     record.subresource = rp.subresource.clone();
     record.name = rp.name.clone();
@@ -339,6 +444,7 @@ async fn resource(
         ),
         Verb::Watch => watch::start(
             shared.clone(),
+            front.gate.clone(),
             &def,
             &rp.version,
             rp.namespace.as_deref(),

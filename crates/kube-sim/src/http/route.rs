@@ -20,6 +20,8 @@ pub(crate) enum Route {
     Version,
     /// `/healthz`, `/readyz`, `/livez` (and their sub-checks).
     Health,
+    /// `/metrics`: the request counters.
+    Metrics,
     /// `/api`.
     CoreVersions,
     /// `/apis`.
@@ -86,6 +88,7 @@ pub(crate) fn parse(path: &str) -> Route {
             version: version.to_string(),
         },
         ["healthz" | "readyz" | "livez", ..] => Route::Health,
+        ["metrics"] => Route::Metrics,
         ["api"] => Route::CoreVersions,
         ["api", "v1"] => Route::Resources {
             group: String::new(),
@@ -202,6 +205,7 @@ mod tests {
         );
         assert_eq!(parse("/api/v1/a/b/c/d"), Route::Unknown);
         assert_eq!(parse("/readyz"), Route::Health);
+        assert_eq!(parse("/metrics"), Route::Metrics);
     }
 
     #[test]

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 use crate::http::read::Selectors;
 use crate::http::table;
+use crate::load::Gate;
 use crate::resources::{ResKey, ResourceDef};
 use crate::shared::Shared;
 use crate::status::{ApiError, ApiResult};
@@ -23,6 +24,8 @@ use crate::store::{Event, EventType, Stored};
 /// One open watch.
 struct Watch {
     shared: Arc<Shared>,
+    /// The cost model, for the delivery delay of each chunk.
+    gate: Arc<Gate>,
     res: ResKey,
     ns: Option<String>,
     sel: Selectors,
@@ -164,6 +167,15 @@ impl Watch {
             }
             self.changed.borrow_and_update();
             self.pull();
+            if !self.pending.is_empty() && !self.done {
+                // Delivery takes a while; events written meanwhile join this chunk.
+                let delay = self.gate.watch_delay();
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                    self.changed.borrow_and_update();
+                    self.pull();
+                }
+            }
             if !self.pending.is_empty() || self.done {
                 continue;
             }
@@ -195,6 +207,7 @@ impl Watch {
 /// 400 for bad selectors or a malformed resourceVersion or timeout.
 pub(crate) fn start(
     shared: Arc<Shared>,
+    gate: Arc<Gate>,
     def: &ResourceDef,
     version: &str,
     ns: Option<&str>,
@@ -228,6 +241,7 @@ pub(crate) fn start(
         cut: shared.cut.subscribe(),
         shutdown: shared.shutdown.subscribe(),
         shared: shared.clone(),
+        gate,
         res: def.key.clone(),
         ns: ns.map(str::to_string),
         sel,
