@@ -11,7 +11,13 @@
 //! - a PV whose `spec.claimRef` names an existing claim (and its uid, when set) is bound: the PV
 //!   becomes `Bound` (and its claimRef gets the claim's uid), the claim gets `spec.volumeName`,
 //!   `pv.kubernetes.io/bind-completed`, `pv.kubernetes.io/bound-by-controller` (when the binder
-//!   set the volume name), and a `Bound` status with the PV's capacity and access modes;
+//!   set the volume name), and a `Bound` status with the PV's capacity and access modes --
+//!   only when the PV fits the claim, as kube-controller-manager checks before binding:
+//!   a `spec.capacity.storage` at least the claim's storage request (compared exactly, with
+//!   [`kube_controller_kit::quantity`]), the same volume mode, all the claim's access modes,
+//!   and, when the claim names the PV in `spec.volumeName`, the same storage class. A PV that
+//!   does not fit is left as it is and the claim to its provisioner; a claim already bound
+//!   (`pv.kubernetes.io/bind-completed`) keeps its PV;
 //! - a PV without claimRef becomes `Available`;
 //! - a PV whose claim (by uid) is gone becomes `Released`; the claimRef stays;
 //! - a PV whose claim (by uid) is bound to another PV becomes `Released` when it was
@@ -27,6 +33,7 @@
 //!   (`storageclass.kubernetes.io/is-default-class`) is not applied.
 //! - Binding is driven by the PV's claimRef only: the binder never picks a matching PV for a
 //!   claim, and never binds a PV named by a claim's `spec.volumeName` that lacks a claimRef.
+//!   Label selectors and node affinity are not checked.
 //! - Claims whose PV disappears are not marked `Lost`, and reclaim policies are not acted on
 //!   (deleting a `Released` PV is its provisioner's job; `Recycle` is not simulated).
 //! - Writes are JSON merge patches without resourceVersion preconditions; a failed write

@@ -13,7 +13,6 @@ mod load;
 mod meta;
 mod ops;
 mod patch;
-mod quantity;
 mod requests;
 mod resources;
 mod selector;

@@ -1,12 +1,15 @@
 //! Validation a controller author would trip over on a real server: object names,
 //! quantities and the required fields of the served types.
 
+use kube_controller_kit::quantity::Quantity;
 use serde_json::Value;
 
-use crate::quantity::{self, QUANTITY_FORMAT};
 use crate::resources::ResourceDef;
 use crate::status::{ApiError, ApiResult, Cause};
 
+/// The message the real server gives for a string that is not a quantity.
+const QUANTITY_FORMAT: &str =
+    "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'";
 const SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric \
 characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', \
 regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
@@ -179,9 +182,10 @@ fn check_storage(
     value: &Value,
     causes: &mut Vec<Cause>,
 ) -> ApiResult<()> {
+    // A JSON number is read as its text, as the real server's decoder does.
     let parsed = match value {
-        Value::String(s) => quantity::parse(s),
-        Value::Number(n) => n.as_f64().map(|value| quantity::Quantity { value }),
+        Value::String(s) => s.parse::<Quantity>().ok(),
+        Value::Number(n) => n.to_string().parse::<Quantity>().ok(),
         _ => None,
     };
     match parsed {
@@ -189,7 +193,7 @@ fn check_storage(
             "{kind} in version \"v1\" cannot be handled as a {kind}: {QUANTITY_FORMAT}",
             kind = def.kind
         ))),
-        Some(q) if q.value <= 0.0 => {
+        Some(q) if !q.is_positive() => {
             causes.push(Cause::invalid(field, value, "must be greater than zero"));
             Ok(())
         }

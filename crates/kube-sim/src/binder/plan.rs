@@ -7,7 +7,9 @@ use std::fmt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube_client::ResourceExt;
+use kube_controller_kit::quantity::Quantity;
 use serde_json::{Value, json};
+use tracing::debug;
 
 /// Claim annotation naming the provisioner that should provision it.
 pub(super) const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
@@ -365,9 +367,11 @@ impl Cache {
             .get(key)
             .into_iter()
             .flatten()
-            .any(|name| {
-                let uid = self.volumes.get(name).and_then(claim_ref_uid);
-                uid.is_none() || uid.as_deref() == claim.uid().as_deref()
+            .filter_map(|name| self.volumes.get(name))
+            .any(|volume| {
+                let uid = claim_ref_uid(volume);
+                (uid.is_none() || uid.as_deref() == claim.uid().as_deref())
+                    && mismatch(volume, claim).is_none()
             });
         if named_by_volume {
             return None;
@@ -418,6 +422,13 @@ impl Cache {
                 plan_bound_elsewhere(name, volume, phase, ref_uid.is_some(), deleting)
             }
             (Some(_), _) if deleting => None,
+            (Some(claim), _) if !bind_completed(claim) && mismatch(volume, claim).is_some() => {
+                // kube-controller-manager leaves both as they are (and the claim to its
+                // provisioner, when its class has one).
+                let reason = mismatch(volume, claim);
+                debug!(pv = name, claim = %claim_key, ?reason, "volume does not fit its claim");
+                None
+            }
             (Some(claim), ref_uid) => plan_bind(name, volume, phase, claim_key, claim, ref_uid),
             // Pre-bound to a claim that does not exist yet.
             (None, None) => {
@@ -432,6 +443,67 @@ impl Cache {
             }
         }
     }
+}
+
+/// Whether the claim is bound (kube-controller-manager checks a volume against a claim only
+/// before that; a bound claim keeps its volume).
+fn bind_completed(claim: &PersistentVolumeClaim) -> bool {
+    claim.annotations().contains_key(ANN_BIND_COMPLETED)
+}
+
+/// Why `volume`, which names `claim` in its claimRef, cannot be bound to it
+/// (kube-controller-manager's `checkVolumeSatisfyClaim` and `FindMatchingVolume`): a
+/// capacity smaller than the claim's storage request, another volume mode, missing access
+/// modes, or, when the claim names the volume in `spec.volumeName`, another storage class.
+/// `None` when it fits.
+fn mismatch(volume: &PersistentVolume, claim: &PersistentVolumeClaim) -> Option<&'static str> {
+    let volume_spec = volume.spec.as_ref();
+    let claim_spec = claim.spec.as_ref();
+    let size = |quantity: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>| {
+        quantity.map_or(Ok(Quantity::ZERO), |q| q.0.parse::<Quantity>())
+    };
+    let capacity = size(
+        volume_spec
+            .and_then(|s| s.capacity.as_ref())
+            .and_then(|c| c.get("storage")),
+    );
+    let request = size(
+        claim_spec
+            .and_then(|s| s.resources.as_ref())
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("storage")),
+    );
+    match (capacity, request) {
+        (Ok(capacity), Ok(request)) if capacity < request => {
+            return Some("requested PV is too small");
+        }
+        (Ok(_), Ok(_)) => {}
+        // The API server refuses such objects; a volume that cannot be measured never fits.
+        _ => return Some("unreadable storage quantity"),
+    }
+    let volume_mode = volume_spec.and_then(|s| s.volume_mode.as_deref());
+    let claim_mode = claim_spec.and_then(|s| s.volume_mode.as_deref());
+    if volume_mode.unwrap_or("Filesystem") != claim_mode.unwrap_or("Filesystem") {
+        return Some("incompatible volumeMode");
+    }
+    let volume_modes = volume_spec
+        .and_then(|s| s.access_modes.as_deref())
+        .unwrap_or_default();
+    let claim_modes = claim_spec
+        .and_then(|s| s.access_modes.as_deref())
+        .unwrap_or_default();
+    if !claim_modes.iter().all(|m| volume_modes.contains(m)) {
+        return Some("incompatible accessMode");
+    }
+    let names_volume = claim_spec
+        .and_then(|s| s.volume_name.as_deref())
+        .is_some_and(|v| Some(v) == volume.metadata.name.as_deref());
+    let volume_class = volume_spec.and_then(|s| s.storage_class_name.as_deref());
+    let claim_class = claim_spec.and_then(|s| s.storage_class_name.as_deref());
+    if names_volume && volume_class.unwrap_or_default() != claim_class.unwrap_or_default() {
+        return Some("storageClassName does not match");
+    }
+    None
 }
 
 fn claim_ref_uid(volume: &PersistentVolume) -> Option<String> {
@@ -544,7 +616,7 @@ mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{
         ObjectReference, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus,
-        PersistentVolumeSpec, PersistentVolumeStatus,
+        PersistentVolumeSpec, PersistentVolumeStatus, VolumeResourceRequirements,
     };
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -688,6 +760,94 @@ mod tests {
         let status = plan.claim_status_patch.unwrap();
         assert_eq!(status["status"]["capacity"]["storage"], "1Gi");
         assert_eq!(status["status"]["accessModes"][0], "ReadWriteOnce");
+    }
+
+    fn requesting(mut c: PersistentVolumeClaim, storage: &str) -> PersistentVolumeClaim {
+        c.spec.as_mut().unwrap().resources = Some(VolumeResourceRequirements {
+            requests: Some(BTreeMap::from([(
+                "storage".into(),
+                Quantity(storage.into()),
+            )])),
+            ..VolumeResourceRequirements::default()
+        });
+        c
+    }
+
+    #[test]
+    fn a_volume_smaller_than_the_claims_request_is_not_bound() {
+        let mut cache = Cache::default();
+        cache.apply_class(&class("fast", "csi.example.com", false));
+        // The volume holds 1Gi; 1025Mi is one MiB more.
+        cache.apply_claim(requesting(claim("c", "fast", "1"), "1025Mi"));
+        cache.apply_volume(volume("pv", Some(("c", None)), "Pending"));
+        assert_eq!(
+            cache.plan(&Key::Volume("pv".into())),
+            None,
+            "a 1Gi volume is too small for 1025Mi"
+        );
+        assert!(
+            matches!(
+                cache.plan(&Key::Claim(key("c"))),
+                Some(Action::AnnotateClaim { .. })
+            ),
+            "the claim is left to its provisioner"
+        );
+        // Exactly the capacity, written another way, fits.
+        cache.apply_claim(requesting(claim("c", "fast", "2"), "1073741824"));
+        assert!(matches!(
+            cache.plan(&Key::Volume("pv".into())),
+            Some(Action::Bind(_))
+        ));
+        assert_eq!(cache.plan(&Key::Claim(key("c"))), None);
+        cache.apply_claim(requesting(claim("c", "fast", "3"), "1G"));
+        assert!(matches!(
+            cache.plan(&Key::Volume("pv".into())),
+            Some(Action::Bind(_))
+        ));
+    }
+
+    #[test]
+    fn a_volume_of_another_mode_access_or_named_class_is_not_bound() {
+        let mut cache = Cache::default();
+        let mut block = claim("c", "fast", "1");
+        block.spec.as_mut().unwrap().volume_mode = Some("Block".into());
+        cache.apply_claim(block);
+        cache.apply_volume(volume("pv", Some(("c", None)), "Pending"));
+        assert_eq!(cache.plan(&Key::Volume("pv".into())), None, "volume mode");
+
+        let mut rwx = claim("c", "fast", "2");
+        rwx.spec.as_mut().unwrap().access_modes = Some(vec!["ReadWriteMany".into()]);
+        cache.apply_claim(rwx);
+        assert_eq!(cache.plan(&Key::Volume("pv".into())), None, "access modes");
+
+        // The class is checked when the claim names the volume, not for a claimRef alone.
+        let mut rwo = claim("c", "fast", "3");
+        rwo.spec.as_mut().unwrap().access_modes = Some(vec!["ReadWriteOnce".into()]);
+        cache.apply_claim(rwo.clone());
+        assert!(matches!(
+            cache.plan(&Key::Volume("pv".into())),
+            Some(Action::Bind(_))
+        ));
+        rwo.metadata.resource_version = Some("4".into());
+        rwo.spec.as_mut().unwrap().volume_name = Some("pv".into());
+        cache.apply_claim(rwo);
+        assert_eq!(cache.plan(&Key::Volume("pv".into())), None, "storage class");
+    }
+
+    #[test]
+    fn a_bound_claim_keeps_a_volume_smaller_than_its_request() {
+        // A claim bound before its request grew (an expansion in progress) stays bound.
+        let mut cache = Cache::default();
+        let mut c = requesting(claim("c", "fast", "1"), "2Gi");
+        c.spec.as_mut().unwrap().volume_name = Some("pv".into());
+        c.annotations_mut()
+            .insert(ANN_BIND_COMPLETED.into(), "yes".into());
+        cache.apply_claim(c);
+        cache.apply_volume(volume("pv", Some(("c", Some("uid-c"))), "Pending"));
+        let Some(Action::Bind(plan)) = cache.plan(&Key::Volume("pv".into())) else {
+            panic!("expected the bind to be completed");
+        };
+        assert!(plan.volume_phase);
     }
 
     #[test]
