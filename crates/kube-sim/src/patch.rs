@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use crate::resources::ResourceDef;
-use crate::status::{ApiError, ApiResult, Cause};
+use crate::status::{ApiError, ApiResult};
 use crate::strategic;
 
 /// The patch types the server accepts.
@@ -77,34 +77,41 @@ pub(crate) fn parse_apply(body: &[u8]) -> ApiResult<Value> {
     }
 }
 
-/// The 422 the real server answers when a JSON patch cannot be applied (e.g. a failed `test`).
-fn rejected(detail: String) -> ApiError {
-    let mut err = ApiError::new(
+/// The 422 kube-apiserver answers when a JSON patch cannot be applied (e.g. a failed
+/// `test`): reason `Invalid`, its generic message, and no causes. The real server drops
+/// the patch library's text (`detail`) from the answer; the sim only logs it.
+fn rejected(detail: &str) -> ApiError {
+    tracing::debug!(detail, "JSON patch rejected");
+    ApiError::new(
         422,
         "Invalid",
         "the server rejected our request due to an error in our request",
-    );
-    err.details.causes.push(Cause {
-        reason: "UnexpectedServerResponse",
-        field: String::new(),
-        message: detail,
-    });
-    err
+    )
 }
 
-/// Applies RFC 6902 operations all-or-nothing, with the real server's reading of `test`:
-/// a missing path tests equal to `null` (kube-runtime's finalizer helper relies on it).
+/// Whether `path` names a missing member of an object that exists: the real server's
+/// patch library reads such a member as `null` in a `test` (kube-runtime's finalizer
+/// helper relies on it), but fails the test when the parent itself is missing.
+fn missing_member(doc: &Value, path: &str) -> bool {
+    let Some((parent, _)) = path.rsplit_once('/') else {
+        return false;
+    };
+    doc.pointer(path).is_none() && doc.pointer(parent).is_some_and(Value::is_object)
+}
+
+/// Applies RFC 6902 operations all-or-nothing, with the real server's reading of `test`
+/// (see [`missing_member`]).
 fn apply_json_patch(target: &mut Value, ops: json_patch::Patch) -> ApiResult<()> {
     let mut doc = target.clone();
     for op in ops.0 {
         if let json_patch::PatchOperation::Test(test) = &op
             && test.value.is_null()
-            && doc.pointer(test.path.as_str()).is_none()
+            && missing_member(&doc, test.path.as_str())
         {
             continue;
         }
         json_patch::patch(&mut doc, std::slice::from_ref(&op))
-            .map_err(|e| rejected(e.to_string()))?;
+            .map_err(|e| rejected(&e.to_string()))?;
     }
     *target = doc;
     Ok(())
@@ -173,7 +180,25 @@ mod tests {
             br#"[{"op":"test","path":"/a","value":2},{"op":"replace","path":"/a","value":3}]"#;
         let err = apply(PatchKind::Json, &mut doc, body).unwrap_err();
         assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
+        assert_eq!(
+            err.message,
+            "the server rejected our request due to an error in our request"
+        );
+        assert!(
+            err.details.causes.is_empty(),
+            "the real server gives no causes"
+        );
         assert_eq!(doc, json!({"a": 1}));
+    }
+
+    #[test]
+    fn json_patch_test_of_a_member_of_a_missing_object_fails() {
+        let mut doc = json!({"metadata": {}});
+        let body = br#"[{"op":"test","path":"/spec/x","value":null}]"#;
+        let err = apply(PatchKind::Json, &mut doc, body).unwrap_err();
+        assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
+        let body = br#"[{"op":"test","path":"/metadata/x","value":null}]"#;
+        apply(PatchKind::Json, &mut doc, body).unwrap();
     }
 
     #[test]
