@@ -1,14 +1,16 @@
 //! Event reasons (Go's strings) and the controller's publisher of `events.k8s.io/v1`
 //! Events, a thin layer over [`kube_controller_kit::events::EventWriter`].
 //!
-//! Each event is one `create`: no shared cache of past events (kube-runtime's `Recorder`
-//! scans its whole cache on every publish and keeps each event for 6 minutes, which made
-//! a burst of N claims cost O(N²)), so publishing is O(1) in the number of events.
+//! No shared cache scanned on every publish (kube-runtime's `Recorder` scans its whole
+//! cache, which made a burst of N claims cost O(N²)): publishing is O(1) in the number of
+//! events. Repeats of one event of a claim (same reason and note) within 6 minutes are
+//! one Event whose `series` counts them, as client-go's correlator makes them.
 //!
-//! As in Go, events are written in the background: publishing queues the event and the
-//! worker goes on; a writer task creates them, four at a time. Unlike Go, which
-//! drops events when its queue of 1,000 is full, a full queue makes the publisher wait,
-//! so no event is lost to a burst. The controller flushes the queue when it stops.
+//! As in Go, events are written in the background and never stall a worker: publishing
+//! queues the event and the worker goes on; the kit's writers (64 at a time) create them.
+//! When the queue of 1,000 is full a publisher waits 5 ms at most, then the event is
+//! dropped and counted (`events_dropped_total{reason="queue_full"}`), as Go drops events
+//! beyond its queue. The controller flushes the queue when it stops.
 
 use std::time::Duration;
 
@@ -106,7 +108,7 @@ mod tests {
     use kube_client::Api;
 
     #[tokio::test]
-    async fn each_publish_creates_one_event_without_a_shared_series() {
+    async fn a_repeated_event_of_a_claim_is_one_event_series() {
         let sim = kube_sim::KubeSim::builder().start().await.unwrap();
         let events = Events::new(sim.client(), "example.com/ctl", "host-1".to_owned());
         let claim = crate::testing::pvc("c").uid("u1").build();
@@ -115,25 +117,26 @@ mod tests {
             .warning(&claim, PROVISIONING_FAILED, note.clone())
             .await;
         events.warning(&claim, PROVISIONING_FAILED, note).await;
+        events
+            .warning(&claim, PROVISIONING_FAILED, "other".into())
+            .await;
         events.flush(Duration::from_secs(10)).await;
         let api: Api<Event> = Api::namespaced(sim.client(), "default");
-        let listed = api.list(&Default::default()).await.unwrap().items;
+        let mut listed = api.list(&Default::default()).await.unwrap().items;
+        listed.sort_by_key(|e| e.series.as_ref().map_or(1, |s| s.count));
         assert_eq!(
             listed.len(),
             2,
-            "a repeat is a new event, not a series of the first"
+            "a repeat joins the series of the first, another note is a new event"
         );
+        assert!(listed[0].series.is_none());
+        assert_eq!(listed[0].note.as_deref(), Some("other"));
+        assert_eq!(listed[1].series.as_ref().map(|s| s.count), Some(2));
         for event in &listed {
             assert!(event.metadata.name.as_deref().unwrap().starts_with("c."));
-            assert!(event.series.is_none());
             assert_eq!(event.reason.as_deref(), Some(PROVISIONING_FAILED));
             assert_eq!(event.type_.as_deref(), Some("Warning"));
             assert_eq!(event.action.as_deref(), Some("Provision"));
-            assert_eq!(
-                event.note.as_deref().map(str::len),
-                Some(kube_controller_kit::events::NOTE_LIMIT),
-                "the kit's limit, as the metadata controller's events"
-            );
             assert_eq!(
                 event.reporting_controller.as_deref(),
                 Some("example.com/ctl")
@@ -144,7 +147,11 @@ mod tests {
             assert_eq!(regarding.uid.as_deref(), Some("u1"));
             assert_eq!(regarding.kind.as_deref(), Some("PersistentVolumeClaim"));
         }
-        assert_ne!(listed[0].metadata.name, listed[1].metadata.name);
+        assert_eq!(
+            listed[1].note.as_deref().map(str::len),
+            Some(kube_controller_kit::events::NOTE_LIMIT),
+            "the kit's limit, as the metadata controller's events"
+        );
     }
 
     #[tokio::test]
