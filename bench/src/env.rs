@@ -65,7 +65,7 @@ pub(crate) async fn run(args: Args, controller: tokio::runtime::Handle) -> anyho
     let load_before = load_average();
     let sim = match &args.kubeconfig {
         Some(_) => None,
-        None => Some(SimChild::start(args.sim_history).await?),
+        None => Some(SimChild::start(args.sim_history, &args.sim_profile).await?),
     };
     let kubeconfig = match (&args.kubeconfig, &sim) {
         (Some(path), _) => path.clone(),
@@ -99,6 +99,7 @@ pub(crate) async fn run(args: Args, controller: tokio::runtime::Handle) -> anyho
         Scenario::Provision => crate::provision::run(&env).await,
         Scenario::Steady => crate::steady::run(&env).await,
         Scenario::Metadata => crate::metadata::run(&env).await,
+        Scenario::Matrix => Err(anyhow::anyhow!("matrix runs provision in child processes")),
     };
     if sim.is_none() {
         // A real cluster: remove everything, whatever happened.
@@ -126,6 +127,9 @@ pub(crate) async fn run(args: Args, controller: tokio::runtime::Handle) -> anyho
                 "kube-sim"
             }),
         );
+        if env.args.kubeconfig.is_none() {
+            map.insert("sim_profile".into(), json!(env.args.sim_profile));
+        }
     }
     if env.args.json {
         println!("{report}");
@@ -283,6 +287,79 @@ impl Env {
                 .await;
         }
         Ok(())
+    }
+}
+
+/// What kube-sim answered, by `(verb, resource, client)`, from its `/metrics`; `None`
+/// against a cluster (its `apiserver_request_total` has no client label).
+pub(crate) type ServerCounts = std::collections::BTreeMap<(String, String, String), u64>;
+
+impl Env {
+    /// kube-sim's request counters now (every client: this driver, the controller, the
+    /// sim's PV binder); `None` against a cluster.
+    pub(crate) async fn server_counts(&self) -> anyhow::Result<Option<ServerCounts>> {
+        if self.args.kubeconfig.is_some() {
+            return Ok(None);
+        }
+        let request = http::Request::get("/metrics")
+            .body(Vec::new())
+            .context("a /metrics request")?;
+        let text = self
+            .driver
+            .request_text(request)
+            .await
+            .context("cannot read kube-sim's /metrics")?;
+        Ok(Some(parse_metrics(&text)))
+    }
+}
+
+/// Parses `kube_sim_requests_total{verb="..",resource="..",...,client=".."} N` lines.
+pub(crate) fn parse_metrics(text: &str) -> ServerCounts {
+    let mut counts = ServerCounts::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("kube_sim_requests_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let labels = format!(",{labels}");
+        let label = |name: &str| {
+            let start = labels.find(&format!(",{name}=\""))? + name.len() + 3;
+            let end = labels[start..].find('"')? + start;
+            Some(labels[start..end].to_owned())
+        };
+        let (Some(verb), Some(resource), Some(client), Ok(n)) = (
+            label("verb"),
+            label("resource"),
+            label("client"),
+            value.trim().parse::<u64>(),
+        ) else {
+            continue;
+        };
+        *counts.entry((verb, resource, client)).or_default() += n;
+    }
+    counts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_sims_request_counters() {
+        let text = "# TYPE kube_sim_requests_total counter\n\
+            kube_sim_requests_total{verb=\"patch\",resource=\"persistentvolumes\",subresource=\"status\",code=\"200\",client=\"pv-binder\"} 7\n\
+            kube_sim_requests_total{verb=\"patch\",resource=\"persistentvolumes\",subresource=\"\",code=\"409\",client=\"pv-binder\"} 2\n\
+            kube_sim_requests_in_flight 3\n";
+        let counts = parse_metrics(text);
+        let key = (
+            "patch".to_owned(),
+            "persistentvolumes".to_owned(),
+            "pv-binder".to_owned(),
+        );
+        assert_eq!(counts.get(&key), Some(&9));
+        assert_eq!(counts.len(), 1);
     }
 }
 

@@ -4,6 +4,7 @@
 //! cargo run --release -p bench -- provision --n 10000 --workers 4
 //! cargo run --release -p bench -- steady --n 10000 --idle-secs 60
 //! cargo run --release -p bench -- metadata --n 1000 --json
+//! cargo run --release -p bench -- matrix --sim-profile realistic --matrix-n 1000,10000
 //! ```
 //!
 //! By default kube-sim (with its PV binder) runs in a child process (this binary started
@@ -16,6 +17,7 @@
 
 mod counting;
 mod env;
+mod matrix;
 mod metadata;
 mod objects;
 mod procfs;
@@ -40,6 +42,9 @@ pub(crate) enum Scenario {
     Steady,
     /// N CnsVolumeMetadata objects through the reconciler, then deleted.
     Metadata,
+    /// `provision` for every combination of `--matrix-workers`, `--matrix-crash-safe` and
+    /// `--matrix-n`, each in a process of its own, then one table.
+    Matrix,
 }
 
 /// Command-line options.
@@ -85,6 +90,21 @@ pub(crate) struct Args {
     /// far at 50,000 claims). Each kept event holds a version of its object in the sim.
     #[arg(long, default_value_t = 100_000)]
     pub(crate) sim_history: usize,
+    /// What kube-sim's requests cost (its `LoadModel`): `none` answers at once;
+    /// `realistic` costs what a real kube-apiserver + etcd on two cores does (latency that
+    /// grows with the requests in flight, at most 400 reads / 200 writes in flight).
+    #[arg(long, value_name = "NAME", default_value = "none",
+          value_parser = clap::builder::PossibleValuesParser::new(kube_sim::LoadModel::PROFILES))]
+    pub(crate) sim_profile: String,
+    /// `matrix`: the worker counts to run.
+    #[arg(long, value_delimiter = ',', default_value = "4,16")]
+    pub(crate) matrix_workers: Vec<NonZeroU16>,
+    /// `matrix`: crash-safe provisioning on and off.
+    #[arg(long, value_delimiter = ',', default_value = "true,false")]
+    pub(crate) matrix_crash_safe: Vec<bool>,
+    /// `matrix`: the claim counts (10000 takes minutes per run on the realistic profile).
+    #[arg(long, value_delimiter = ',', default_value = "1000")]
+    pub(crate) matrix_n: Vec<usize>,
     /// Internal: serve kube-sim, writing its kubeconfig here.
     #[arg(long, hide = true, value_name = "PATH")]
     pub(crate) serve_sim: Option<PathBuf>,
@@ -113,7 +133,10 @@ fn main() -> anyhow::Result<()> {
         .init();
     if let Some(path) = args.serve_sim.clone() {
         let rt = tokio::runtime::Runtime::new().context("cannot start a runtime")?;
-        return rt.block_on(sim::serve(&path, args.sim_history));
+        return rt.block_on(sim::serve(&path, args.sim_history, &args.sim_profile));
+    }
+    if args.scenario == Some(Scenario::Matrix) {
+        return matrix::run(&args);
     }
     if let Some(path) = args.populate.clone() {
         let rt = tokio::runtime::Runtime::new().context("cannot start a runtime")?;

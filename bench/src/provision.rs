@@ -113,6 +113,7 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
     }));
     env.wait_synced(3).await?;
     let s1 = env.probe.snapshot();
+    let server1 = env.server_counts().await?;
     eprintln!("controller synced; creating {n} claims");
 
     // Provision: create every claim, wait until all are Bound.
@@ -143,6 +144,7 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
     .map(|e| format!("{e:#}"));
     env::settle(&env.probe.api, SETTLE_QUIET, SETTLE_LIMIT).await;
     let s2 = env.probe.snapshot();
+    let server2 = env.server_counts().await?;
     let (peak_provision, sim_peak_provision) = env.probe.take_peaks();
     if incomplete.is_none() {
         eprintln!("all Bound; deleting {created} claims");
@@ -177,6 +179,7 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
     }
     env::settle(&env.probe.api, SETTLE_QUIET, SETTLE_LIMIT).await;
     let s3 = env.probe.snapshot();
+    let server3 = env.server_counts().await?;
     let (peak_delete, sim_peak_delete) = env.probe.take_peaks();
 
     let _ = stop.send(());
@@ -205,6 +208,14 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
         *both.entry(k.clone()).or_default() += v;
     }
     let rss_growth = s2.memory.rss_kib.saturating_sub(s0.memory.rss_kib);
+    let server = match (&server1, &server2, &server3) {
+        (Some(a), Some(b), Some(c)) => json!({
+            "provision": report::server_per_object(a, b, created),
+            "delete": report::server_per_object(b, c, created),
+        }),
+        _ => Value::Null,
+    };
+    let pv_span = timeline.span(Step::Sent, Step::Created).unwrap_or_default();
     Ok(json!({
         "scenario": "provision",
         "incomplete": incomplete,
@@ -217,6 +228,7 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
         "provision": {
             "seconds": round(provision_span.as_secs_f64(), 2),
             "throughput_per_s": per_second(bound, provision_span),
+            "pv_created_per_s": per_second(timeline.count(Step::Created), pv_span),
             "driver_send_seconds": round(sent_in.as_secs_f64(), 2),
             "latency_created_to_pv": latency(timeline.latencies(Step::Sent, Step::Created)),
             "latency_created_to_bound": latency(timeline.latencies(Step::Sent, Step::Ready)),
@@ -229,6 +241,8 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
         "cpu": {
             "controller_s_per_1000_volumes": round(
                 (provision.controller_cpu + delete.controller_cpu) / volumes * 1000.0, 3),
+            "controller_s_per_1000_provisioned": round(
+                provision.controller_cpu / volumes * 1000.0, 3),
             "startup": startup.cpu_json(),
             "provision": provision.cpu_json(),
             "delete": delete.cpu_json(),
@@ -244,6 +258,7 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
             "rss_growth_per_bound_pair_kib": round(rss_growth as f64 / volumes, 2),
             "sim_peak": mib(sim_peak_provision.max(sim_peak_delete)),
         },
+        "server_requests": server,
         "api_requests": {
             "startup": report::by_verb(&startup.api),
             "per_volume_provision": report::per_object(&provision.api, created),

@@ -177,6 +177,55 @@ pub(crate) fn per_object(api: &Counts, objects: usize) -> Value {
     })
 }
 
+/// What kube-sim answered between two readings of its counters, per object: writes and
+/// reads by client (`client`: the controller and the driver; `pv-binder`: the sim's
+/// binder), and the controller's share is in `api_requests`.
+pub(crate) fn server_per_object(
+    from: &crate::env::ServerCounts,
+    to: &crate::env::ServerCounts,
+    objects: usize,
+) -> Value {
+    let objects = objects.max(1) as f64;
+    let is_write = |v: &str| {
+        matches!(
+            v,
+            "create" | "update" | "patch" | "delete" | "deletecollection" | "write"
+        )
+    };
+    let is_read = |v: &str| matches!(v, "get" | "list");
+    let mut by_client: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let mut detail = Map::new();
+    for (key @ (verb, resource, client), n) in to {
+        let n = n - from.get(key).copied().unwrap_or(0);
+        if n == 0 {
+            continue;
+        }
+        let entry = by_client.entry(client.clone()).or_default();
+        if is_write(verb) {
+            entry.0 += n;
+        } else if is_read(verb) {
+            entry.1 += n;
+        }
+        detail.insert(format!("{client} {verb} {resource}"), json!(n));
+    }
+    let (writes, reads) = by_client
+        .values()
+        .fold((0, 0), |(w, r), (cw, cr)| (w + cw, r + cr));
+    let clients: Map<String, Value> = by_client
+        .iter()
+        .map(|(client, (w, r))| {
+            let per = |n: u64| round(n as f64 / objects, 3);
+            (client.clone(), json!({"writes": per(*w), "reads": per(*r)}))
+        })
+        .collect();
+    json!({
+        "writes_per_object": round(writes as f64 / objects, 3),
+        "reads_per_object": round(reads as f64 / objects, 3),
+        "by_client": clients,
+        "totals": detail,
+    })
+}
+
 /// p50, p95, p99 and max (nearest rank) in milliseconds, and the count.
 pub(crate) fn latency(mut samples: Vec<Duration>) -> Value {
     if samples.is_empty() {

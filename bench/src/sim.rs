@@ -10,15 +10,22 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use kube_sim::KubeSim;
+use kube_sim::{KubeSim, LoadModel};
 use tokio::{
     io::{AsyncBufReadExt, AsyncReadExt, BufReader},
     process::{Child, Command},
 };
 
 /// The child side: serves until stdin closes.
-pub(crate) async fn serve(kubeconfig: &Path, history_window: usize) -> anyhow::Result<()> {
+pub(crate) async fn serve(
+    kubeconfig: &Path,
+    history_window: usize,
+    profile: &str,
+) -> anyhow::Result<()> {
+    let load = LoadModel::named(profile)
+        .with_context(|| format!("no kube-sim load profile called {profile:?}"))?;
     let sim = KubeSim::builder()
+        .load(load)
         .pv_binder(true)
         .history_window(history_window)
         // The bench counts requests client-side; the sim's own log would only cost memory.
@@ -53,7 +60,7 @@ pub(crate) struct SimChild {
 
 impl SimChild {
     /// Starts the child and waits until it serves.
-    pub(crate) async fn start(history_window: usize) -> anyhow::Result<Self> {
+    pub(crate) async fn start(history_window: usize, profile: &str) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("bench-sim-")
             .tempdir()
@@ -65,6 +72,7 @@ impl SimChild {
             .arg(&kubeconfig)
             .arg("--sim-history")
             .arg(history_window.to_string())
+            .args(["--sim-profile", profile])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -175,6 +175,11 @@ async fn serve(
         }
     };
     record.status = resp.status().as_u16();
+    if record.verb == "metrics" {
+        // Reading the counters does not count.
+        shared.record(record);
+        return resp;
+    }
     front.gate.count(
         &record.verb,
         &record.resource,
