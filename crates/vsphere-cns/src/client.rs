@@ -21,6 +21,9 @@ const USER_AGENT: &str = concat!("vsphere-cns-rs/", env!("CARGO_PKG_VERSION"));
 
 mod transport;
 
+#[cfg(test)]
+mod edge_tests;
+
 use transport::fetch_version;
 #[cfg(test)]
 pub(crate) use transport::route;
@@ -78,18 +81,33 @@ impl CnsClient {
     /// content, then logs in and keeps the `vmware_soap_session` cookie for `/sdk` and
     /// `/vsanHealth`.
     ///
+    /// # Guarantees
+    /// - Nothing is sent before [`VcConfig::validate`] passes: `https://` for every TLS
+    ///   mode, plain `http://` only to a loopback IP address.
+    /// - Redirects are not followed; no response body is read past
+    ///   [`VcConfig::max_response_bytes`]; proxies from the environment are not used.
+    ///
     /// # Errors
-    /// [`Error::Settings`] for unusable TLS settings; [`Error::Fault`] with
-    /// [`Error::is_invalid_login`] for a refused user or password; [`Error::Timeout`],
-    /// [`Error::Transport`] or [`Error::Protocol`] when the server cannot be talked to.
+    /// [`Error::Settings`] for unusable settings (TLS, host, plain HTTP to a host that is
+    /// not loopback); [`Error::Fault`] with [`Error::is_invalid_login`] for a refused user
+    /// or password; [`Error::Redirect`] or [`Error::ResponseTooLarge`] for such answers;
+    /// [`Error::Timeout`], [`Error::Transport`] or [`Error::Protocol`] when the server cannot
+    /// be talked to.
     #[instrument(skip_all, fields(vc = %config.host))]
     pub async fn connect(config: &VcConfig) -> Result<CnsClient> {
+        config.validate()?;
         if config.tls == crate::tls::TlsMode::Insecure {
             warn!(vc = %config.host, "TLS certificate verification is disabled (insecure-flag)");
         }
         let mut builder = reqwest::Client::builder()
             .user_agent(USER_AGENT)
-            .http1_only();
+            .http1_only()
+            // A 3xx is an error (Error::Redirect): the Login body holds the password.
+            .redirect(reqwest::redirect::Policy::none())
+            .https_only(config.tls != crate::tls::TlsMode::PlainHttp)
+            // csi-vsphere.conf names the vCenter; an HTTP(S)_PROXY in the environment
+            // must not silently route the password elsewhere.
+            .no_proxy();
         if let Some(tls) = crate::tls::client_config(&config.tls)? {
             builder = builder.use_preconfigured_tls(tls);
         }

@@ -16,6 +16,20 @@
 //! `thumbprint` and `datacenters`; a `[VirtualCenter]` section that leaves one unset
 //! inherits it, as upstream does.
 //!
+//! # Certificate checking: the section wins
+//! `insecure-flag`, `thumbprint` and `ca-file` are resolved together: a `[VirtualCenter]`
+//! section that sets any of them takes all three from itself and none from `[Global]`, so
+//! `[Global] insecure-flag = true` cannot switch off the `thumbprint` or `ca-file` a section
+//! sets, nor its explicit `insecure-flag = false`. A section that sets none of them
+//! inherits all three from `[Global]`. After that, `insecure-flag = true` together with a
+//! `thumbprint` or a `ca-file` is an error naming the file and the section(s): the file
+//! asks for a check and for no check at once.
+//!
+//! # Secrets
+//! Error messages name the file, line, section and key, never any part of a value (a
+//! `password` may be the value on the line). [`VsphereConfig::load`] adds a warning when
+//! the file is readable by group or others.
+//!
 //! # Differences from gcfg
 //! - Unknown keys and sections are ignored with a warning (gcfg's `FatalOnly` drops them
 //!   silently); the warnings are kept in [`VsphereConfig::warnings`] and logged.
@@ -46,7 +60,9 @@ pub struct VsphereConfig {
     pub virtual_centers: Vec<VirtualCenterConfig>,
     /// `[Labels]` (for example `region`, `zone`), keys lower-cased.
     pub labels: BTreeMap<String, String>,
-    /// Unknown keys and sections that were ignored, as `file:line: ...` messages.
+    /// Unknown keys and sections that were ignored, and (from [`VsphereConfig::load`]) a
+    /// file readable by group or others, as `file[:line]: ...` messages. Each is also logged
+    /// with `tracing::warn!`.
     pub warnings: Vec<String>,
 }
 
@@ -85,7 +101,8 @@ pub struct VirtualCenterConfig {
 
 impl VirtualCenterConfig {
     /// The TLS mode these settings ask for: `insecure-flag`, else `thumbprint`, else
-    /// `ca-file`, else the system roots.
+    /// `ca-file`, else the system roots. A parsed file never sets `insecure-flag` together
+    /// with a `thumbprint` or `ca-file` (that is a [`ConfigError`]).
     pub fn tls_mode(&self) -> TlsMode {
         if self.insecure_flag {
             TlsMode::Insecure
@@ -165,14 +182,12 @@ impl Parser<'_> {
         {
             None | Some("true" | "yes" | "on" | "1") => Ok(Some(true)),
             Some("false" | "no" | "off" | "0") => Ok(Some(false)),
+            // The value is never quoted: a misplaced password could be on this line.
             Some(_) => Err(self.error(
                 Some(*line),
                 Some(raw),
                 Some(key),
-                format!(
-                    "{:?} is not a boolean (use true or false)",
-                    value.as_deref().unwrap_or_default()
-                ),
+                "the value is not a boolean (use true or false)",
             )),
         }
     }
@@ -188,7 +203,7 @@ impl Parser<'_> {
                 Some(*line),
                 Some(raw),
                 Some("port"),
-                format!("{value:?} is not a port number"),
+                "the value is not a port number (1 to 65535)",
             )),
         }
     }
@@ -198,12 +213,13 @@ impl Parser<'_> {
             return Ok(None);
         };
         let value = value.as_deref().unwrap_or_default();
+        // `why` describes the value without quoting it.
         Thumbprint::parse(value).map(Some).map_err(|why| {
             self.error(
                 Some(*line),
                 Some(raw),
                 Some("thumbprint"),
-                format!("{value:?} {why}"),
+                format!("the value {why}"),
             )
         })
     }
@@ -266,15 +282,28 @@ impl VsphereConfig {
 
     /// Reads and parses the file at `path`; errors name the path.
     ///
+    /// A file that group or others may read (any of the mode bits `0o044`, as in the
+    /// `0644` a Kubernetes Secret volume gives by default) gets a warning in
+    /// [`VsphereConfig::warnings`] (also logged): it holds a password. Mount it with
+    /// `defaultMode: 0400` (or `0440` with an `fsGroup`).
+    ///
     /// # Errors
     /// [`ConfigError::Io`] when the file cannot be read; otherwise as [`VsphereConfig::parse`].
     pub fn load(path: impl AsRef<Path>) -> Result<VsphereConfig, ConfigError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        let io = |source| ConfigError::Io {
             path: path.to_owned(),
             source,
-        })?;
-        Self::parse_named(&text, &path.display().to_string())
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        let readable_by_others = permission_warning(&file, path).map_err(io)?;
+        let text = std::io::read_to_string(file).map_err(io)?;
+        let mut config = Self::parse_named(&text, &path.display().to_string())?;
+        if let Some(warning) = readable_by_others {
+            tracing::warn!("{warning}");
+            config.warnings.insert(0, warning);
+        }
+        Ok(config)
     }
 
     fn parse_named(text: &str, file: &str) -> Result<VsphereConfig, ConfigError> {
@@ -451,12 +480,7 @@ fn virtual_center(
         Some(port) => port,
         None => parser.port(global)?.unwrap_or(VcConfig::DEFAULT_PORT),
     };
-    let insecure_flag = parser.boolean(vc, "insecure-flag")?.unwrap_or(false)
-        || parser.boolean(global, "insecure-flag")?.unwrap_or(false);
-    let thumbprint = match parser.thumbprint(vc)? {
-        Some(t) => Some(t),
-        None => parser.thumbprint(global)?,
-    };
+    let tls = tls_settings(parser, vc, global)?;
     Ok(VirtualCenterConfig {
         host: vc.host.clone(),
         user,
@@ -471,10 +495,94 @@ fn virtual_center(
                     .collect()
             })
             .unwrap_or_default(),
-        insecure_flag,
-        ca_file: pick("ca-file").map(PathBuf::from),
-        thumbprint,
+        insecure_flag: tls.insecure_flag,
+        ca_file: tls.ca_file,
+        thumbprint: tls.thumbprint,
     })
+}
+
+/// The keys that decide how the server certificate is checked; resolved as a group.
+const TLS_KEYS: &[&str] = &["insecure-flag", "thumbprint", "ca-file"];
+
+struct TlsSettings {
+    insecure_flag: bool,
+    thumbprint: Option<Thumbprint>,
+    ca_file: Option<PathBuf>,
+}
+
+/// `insecure-flag`, `thumbprint` and `ca-file` of `vc`: all from the section when it sets
+/// any of them, otherwise all from `[Global]`; insecure with a check is an error.
+fn tls_settings(parser: &Parser<'_>, vc: &Raw, global: &Raw) -> Result<TlsSettings, ConfigError> {
+    let sets_any = |raw: &Raw| TLS_KEYS.iter().any(|key| raw.values.contains_key(*key));
+    // Global's values are validated even when a section overrides them.
+    let global_insecure = parser.boolean(global, "insecure-flag")?;
+    let global_thumbprint = parser.thumbprint(global)?;
+    let (source, insecure, thumbprint) = if sets_any(vc) {
+        (
+            vc,
+            parser.boolean(vc, "insecure-flag")?,
+            parser.thumbprint(vc)?,
+        )
+    } else {
+        (global, global_insecure, global_thumbprint)
+    };
+    let ca_file = parser
+        .text(source, "ca-file")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    let insecure_flag = insecure.unwrap_or(false);
+    if insecure_flag && (thumbprint.is_some() || ca_file.is_some()) {
+        let with = match (thumbprint.is_some(), ca_file.is_some()) {
+            (true, true) => "thumbprint and ca-file",
+            (true, false) => "thumbprint",
+            _ => "ca-file",
+        };
+        let line = source.values.get("insecure-flag").map(|(line, _)| *line);
+        let inherited = if std::ptr::eq(source, vc) {
+            String::new()
+        } else {
+            format!(
+                " (inherited by [{}], which sets none of {})",
+                vc.title,
+                TLS_KEYS.join(", ")
+            )
+        };
+        return Err(parser.error(
+            line,
+            Some(source),
+            Some("insecure-flag"),
+            format!(
+                "insecure-flag = true together with {with}{inherited}: choose one way of \
+                 checking the vCenter certificate"
+            ),
+        ));
+    }
+    Ok(TlsSettings {
+        insecure_flag,
+        thumbprint,
+        ca_file,
+    })
+}
+
+/// A warning when `file` may be read by group or others (Unix mode bits `0o044`).
+#[cfg(unix)]
+fn permission_warning(file: &std::fs::File, path: &Path) -> std::io::Result<Option<String>> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = file.metadata()?.permissions().mode() & 0o777;
+    Ok((mode & 0o044 != 0).then(|| {
+        format!(
+            "{}: the file is readable by group or others (mode {mode:04o}) and holds a \
+             password; make it readable by its owner only (chmod 600, or defaultMode: 0400 \
+             for a Secret volume)",
+            path.display()
+        )
+    }))
+}
+
+/// Other platforms have no mode bits to check.
+#[cfg(not(unix))]
+fn permission_warning(_file: &std::fs::File, _path: &Path) -> std::io::Result<Option<String>> {
+    Ok(None)
 }
 
 impl fmt::Display for VirtualCenterConfig {

@@ -29,6 +29,10 @@ pub struct VcConfig {
     pub task_timeout: Duration,
     /// First pause between task polls; it doubles up to 2 s. Default 200 ms.
     pub task_poll_interval: Duration,
+    /// Largest response body read from the server, in bytes. A larger response fails with
+    /// [`Error::ResponseTooLarge`](crate::Error::ResponseTooLarge) and is not read past the
+    /// limit. Default 16 MiB (a `CnsQueryVolume` page of 100 volumes is well under 1 MiB).
+    pub max_response_bytes: u64,
 }
 
 impl VcConfig {
@@ -40,6 +44,8 @@ impl VcConfig {
     pub const DEFAULT_TASK_TIMEOUT: Duration = Duration::from_secs(300);
     /// Default for [`VcConfig::task_poll_interval`].
     pub const DEFAULT_TASK_POLL_INTERVAL: Duration = Duration::from_millis(200);
+    /// Default for [`VcConfig::max_response_bytes`]: 16 MiB.
+    pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 16 * 1024 * 1024;
 
     /// Settings for `host` with every default: port 443, verified TLS, 60 s per call.
     pub fn new(
@@ -56,6 +62,7 @@ impl VcConfig {
             timeout: Self::DEFAULT_TIMEOUT,
             task_timeout: Self::DEFAULT_TASK_TIMEOUT,
             task_poll_interval: Self::DEFAULT_TASK_POLL_INTERVAL,
+            max_response_bytes: Self::DEFAULT_MAX_RESPONSE_BYTES,
         }
     }
 
@@ -94,6 +101,65 @@ impl VcConfig {
         self
     }
 
+    /// Sets [`VcConfig::max_response_bytes`].
+    #[must_use]
+    pub fn max_response_bytes(mut self, limit: u64) -> Self {
+        self.max_response_bytes = limit;
+        self
+    }
+
+    /// Checks what [`CnsClient::connect`](crate::CnsClient::connect) checks before it sends
+    /// anything.
+    ///
+    /// # Rules
+    /// - `host` is a host name or an IP address, not a URL (no scheme, path, `@`, `?`, `#`
+    ///   or whitespace).
+    /// - `https://` is used for every [`TlsMode`] except [`TlsMode::PlainHttp`], and
+    ///   [`TlsMode::PlainHttp`] (`http://`, no TLS) is accepted only when `host` is a
+    ///   loopback IP address (`127.0.0.0/8` or `::1`; not the name `localhost`, which a
+    ///   hosts file could point elsewhere). It exists for the in-process simulator and tests;
+    ///   `csi-vsphere.conf` never selects it.
+    /// - `max_response_bytes` is not zero.
+    ///
+    /// # Errors
+    /// [`Error::Settings`](crate::Error::Settings) naming the rule that is broken.
+    pub fn validate(&self) -> crate::Result<()> {
+        use crate::Error;
+        let host = self.host.as_str();
+        if host.is_empty()
+            || host.contains("://")
+            || host
+                .chars()
+                .any(|c| matches!(c, '/' | '@' | '?' | '#') || c.is_whitespace())
+        {
+            return Err(Error::Settings(format!(
+                "vCenter host {host:?} must be a host name or an IP address, not a URL"
+            )));
+        }
+        if self.tls == TlsMode::PlainHttp && !self.host_is_loopback_ip() {
+            return Err(Error::Settings(format!(
+                "plain HTTP (TlsMode::PlainHttp) is only allowed to a loopback IP address \
+                 (127.0.0.0/8 or ::1), not to {host}; use https (system roots, ca-file or thumbprint)"
+            )));
+        }
+        if self.max_response_bytes == 0 {
+            return Err(Error::Settings(
+                "max_response_bytes must be greater than zero".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn host_is_loopback_ip(&self) -> bool {
+        let bare = self
+            .host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(&self.host);
+        bare.parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+    }
+
     /// `https://host:port` (or `http://` for [`TlsMode::PlainHttp`]), IPv6 hosts bracketed.
     pub fn base_url(&self) -> String {
         let scheme = if self.tls == TlsMode::PlainHttp {
@@ -118,6 +184,8 @@ mod tests {
         let config = VcConfig::new("vc.example.com", "admin", "pw");
         assert_eq!(config.tls, TlsMode::Verified);
         assert_eq!(config.base_url(), "https://vc.example.com:443");
+        assert_eq!(config.max_response_bytes, 16 * 1024 * 1024);
+        assert!(config.validate().is_ok());
     }
 
     #[test]
@@ -126,6 +194,38 @@ mod tests {
             .port(8989)
             .tls(TlsMode::PlainHttp);
         assert_eq!(config.base_url(), "http://[::1]:8989");
+    }
+
+    #[test]
+    fn plain_http_is_refused_unless_the_host_is_a_loopback_ip() {
+        for host in ["127.0.0.1", "127.3.4.5", "::1", "[::1]"] {
+            let config = VcConfig::new(host, "admin", "pw").tls(TlsMode::PlainHttp);
+            assert!(config.validate().is_ok(), "{host}");
+        }
+        for host in ["vc.example.com", "10.0.0.1", "localhost", "::2", "0.0.0.0"] {
+            let config = VcConfig::new(host, "admin", "pw").tls(TlsMode::PlainHttp);
+            let err = config.validate().unwrap_err().to_string();
+            assert!(
+                err.contains("only allowed to a loopback IP"),
+                "{host}: {err}"
+            );
+            assert!(err.contains(host), "{host}: {err}");
+            // Every TLS mode is https, so the same host is fine with TLS.
+            assert!(config.tls(TlsMode::Insecure).validate().is_ok(), "{host}");
+        }
+    }
+
+    #[test]
+    fn a_url_or_an_empty_host_and_a_zero_response_limit_are_refused() {
+        for host in ["", "https://vc", "vc/sdk", "user@vc", "vc?x", "vc #1"] {
+            let err = VcConfig::new(host, "admin", "pw").validate().unwrap_err();
+            assert!(err.to_string().contains("not a URL"), "{host:?}: {err}");
+        }
+        let err = VcConfig::new("vc", "admin", "pw")
+            .max_response_bytes(0)
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("max_response_bytes"), "{err}");
     }
 
     #[test]

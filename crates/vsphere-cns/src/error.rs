@@ -44,7 +44,35 @@ pub enum Error {
         /// What was wrong with the response.
         detail: String,
     },
-    /// The connection settings cannot be used (bad thumbprint, unreadable CA file, ...).
+    /// The response body was larger than
+    /// [`VcConfig::max_response_bytes`](crate::VcConfig::max_response_bytes). The body was
+    /// not read past the limit.
+    #[error(
+        "{operation}: the response body exceeds the limit of {limit} bytes \
+         (VcConfig::max_response_bytes); the rest was not read"
+    )]
+    ResponseTooLarge {
+        /// The SOAP method.
+        operation: &'static str,
+        /// The limit in bytes.
+        limit: u64,
+    },
+    /// The server answered with a redirect (HTTP 3xx). Redirects are never followed: the
+    /// request (for `Login`, the password) is sent to the configured endpoint only.
+    #[error(
+        "{operation}: the server answered HTTP {status} redirecting to {}; redirects are not followed",
+        location.as_deref().unwrap_or("no Location")
+    )]
+    Redirect {
+        /// The SOAP method.
+        operation: &'static str,
+        /// The HTTP status, for example 307.
+        status: u16,
+        /// `host:port` of the `Location` header (never its path or query), when it has one.
+        location: Option<String>,
+    },
+    /// The connection settings cannot be used (bad thumbprint, unreadable CA file, plain
+    /// HTTP to a host that is not loopback, ...).
     #[error("invalid vCenter connection settings: {0}")]
     Settings(String),
 }

@@ -4,6 +4,17 @@
 //! including govmomi's `_XMLSchema-instance`), not by the literal prefix. Writing is a plain
 //! string builder: element order is decided by the callers (`soap::request`), escaping
 //! follows Go's `encoding/xml` so golden comparisons with govmomi's requests are exact.
+//!
+//! # Memory
+//! The tree is kept small because a response may be large (up to the client's
+//! [`VcConfig::max_response_bytes`](crate::VcConfig::max_response_bytes)): namespace URIs are
+//! shared between the elements that use them (one allocation per distinct URI, not one per
+//! element), the whitespace between child elements is dropped, and child lists carry no
+//! spare capacity. Callers move parts out of the tree ([`Element::take_child`]) instead of
+//! cloning them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use quick_xml::events::{BytesStart, Event};
 use quick_xml::name::ResolveResult;
@@ -17,6 +28,13 @@ pub(crate) const SOAP_ENV_NS: &str = "http://schemas.xmlsoap.org/soap/envelope/"
 /// levels; the limit keeps a hostile document from overflowing the stack when the
 /// (recursive) tree is walked or dropped.
 const MAX_DEPTH: usize = 128;
+/// The tree [`Element::parse`] builds may take at most this many times the document's size
+/// (plus [`TREE_SLACK`]). A real response takes about 3.5 times; a document of many tiny
+/// elements (`<a/><a/>...`, each a full [`Element`]) would take 30 times and more, and is
+/// refused instead.
+const TREE_FACTOR: usize = 6;
+/// Room for the tree of a small document.
+const TREE_SLACK: usize = 64 * 1024;
 
 /// Why a document could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,15 +44,17 @@ pub(crate) struct XmlError(pub(crate) String);
 /// One attribute, with its namespace resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Attr {
-    pub(crate) ns: Option<String>,
+    pub(crate) ns: Option<Arc<str>>,
     pub(crate) name: String,
     pub(crate) value: String,
 }
 
-/// One element: resolved namespace, local name, attributes, child elements and text.
+/// One element: resolved namespace (shared), local name, attributes, child elements and
+/// text. The text of an element that has children is empty unless it holds more than
+/// whitespace.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Element {
-    pub(crate) ns: Option<String>,
+    pub(crate) ns: Option<Arc<str>>,
     pub(crate) name: String,
     pub(crate) attrs: Vec<Attr>,
     pub(crate) children: Vec<Element>,
@@ -46,10 +66,27 @@ impl Element {
     pub(crate) fn parse(xml: &str) -> Result<Element, XmlError> {
         let mut reader = NsReader::from_str(xml);
         let mut stack: Vec<Element> = Vec::new();
+        let mut namespaces = Namespaces::default();
         let err = |e: &dyn std::fmt::Display| XmlError(e.to_string());
+        let budget = xml
+            .len()
+            .saturating_mul(TREE_FACTOR)
+            .saturating_add(TREE_SLACK);
+        let mut used = 0usize;
+        let mut spend = |bytes: usize| {
+            used = used.saturating_add(bytes);
+            if used > budget {
+                Err(XmlError(format!(
+                    "the document's tree would take more than {budget} bytes \
+                     ({TREE_FACTOR} times the document): too many small elements"
+                )))
+            } else {
+                Ok(())
+            }
+        };
         loop {
             let (resolved, event) = reader.read_resolved_event().map_err(|e| err(&e))?;
-            let ns = namespace(resolved);
+            let ns = namespaces.get(resolved);
             match event {
                 Event::Start(ref start) => {
                     if stack.len() >= MAX_DEPTH {
@@ -57,20 +94,23 @@ impl Element {
                             "elements nested deeper than {MAX_DEPTH} levels"
                         )));
                     }
-                    let element = start_element(&reader, ns, start)?;
+                    let element = start_element(&reader, &mut namespaces, ns, start)?;
+                    spend(element.own_bytes())?;
                     stack.push(element);
                 }
                 Event::Empty(ref start) => {
-                    let element = start_element(&reader, ns, start)?;
+                    let element = start_element(&reader, &mut namespaces, ns, start)?;
+                    spend(element.own_bytes())?;
                     match stack.last_mut() {
                         Some(parent) => parent.children.push(element),
                         None => return Ok(element),
                     }
                 }
                 Event::End(_) => {
-                    let done = stack
+                    let mut done = stack
                         .pop()
                         .ok_or_else(|| XmlError("unbalanced end tag".into()))?;
+                    done.finish();
                     match stack.last_mut() {
                         Some(parent) => parent.children.push(done),
                         None => return Ok(done),
@@ -78,16 +118,16 @@ impl Element {
                 }
                 Event::Text(text) => {
                     if let Some(current) = stack.last_mut() {
-                        current
-                            .text
-                            .push_str(&text.xml_content().map_err(|e| err(&e))?);
+                        let text = text.xml_content().map_err(|e| err(&e))?;
+                        spend(text.len())?;
+                        current.text.push_str(&text);
                     }
                 }
                 Event::CData(data) => {
                     if let Some(current) = stack.last_mut() {
-                        current
-                            .text
-                            .push_str(&data.xml_content().map_err(|e| err(&e))?);
+                        let data = data.xml_content().map_err(|e| err(&e))?;
+                        spend(data.len())?;
+                        current.text.push_str(&data);
                     }
                 }
                 Event::GeneralRef(reference) => {
@@ -110,6 +150,53 @@ impl Element {
                 _ => {}
             }
         }
+    }
+
+    /// The bytes this element takes without its text and children: its slot in the
+    /// parent's list, its name and its attributes.
+    fn own_bytes(&self) -> usize {
+        std::mem::size_of::<Element>()
+            + self.name.len()
+            + self
+                .attrs
+                .iter()
+                .map(|a| std::mem::size_of::<Attr>() + a.name.len() + a.value.len())
+                .sum::<usize>()
+    }
+
+    /// Called at the end tag: drops the whitespace between child elements and the spare
+    /// capacity of the child list and text.
+    fn finish(&mut self) {
+        if !self.children.is_empty() && self.text.trim().is_empty() {
+            self.text = String::new();
+        }
+        self.children.shrink_to_fit();
+        self.text.shrink_to_fit();
+    }
+
+    /// Moves the first child with this local name out of the tree (it is left empty in
+    /// place), instead of cloning it.
+    pub(crate) fn take_child(&mut self, name: &str) -> Option<Element> {
+        self.children
+            .iter_mut()
+            .find(|c| c.name == name)
+            .map(std::mem::take)
+    }
+
+    /// An estimate of the heap bytes this tree holds (namespace URIs, shared, not counted),
+    /// for tests that bound the tree's size against the document's.
+    #[cfg(test)]
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.name.capacity()
+            + self.text.capacity()
+            + self.attrs.capacity() * std::mem::size_of::<Attr>()
+            + self
+                .attrs
+                .iter()
+                .map(|a| a.name.capacity() + a.value.capacity())
+                .sum::<usize>()
+            + self.children.capacity() * std::mem::size_of::<Element>()
+            + self.children.iter().map(Element::heap_bytes).sum::<usize>()
     }
 
     /// The first child with this local name (any namespace).
@@ -149,7 +236,8 @@ impl Element {
 
 fn start_element(
     reader: &NsReader<&[u8]>,
-    ns: Option<String>,
+    namespaces: &mut Namespaces,
+    ns: Option<Arc<str>>,
     start: &BytesStart<'_>,
 ) -> Result<Element, XmlError> {
     let err = |e: &dyn std::fmt::Display| XmlError(e.to_string());
@@ -168,7 +256,7 @@ fn start_element(
         let (attr_ns, local) = reader.resolve_attribute(key);
         let value = attr.unescape_value().map_err(|e| err(&e))?.into_owned();
         element.attrs.push(Attr {
-            ns: namespace(attr_ns),
+            ns: namespaces.get(attr_ns),
             name: String::from_utf8_lossy(local.as_ref()).into_owned(),
             value,
         });
@@ -176,10 +264,23 @@ fn start_element(
     Ok(element)
 }
 
-fn namespace(resolved: ResolveResult<'_>) -> Option<String> {
-    match resolved {
-        ResolveResult::Bound(ns) => Some(String::from_utf8_lossy(ns.as_ref()).into_owned()),
-        ResolveResult::Unbound | ResolveResult::Unknown(_) => None,
+/// The namespace URIs of one document, each allocated once and shared by the elements
+/// and attributes in it.
+#[derive(Default)]
+struct Namespaces(HashMap<Vec<u8>, Arc<str>>);
+
+impl Namespaces {
+    fn get(&mut self, resolved: ResolveResult<'_>) -> Option<Arc<str>> {
+        let ResolveResult::Bound(ns) = resolved else {
+            return None;
+        };
+        let uri = ns.as_ref();
+        if let Some(shared) = self.0.get(uri) {
+            return Some(shared.clone());
+        }
+        let shared: Arc<str> = Arc::from(String::from_utf8_lossy(uri).as_ref());
+        self.0.insert(uri.to_vec(), shared.clone());
+        Some(shared)
     }
 }
 
@@ -333,6 +434,55 @@ mod tests {
         assert!(err.to_string().contains("nested deeper than 128"), "{err}");
         let fine = format!("{}{}", "<a>".repeat(MAX_DEPTH), "</a>".repeat(MAX_DEPTH));
         assert!(Element::parse(&fine).is_ok());
+    }
+
+    /// A `CnsQueryVolume` response of `count` volumes as vCenter writes it (no whitespace),
+    /// or indented (`pretty`).
+    fn query_response(count: usize, pretty: bool) -> String {
+        let sample = include_str!("../tests/samples/curl/08-CnsQueryVolume-after-update.resp.xml");
+        let start = sample.find("<volumes>").unwrap();
+        let end = sample.find("</volumes>").unwrap() + "</volumes>".len();
+        let mut volume = sample[start..end].to_owned();
+        if pretty {
+            volume = volume.replace("><", ">\n    <");
+        }
+        format!(
+            "{}{}{}",
+            &sample[..start],
+            volume.repeat(count),
+            &sample[end..]
+        )
+    }
+
+    #[test]
+    fn the_tree_of_a_large_response_stays_a_small_multiple_of_its_size() {
+        for pretty in [false, true] {
+            let doc = query_response(500, pretty);
+            let root = Element::parse(&doc).unwrap();
+            let ratio = root.heap_bytes() as f64 / doc.len() as f64;
+            eprintln!(
+                "pretty={pretty}: {} bytes, tree {} bytes, {ratio:.2}x",
+                doc.len(),
+                root.heap_bytes()
+            );
+            assert!(
+                ratio < 4.0,
+                "pretty={pretty}: tree is {ratio:.2}x the document"
+            );
+        }
+    }
+
+    #[test]
+    fn a_document_of_many_tiny_elements_is_refused_instead_of_taking_30_times_its_size() {
+        let doc = format!("<r>{}</r>", "<a/>".repeat(200_000));
+        let err = Element::parse(&doc).unwrap_err();
+        assert!(err.to_string().contains("too many small elements"), "{err}");
+        // The same count of elements with realistic content is fine.
+        let doc = format!(
+            "<r>{}</r>",
+            "<name>pvc-0123456789abcdef</name>".repeat(200_000)
+        );
+        assert_eq!(Element::parse(&doc).unwrap().children.len(), 200_000);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! HTTP transport of [`CnsClient`](super::CnsClient): one SOAP round trip with its timeout,
 //! the session cookie, login and the single re-login on `NotAuthenticated`.
 
-use reqwest::header::{CONTENT_TYPE, COOKIE, SET_COOKIE};
+use reqwest::StatusCode;
+use reqwest::header::{CONTENT_TYPE, COOKIE, LOCATION, SET_COOKIE};
 use tracing::{debug, warn};
 
 use super::{Endpoint, Inner, SESSION_COOKIE};
@@ -9,6 +10,88 @@ use crate::connection::VcConfig;
 use crate::error::{Error, Result};
 use crate::soap::{decode, encode};
 use crate::xml::Element;
+
+/// What one HTTP round trip returned: the status, the session cookie it set, and the body
+/// (at most `max_response_bytes`).
+pub(super) struct Exchange {
+    pub(super) status: StatusCode,
+    pub(super) session: Option<String>,
+    pub(super) body: Vec<u8>,
+}
+
+/// Sends `request` and reads the response, bounded by `config.timeout` as a whole.
+///
+/// # Errors
+/// [`Error::Redirect`] for any 3xx (the client follows no redirects, so the request,
+/// including a `Login` body, goes only to the configured endpoint);
+/// [`Error::ResponseTooLarge`] as soon as the body (announced or received) passes
+/// `config.max_response_bytes`, without reading further; [`Error::Timeout`];
+/// [`Error::Transport`] with a source that does not repeat the URL.
+pub(super) async fn exchange(
+    request: reqwest::RequestBuilder,
+    config: &VcConfig,
+    operation: &'static str,
+    url: &str,
+) -> Result<Exchange> {
+    let limit = config.max_response_bytes;
+    let transport = |source: reqwest::Error| Error::Transport {
+        operation,
+        url: url.to_owned(),
+        // The URL is in this error's own message already.
+        source: source.without_url(),
+    };
+    let work = async {
+        let mut response = request.send().await.map_err(transport)?;
+        let status = response.status();
+        if status.is_redirection() {
+            return Err(Error::Redirect {
+                operation,
+                status: status.as_u16(),
+                location: location_host(&response),
+            });
+        }
+        let session = response
+            .headers()
+            .get_all(SET_COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find_map(session_cookie);
+        let too_large = Error::ResponseTooLarge { operation, limit };
+        if response.content_length().is_some_and(|n| n > limit) {
+            return Err(too_large);
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(transport)? {
+            if (body.len() + chunk.len()) as u64 > limit {
+                return Err(too_large);
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(Exchange {
+            status,
+            session,
+            body,
+        })
+    };
+    tokio::time::timeout(config.timeout, work)
+        .await
+        .map_err(|_| Error::Timeout {
+            operation,
+            after: config.timeout,
+        })?
+}
+
+/// `host:port` of a redirect's `Location` (resolved against the request URL), never its
+/// path or query.
+fn location_host(response: &reqwest::Response) -> Option<String> {
+    let location = response.headers().get(LOCATION)?.to_str().ok()?;
+    let target = response.url().join(location).ok()?;
+    let host = target.host_str()?;
+    Some(match target.port_or_known_default() {
+        Some(port) => format!("{host}:{port}"),
+        None => host.to_owned(),
+    })
+}
 
 pub(super) async fn fetch_version(
     http: &reqwest::Client,
@@ -19,27 +102,14 @@ pub(super) async fn fetch_version(
 ) -> Result<Option<String>> {
     const OP: &str = "service version discovery";
     let url = format!("{base}/sdk/{file}");
-    let work = async {
-        let response = http.get(&url).send().await?;
-        if !response.status().is_success() {
-            return Ok(None);
-        }
-        response.text().await.map(Some)
+    let response = exchange(http.get(&url), config, OP, &url).await?;
+    let version = if response.status.is_success() {
+        std::str::from_utf8(&response.body)
+            .ok()
+            .and_then(|t| decode::service_version(t, namespace))
+    } else {
+        None
     };
-    let text = tokio::time::timeout(config.timeout, work)
-        .await
-        .map_err(|_| Error::Timeout {
-            operation: OP,
-            after: config.timeout,
-        })?
-        .map_err(|source| Error::Transport {
-            operation: OP,
-            url: url.clone(),
-            source,
-        })?;
-    let version = text
-        .as_deref()
-        .and_then(|t| decode::service_version(t, namespace));
     if version.is_none() {
         warn!(%url, "no service version found; using a default");
     }
@@ -123,33 +193,19 @@ impl Inner {
             request = request.header(COOKIE, cookie);
         }
         debug!(operation, path, "SOAP call");
-        let work = async {
-            let response = request.send().await?;
-            let status = response.status();
-            let session = response
-                .headers()
-                .get_all(SET_COOKIE)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .find_map(session_cookie);
-            Ok::<_, reqwest::Error>((status, session, response.text().await?))
-        };
-        let limit = self.config.timeout;
-        let (status, session, text) = tokio::time::timeout(limit, work)
-            .await
-            .map_err(|_| Error::Timeout {
-                operation,
-                after: limit,
-            })?
-            .map_err(|source| Error::Transport {
-                operation,
-                url: url.clone(),
-                source,
-            })?;
-        if let Some(session) = session {
+        let response = exchange(request, &self.config, operation, &url).await?;
+        if let Some(session) = response.session {
             *self.cookie_slot() = Some(session);
         }
-        match decode::body(&text, operation) {
+        let status = response.status;
+        let parsed = std::str::from_utf8(&response.body)
+            .map_err(|_| Error::Protocol {
+                operation,
+                detail: "the response body is not UTF-8".into(),
+            })
+            .and_then(|text| decode::body(text, operation));
+        drop(response.body);
+        match parsed {
             Err(Error::Protocol { detail, .. }) if !status.is_success() => Err(Error::Protocol {
                 operation,
                 detail: format!("HTTP {status}: {detail}"),

@@ -139,10 +139,7 @@ fn section(line_no: usize, rest: &str) -> Result<Item, SyntaxError> {
     let trailing: String = chars.collect();
     let trailing = trailing.trim();
     if !(trailing.is_empty() || trailing.starts_with(';') || trailing.starts_with('#')) {
-        return Err(err(
-            line_no,
-            format!("unexpected {trailing:?} after section header"),
-        ));
+        return Err(err(line_no, "unexpected text after the section header"));
     }
     Ok(Item::Section {
         line: line_no,
@@ -185,10 +182,11 @@ fn value(
                             'n' => '\n',
                             't' => '\t',
                             'b' => '\u{8}',
-                            other => {
+                            // Never quote the character: it is part of the value.
+                            _ => {
                                 return Err(err(
                                     line_no,
-                                    format!("invalid escape \\{other} in value"),
+                                    "invalid escape in value (a backslash may only precede \\, \", n, t or b)",
                                 ));
                             }
                         });

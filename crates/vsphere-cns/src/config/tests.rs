@@ -120,27 +120,27 @@ fn bad_files_are_rejected_with_file_line_section_and_key() {
         (
             "bad port",
             format!("{vc}\n\n\nport = \"abc\"\n"),
-            "csi-vsphere.conf:7: [VirtualCenter \"vc1\"] port: \"abc\" is not a port number",
+            "csi-vsphere.conf:7: [VirtualCenter \"vc1\"] port: the value is not a port number",
         ),
         (
             "port zero",
             format!("{vc}port = 0\n"),
-            "csi-vsphere.conf:4: [VirtualCenter \"vc1\"] port: \"0\" is not a port number",
+            "csi-vsphere.conf:4: [VirtualCenter \"vc1\"] port: the value is not a port number",
         ),
         (
             "port too big",
             format!("[Global]\nport = 70000\n{vc}"),
-            "csi-vsphere.conf:2: [Global] port: \"70000\" is not a port number",
+            "csi-vsphere.conf:2: [Global] port: the value is not a port number",
         ),
         (
             "bad bool",
             format!("{vc}insecure-flag = maybe\n"),
-            "csi-vsphere.conf:4: [VirtualCenter \"vc1\"] insecure-flag: \"maybe\" is not a boolean",
+            "csi-vsphere.conf:4: [VirtualCenter \"vc1\"] insecure-flag: the value is not a boolean",
         ),
         (
             "bad thumbprint",
             format!("{vc}thumbprint = AB:CD\n"),
-            "csi-vsphere.conf:4: [VirtualCenter \"vc1\"] thumbprint: \"AB:CD\" is not a SHA-256",
+            "csi-vsphere.conf:4: [VirtualCenter \"vc1\"] thumbprint: the value is not a SHA-256",
         ),
         (
             "duplicate section",
@@ -231,4 +231,157 @@ fn load_names_the_path_in_errors() {
     assert!(err.starts_with(&format!("{}:4: ", path.display())), "{err}");
     let missing = VsphereConfig::load(dir.path().join("nope.conf")).unwrap_err();
     assert!(matches!(missing, ConfigError::Io { .. }));
+}
+
+const THUMB: &str = "AB:CD:EF:01:23:45:67:89:AB:CD:EF:01:23:45:67:89:AB:CD:EF:01:23:45:67:89:AB:CD:EF:01:23:45:67:89";
+
+fn vc_of(text: &str) -> VirtualCenterConfig {
+    VsphereConfig::parse(text)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .virtual_centers
+        .remove(0)
+}
+
+#[test]
+fn a_sections_certificate_settings_win_over_global_insecure_flag() {
+    let global = "[Global]\ninsecure-flag = true\nuser = u\npassword = p\n";
+    // The section's thumbprint, its ca-file and its explicit insecure-flag = false each win.
+    let vc = vc_of(&format!(
+        "{global}[VirtualCenter \"vc\"]\nthumbprint = {THUMB}\n"
+    ));
+    assert!(!vc.insecure_flag);
+    assert!(
+        matches!(vc.tls_mode(), TlsMode::Thumbprint(_)),
+        "{:?}",
+        vc.tls_mode()
+    );
+    let vc = vc_of(&format!(
+        "{global}[VirtualCenter \"vc\"]\nca-file = /etc/vc.pem\n"
+    ));
+    assert_eq!(vc.tls_mode(), TlsMode::CaFile("/etc/vc.pem".into()));
+    let vc = vc_of(&format!(
+        "{global}[VirtualCenter \"vc\"]\ninsecure-flag = false\n"
+    ));
+    assert_eq!(vc.tls_mode(), TlsMode::Verified);
+    // A section that sets none of the three inherits all of them.
+    let vc = vc_of(&format!("{global}[VirtualCenter \"vc\"]\n"));
+    assert_eq!(vc.tls_mode(), TlsMode::Insecure);
+    // And the other way round: a section's insecure-flag is not mixed with Global's pin.
+    let text = format!(
+        "[Global]\nthumbprint = {THUMB}\nuser = u\npassword = p\n[VirtualCenter \"vc\"]\ninsecure-flag = true\n"
+    );
+    assert_eq!(vc_of(&text).tls_mode(), TlsMode::Insecure);
+}
+
+#[test]
+fn insecure_together_with_a_thumbprint_or_ca_file_is_an_error_naming_file_and_section() {
+    let vc = "[VirtualCenter \"vc1\"]\nuser = u\npassword = p\n";
+    for (name, text, expected) in [
+        (
+            "section thumbprint",
+            format!("{vc}insecure-flag = true\nthumbprint = {THUMB}\n"),
+            "csi-vsphere.conf:4: [VirtualCenter \"vc1\"] insecure-flag: insecure-flag = true together with thumbprint:",
+        ),
+        (
+            "section ca-file",
+            format!("{vc}ca-file = /etc/vc.pem\ninsecure-flag\n"),
+            "csi-vsphere.conf:5: [VirtualCenter \"vc1\"] insecure-flag: insecure-flag = true together with ca-file:",
+        ),
+        (
+            "inherited from Global",
+            format!(
+                "[Global]\ninsecure-flag = 1\nca-file = /etc/vc.pem\nthumbprint = {THUMB}\n{vc}"
+            ),
+            "csi-vsphere.conf:2: [Global] insecure-flag: insecure-flag = true together with thumbprint and ca-file (inherited by [VirtualCenter \"vc1\"]",
+        ),
+    ] {
+        let err = VsphereConfig::parse(&text).expect_err(name).to_string();
+        assert!(err.starts_with(expected), "{name}: {err}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vsphere.conf");
+    std::fs::write(
+        &path,
+        format!("{vc}insecure-flag = true\nthumbprint = {THUMB}\n"),
+    )
+    .unwrap();
+    let err = VsphereConfig::load(&path).unwrap_err().to_string();
+    assert!(
+        err.starts_with(&format!("{}:4: [VirtualCenter \"vc1\"]", path.display())),
+        "{err}"
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn a_file_readable_by_group_or_others_gets_a_warning() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vsphere.conf");
+    std::fs::write(&path, "[VirtualCenter \"vc1\"]\nuser = u\npassword = p\n").unwrap();
+    for (mode, warned) in [
+        (0o644, true),
+        (0o640, true),
+        (0o604, true),
+        (0o600, false),
+        (0o400, false),
+    ] {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        let config = VsphereConfig::load(&path).unwrap();
+        let warning = config
+            .warnings
+            .iter()
+            .find(|w| w.contains("readable by group or others"));
+        assert_eq!(
+            warning.is_some(),
+            warned,
+            "mode {mode:o}: {:?}",
+            config.warnings
+        );
+        if let Some(warning) = warning {
+            assert!(
+                warning.starts_with(&path.display().to_string()),
+                "{warning}"
+            );
+            assert!(warning.contains(&format!("{mode:04o}")), "{warning}");
+        }
+    }
+    // parse() has no file, so no permission warning.
+    assert!(
+        VsphereConfig::parse("[VirtualCenter \"vc1\"]\nuser = u\npassword = p\n")
+            .unwrap()
+            .warnings
+            .is_empty()
+    );
+}
+
+#[test]
+fn no_error_echoes_any_part_of_a_bad_value() {
+    // A password pasted into the wrong key (or a key that fails to parse) must not leak.
+    let secret = "Pa55-w0rd_XYZ";
+    let vc = "[VirtualCenter \"vc1\"]\nuser = u\npassword = p\n";
+    let cases = [
+        format!("{vc}port = {secret}\n"),
+        format!("[Global]\nport = {secret}\n{vc}"),
+        format!("{vc}insecure-flag = {secret}\n"),
+        format!("[Global]\ninsecure-flag = {secret}\n{vc}"),
+        format!("{vc}thumbprint = {secret}\n"),
+        format!("{vc}thumbprint = {}\n", ["AB"; 20].join(":")),
+        format!("{vc}datacenters = \"{secret}\\q\"\n"),
+        format!("{vc}datacenters = {secret}\\"),
+        format!("[Global]\ncluster-id = {}\n{vc}", secret.repeat(10)),
+        format!("[Global] {secret}\n{vc}"),
+        format!("{vc}password = \"{secret}\n"),
+        format!("{vc}password: {secret}\n"),
+        format!("{secret} = x\n{vc}"),
+        format!("{vc}insecure-flag = true\nthumbprint = {THUMB}\npassword2 = {secret}\n"),
+    ];
+    for text in &cases {
+        let err = VsphereConfig::parse(text).expect_err(text);
+        let shown = format!("{err} {err:?}");
+        // No piece of the value either (the old messages quoted one escape character).
+        for piece in [secret, "Pa55", "XYZ", "\\q", "AB:AB"] {
+            assert!(!shown.contains(piece), "{text:?} leaked {piece:?}: {shown}");
+        }
+    }
 }

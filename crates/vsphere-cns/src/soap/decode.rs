@@ -70,25 +70,28 @@ fn protocol(operation: &'static str, detail: impl Into<String>) -> Error {
 }
 
 /// Parses an envelope and returns the element inside `Body`, or the fault as an error.
+///
+/// The element is moved out of the parsed tree, not cloned.
 pub(crate) fn body(xml: &str, operation: &'static str) -> Result<Element> {
-    let root = Element::parse(xml).map_err(|e| protocol(operation, e.to_string()))?;
+    let mut root = Element::parse(xml).map_err(|e| protocol(operation, e.to_string()))?;
     if root.name != "Envelope" {
         return Err(protocol(
             operation,
             format!("root element is <{}>, not a SOAP Envelope", root.name),
         ));
     }
-    let body = root
-        .child("Body")
+    let mut body = root
+        .take_child("Body")
         .ok_or_else(|| protocol(operation, "SOAP Envelope has no Body"))?;
-    let content = body
-        .children
-        .first()
-        .ok_or_else(|| protocol(operation, "SOAP Body is empty"))?;
-    if content.name == "Fault" && content.ns.as_deref() == Some(SOAP_ENV_NS) {
-        return Err(soap_fault(content).into_error(operation));
+    drop(root);
+    if body.children.is_empty() {
+        return Err(protocol(operation, "SOAP Body is empty"));
     }
-    Ok(content.clone())
+    let content = body.children.swap_remove(0);
+    if content.name == "Fault" && content.ns.as_deref() == Some(SOAP_ENV_NS) {
+        return Err(soap_fault(&content).into_error(operation));
+    }
+    Ok(content)
 }
 
 /// `soapenv:Fault`: the class is the `xsi:type` of the first element in `detail`
