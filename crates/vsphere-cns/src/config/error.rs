@@ -16,7 +16,8 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The file is malformed or incomplete. Displays as
-    /// `csi-vsphere.conf:7: [VirtualCenter "vc1"] port: "abc" is not a port number`.
+    /// `csi-vsphere.conf:7: [VirtualCenter "vc1"] port: the value is not a port number (1 to 65535)`.
+    /// The message never quotes any part of a value.
     #[error("{}", invalid_display(file, *line, section.as_deref(), key.as_deref(), message))]
     Invalid {
         /// The file name.
