@@ -342,27 +342,6 @@ pub(crate) fn parse_metrics(text: &str) -> ServerCounts {
     counts
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_the_sims_request_counters() {
-        let text = "# TYPE kube_sim_requests_total counter\n\
-            kube_sim_requests_total{verb=\"patch\",resource=\"persistentvolumes\",subresource=\"status\",code=\"200\",client=\"pv-binder\"} 7\n\
-            kube_sim_requests_total{verb=\"patch\",resource=\"persistentvolumes\",subresource=\"\",code=\"409\",client=\"pv-binder\"} 2\n\
-            kube_sim_requests_in_flight 3\n";
-        let counts = parse_metrics(text);
-        let key = (
-            "patch".to_owned(),
-            "persistentvolumes".to_owned(),
-            "pv-binder".to_owned(),
-        );
-        assert_eq!(counts.get(&key), Some(&9));
-        assert_eq!(counts.len(), 1);
-    }
-}
-
 /// Polls `check` every 25 ms until it returns `Ok`; prints its `Err` (the progress) every 5 s.
 pub(crate) async fn wait_for<T>(
     what: &str,
@@ -408,5 +387,26 @@ pub(crate) async fn settle(
         } else if since.elapsed() >= quiet {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_sims_request_counters() {
+        let text = "# TYPE kube_sim_requests_total counter\n\
+            kube_sim_requests_total{verb=\"patch\",resource=\"persistentvolumes\",subresource=\"status\",code=\"200\",client=\"pv-binder\"} 7\n\
+            kube_sim_requests_total{verb=\"patch\",resource=\"persistentvolumes\",subresource=\"\",code=\"409\",client=\"pv-binder\"} 2\n\
+            kube_sim_requests_in_flight 3\n";
+        let counts = parse_metrics(text);
+        let key = (
+            "patch".to_owned(),
+            "persistentvolumes".to_owned(),
+            "pv-binder".to_owned(),
+        );
+        assert_eq!(counts.get(&key), Some(&9));
+        assert_eq!(counts.len(), 1);
     }
 }

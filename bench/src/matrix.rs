@@ -2,10 +2,11 @@
 //! each run in a process of its own (its own kube-sim child, a fresh controller), then one
 //! Markdown table of the figures `docs/performance.md` quotes.
 
-use std::{process::Command, time::Instant};
+use std::process::Command;
 
 use anyhow::Context as _;
 use serde_json::Value;
+use tokio::time::Instant;
 
 use crate::Args;
 
