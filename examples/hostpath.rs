@@ -26,13 +26,13 @@ impl Provisioner for HostPath {
         // The PV name is stable for a claim, so creating the directory twice is harmless.
         let path = self.0.join(&opts.pv_name);
         let created = tokio::fs::create_dir_all(&path).await;
-        created.map_err(ProvisionError::final_)?;
+        created.map_err(ProvisionError::failed)?;
         let claim = opts.claim.spec.clone().unwrap_or_default();
         let volume = json!({"metadata": {"name": opts.pv_name}, "spec": {
             "capacity": claim.resources.and_then(|r| r.requests), "accessModes": claim.access_modes,
             "persistentVolumeReclaimPolicy": opts.storage_class.reclaim_policy,
             "hostPath": {"path": path.display().to_string(), "type": "Directory"}}});
-        serde_json::from_value(volume).map_err(ProvisionError::final_)
+        serde_json::from_value(volume).map_err(ProvisionError::failed)
     }
 
     async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError> {

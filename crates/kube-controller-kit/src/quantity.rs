@@ -97,7 +97,10 @@ impl Quantity {
     /// # Panics
     /// When `unit` is zero.
     pub fn units_rounded_up(self, unit: u64) -> i128 {
-        assert!(unit > 0, "Quantity::units_rounded_up: the unit must not be zero");
+        assert!(
+            unit > 0,
+            "Quantity::units_rounded_up: the unit must not be zero"
+        );
         let divisor = i128::from(unit) * NANOS;
         let quotient = self.nanos / divisor;
         if self.nanos % divisor > 0 {
@@ -164,7 +167,10 @@ impl fmt::Display for QuantityError {
                  Gi, Ti, Pi, Ei, n, u, m, k, M, G, T, P, E, or an exponent such as e3)"
             ),
             Self::ExponentOutOfRange { value } => {
-                write!(f, "{value:?} is not a quantity: its exponent is out of range")
+                write!(
+                    f,
+                    "{value:?} is not a quantity: its exponent is out of range"
+                )
             }
         }
     }
@@ -366,7 +372,10 @@ mod tests {
             ("3u", 3000),
             ("7n", 7),
             ("0001Gi", 1_073_741_824 * NANOS),
-            ("1.000000000000000000000000000000000000000Gi", 1_073_741_824 * NANOS),
+            (
+                "1.000000000000000000000000000000000000000Gi",
+                1_073_741_824 * NANOS,
+            ),
             ("0.5Gi", 536_870_912 * NANOS),
         ];
         for (text, nanos) in cases {
@@ -410,7 +419,8 @@ mod tests {
             assert_eq!(got, error, "{text:?}");
             assert_eq!(got.value(), text);
             assert!(
-                got.to_string().starts_with(&format!("{text:?} is not a quantity")),
+                got.to_string()
+                    .starts_with(&format!("{text:?} is not a quantity")),
                 "{got}"
             );
         }

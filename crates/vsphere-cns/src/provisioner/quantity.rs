@@ -98,9 +98,8 @@ mod tests {
 
     #[test]
     fn bad_quantities_say_why() {
-        let not_a_quantity = |text: &str| {
-            QuantityProblem::NotAQuantity(text.parse::<Quantity>().unwrap_err())
-        };
+        let not_a_quantity =
+            |text: &str| QuantityProblem::NotAQuantity(text.parse::<Quantity>().unwrap_err());
         let cases = [
             ("", not_a_quantity("")),
             ("Gi", not_a_quantity("Gi")),
