@@ -47,6 +47,15 @@ pub const ANN_PROVISIONING_OWNER: &str =
 pub const ANN_PROVISIONING_CLASS: &str =
     "external-provisioner.volume.kubernetes.io/provisioning-class";
 
+/// On a PV we provisioned for a driver with late assets
+/// ([`Provisioner::late_asset_window`](crate::Provisioner::late_asset_window)): the time
+/// (RFC 3339) at which its late-asset window ends, written with the PV when it is saved.
+/// From then on the driver owes the PV its last sweep
+/// ([`Provisioner::volume_saved`](crate::Provisioner::volume_saved)); whichever controller
+/// leads then makes it (the one that saved the PV may be gone) and removes the annotation
+/// once the driver answered without failing. No Go counterpart.
+pub const ANN_LATE_ASSET_SWEEP: &str = "external-provisioner.volume.kubernetes.io/late-asset-sweep";
+
 fn annotation<'a>(
     meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
     key: &str,

@@ -37,6 +37,12 @@
 //! provisioner simply gets our PV bound: a real volume, not a leak. A claim that vanished
 //! while its provisioning ran in the background (its finalizers stripped by hand) is
 //! cleaned up the same way from the copy the controller kept.
+//!
+//! A live claim whose finalizers were stripped by hand keeps [`ANN_PROVISIONING_OWNER`]
+//! (written and removed with the finalizer, so alone it means "stripped"): it is handled
+//! as if the finalizer were still there ([`stripped_intent`]), so that a claim bound to
+//! another PV meanwhile still gets its asset recorded and reclaimed after the process
+//! that ran the provisioning is gone.
 
 use std::sync::Arc;
 
@@ -77,13 +83,28 @@ pub(crate) fn has_intent(claim: &PersistentVolumeClaim) -> bool {
 
 /// Whether the claim carries the crash-safety finalizer put there by one of `names`
 /// (its [`ANN_PROVISIONING_OWNER`]; a finalizer written without an owner counts as the
-/// provisioner's the claim names).
+/// provisioner's the claim names), or what is left of it once the finalizer was stripped
+/// by hand ([`stripped_intent`]).
 pub(crate) fn owns_intent(claim: &PersistentVolumeClaim, names: Names<'_>) -> bool {
-    has_intent(claim)
-        && match annotations::provisioning_owner(claim) {
-            Some(owner) => names.knows(owner),
-            None => annotations::storage_provisioner(claim).is_some_and(|p| names.knows(p)),
-        }
+    if !has_intent(claim) {
+        return stripped_intent(claim, names);
+    }
+    match annotations::provisioning_owner(claim) {
+        Some(owner) => names.knows(owner),
+        None => annotations::storage_provisioner(claim).is_some_and(|p| names.knows(p)),
+    }
+}
+
+/// Whether the claim carries one of `names` in [`ANN_PROVISIONING_OWNER`] without the
+/// crash-safety finalizer. Both are written and removed in one patch, so the finalizer was
+/// stripped by hand (or by a tool that clears finalizers) while the provisioning may have
+/// run: the driver may hold an asset for the claim that no PV records. Such a claim is
+/// handled as if it still had the finalizer (the cleanup and the removal remove the
+/// annotations; a live claim provisioned again gets the finalizer back), so that a claim
+/// bound to another PV meanwhile still gets its asset recorded and reclaimed even when
+/// the process that ran the provisioning is gone.
+pub(crate) fn stripped_intent(claim: &PersistentVolumeClaim, names: Names<'_>) -> bool {
+    !has_intent(claim) && annotations::provisioning_owner(claim).is_some_and(|o| names.knows(o))
 }
 
 fn is_deleting(claim: &PersistentVolumeClaim) -> bool {
@@ -487,6 +508,15 @@ mod tests {
             .annotation(ANN_PROVISIONING_OWNER, ME)
     }
 
+    /// A claim of ours whose finalizer was stripped by hand: only the owner annotation
+    /// is left.
+    fn stripped() -> crate::testing::PvcBuilder {
+        pvc("c")
+            .uid("u1")
+            .provisioner(ME)
+            .annotation(ANN_PROVISIONING_OWNER, ME)
+    }
+
     #[test]
     fn plan_decisions() {
         let facts = |claim: &PersistentVolumeClaim, exists: bool, wanted: bool| Facts {
@@ -561,6 +591,46 @@ mod tests {
                 Plan::CleanUp,
             ),
             (
+                "a claim whose finalizer was stripped by hand, bound to another PV, is \
+                 cleaned up (its owner annotation is left)",
+                stripped().volume_name("static-pv").build(),
+                false,
+                true,
+                Plan::CleanUp,
+            ),
+            (
+                "a deleted claim whose finalizer was stripped by hand is cleaned up",
+                stripped().deleting().build(),
+                false,
+                true,
+                Plan::CleanUp,
+            ),
+            (
+                "a live claim whose finalizer was stripped by hand is provisioned again",
+                stripped().build(),
+                false,
+                true,
+                Plan::Continue,
+            ),
+            (
+                "a claim whose finalizer was stripped by hand, bound to our PV, loses the \
+                 annotations",
+                stripped().volume_name("pvc-u1").build(),
+                false,
+                true,
+                Plan::Remove,
+            ),
+            (
+                "a claim stripped of another provisioner's finalizer is left alone",
+                stripped()
+                    .annotation(ANN_PROVISIONING_OWNER, "example.com/other")
+                    .volume_name("static-pv")
+                    .build(),
+                false,
+                true,
+                Plan::Continue,
+            ),
+            (
                 "a claim whose finalizer another provisioner put there is left alone",
                 with_intent()
                     .annotation(ANN_PROVISIONING_OWNER, "example.com/other")
@@ -607,6 +677,25 @@ mod tests {
         };
         assert!(owns_intent(&unnamed, names()));
         assert!(!owns_intent(&pvc("c").provisioner(ME).build(), names()));
+    }
+
+    #[test]
+    fn an_owner_annotation_left_without_its_finalizer_is_a_stripped_intent() {
+        assert!(stripped_intent(&stripped().build(), names()));
+        assert!(owns_intent(&stripped().build(), names()));
+        assert!(
+            !stripped_intent(&with_intent().build(), names()),
+            "the finalizer is there: not stripped"
+        );
+        let theirs = stripped()
+            .annotation(ANN_PROVISIONING_OWNER, "example.com/other")
+            .build();
+        assert!(!stripped_intent(&theirs, names()));
+        assert!(!owns_intent(&theirs, names()));
+        assert!(
+            !owns_intent(&pvc("c").uid("u1").provisioner(ME).build(), names()),
+            "no owner annotation, no finalizer: nothing to clean up"
+        );
     }
 
     #[test]

@@ -23,15 +23,29 @@
 //!   PVs lags behind. The bound is on the PV's age, not on when this process started
 //!   leading: that keeps the record bounded by the young PVs, whatever the length of a
 //!   leadership term.
-//! - Out of reach: a PV whose window ended while no process led (or synced it) for
-//!   longer than the grace, e.g. the only replica down, or both replicas down or cut off
-//!   at once, for that long. Its late asset, if one landed after the last sweep that was
-//!   made, is released only by the driver's delete of the PV (a Delete PV); a Retain PV
-//!   keeps it.
+//! - The last sweep is also recorded on the PV itself: a PV saved for a driver with a
+//!   window carries [`ANN_LATE_ASSET_SWEEP`], the time its window ends, from its save on.
+//!   Any process that syncs a PV carrying it once that time has passed (a new leader,
+//!   whatever the PV's age: both replicas may have been down or cut off for longer than
+//!   the grace) makes the last sweep, and removes the annotation (a patch with the PV's
+//!   UID as precondition) once the driver answered without failing a sweep that started
+//!   after that time. The time in effect is the later of the one recorded and the end of
+//!   the window counted from the PV's creation (a PV the background saver saved late);
+//!   an annotation that is no time counts as the latter. A PV carrying it whose time lies
+//!   ahead is queued for that time. Drivers without a window get no annotation, and a
+//!   PV's annotation is left alone by a controller whose driver has none. A PV being
+//!   deleted is not swept (the driver's delete releases what its claim holds).
+//! - Out of reach: a PV saved by an older version (no annotation) whose window ended
+//!   while no process led (or synced it) for longer than the grace, e.g. the only replica
+//!   down, or both replicas down or cut off at once, for that long. Its late asset, if one
+//!   landed after the last sweep that was made, is released only by the driver's delete
+//!   of the PV (a Delete PV); a Retain PV keeps it.
 //! - A sweep that fails (after a save, at a first sync, or when the window ends) is owed:
 //!   the PV is queued again after a backoff (1 s doubling, capped at the resync period)
 //!   and swept again at that sync, until the driver answers without failing. It runs in
-//!   the volume worker, so only while leading.
+//!   the volume worker, so only while leading. A failed removal of the annotation is
+//!   retried the same way (with another sweep: sweeps are idempotent); the annotation
+//!   stays meanwhile, so another leader still owes the sweep.
 //!
 //! The state is one entry per PV with a sweep still due (the last sweep of its window, or
 //! an owed one), or swept for good while younger than the window plus the grace (so that
@@ -48,14 +62,21 @@ use std::{
 };
 
 use k8s_openapi::{api::core::v1::PersistentVolume, jiff::Timestamp};
+use kube_client::{
+    Api,
+    api::{Patch, PatchParams},
+};
 use tokio::time::Instant;
 
 use super::{
     Context,
-    calls::{call, chain},
+    calls::{OpError, api, call, chain, is_api},
     names::{Names, is_ours},
 };
-use crate::{Config, DeleteError, LeaderElection, annotations};
+use crate::{
+    Config, DeleteError, LeaderElection,
+    annotations::{self, ANN_LATE_ASSET_SWEEP},
+};
 
 /// The precision of the creation times the API server keeps: whole seconds.
 const CREATION_PRECISION: Duration = Duration::from_secs(1);
@@ -214,12 +235,12 @@ pub(crate) fn takeover(config: &Config) -> Duration {
         return Duration::ZERO;
     };
     let retries = Duration::try_from_secs_f64(
-        election.retry_period().as_secs_f64() * 2.0 * (1.0 + LeaderElection::JITTER_FACTOR),
+        election.retry_period.as_secs_f64() * 2.0 * (1.0 + LeaderElection::JITTER_FACTOR),
     )
     .unwrap_or(Duration::MAX);
     election
-        .lease_duration()
-        .saturating_add(election.renew_deadline())
+        .lease_duration
+        .saturating_add(election.renew_deadline)
         .saturating_add(retries)
 }
 
@@ -268,6 +289,58 @@ pub(crate) fn provisioned_by_us(volume: &PersistentVolume, names: Names<'_>) -> 
     is_ours(volume, names) && annotations::provisioned_by(volume).is_some_and(|p| names.knows(p))
 }
 
+/// The end of the second `created` shows: the API server keeps creation times in whole
+/// seconds (truncated), so a PV may have been created up to a second after the time it
+/// shows.
+fn created_end(volume: &PersistentVolume) -> Option<Timestamp> {
+    let created = volume.metadata.creation_timestamp.as_ref()?;
+    Some(after(created.0, CREATION_PRECISION))
+}
+
+/// The value of [`ANN_LATE_ASSET_SWEEP`] for a PV about to be saved at `now` with the
+/// late-asset `window`: the time its window ends; `None` for no window (or a zero one).
+pub(crate) fn sweep_due_annotation(window: Option<Duration>, now: Timestamp) -> Option<String> {
+    let window = window.filter(|w| !w.is_zero())?;
+    Some(after(now, window).to_string())
+}
+
+/// When the last sweep recorded on `volume` ([`ANN_LATE_ASSET_SWEEP`]) is due (pure): the
+/// later of the time it names and the end of the window counted from the PV's creation
+/// (an annotation that is no time counts as the latter; with no creation time either, as
+/// due now, `now`). `None`: no annotation, no window (or a zero one), a PV not provisioned
+/// by us, or one being deleted.
+pub(crate) fn recorded_due(
+    volume: &PersistentVolume,
+    names: Names<'_>,
+    window: Option<Duration>,
+    now: Timestamp,
+) -> Option<Timestamp> {
+    let window = window.filter(|w| !w.is_zero())?;
+    let value = volume
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(ANN_LATE_ASSET_SWEEP)?;
+    if volume.metadata.deletion_timestamp.is_some() || !provisioned_by_us(volume, names) {
+        return None;
+    }
+    let recorded = value.parse::<Timestamp>().ok();
+    if recorded.is_none() {
+        tracing::debug!(
+            pv = volume.metadata.name.as_deref().unwrap_or_default(),
+            annotation = ANN_LATE_ASSET_SWEEP,
+            value = value.as_str(),
+            "the recorded end of the late-asset window is no time; counting it from the volume's creation"
+        );
+    }
+    let computed = created_end(volume).map(|c| after(c, window));
+    match (recorded, computed) {
+        (Some(r), Some(c)) => Some(r.max(c)),
+        (Some(t), None) | (None, Some(t)) => Some(t),
+        (None, None) => Some(now),
+    }
+}
+
 /// What to do for `volume` at `now` (pure), with the late-asset `window` and the takeover
 /// `grace` ([`grace`]). `swept` is the UID recorded for its name and what was done, if it
 /// was swept in this process. The age counts from the end of the second of the PV's
@@ -281,7 +354,7 @@ pub(crate) fn plan(
     now: Timestamp,
     swept: Option<(&str, Swept)>,
 ) -> Sweep {
-    let Some(created) = &volume.metadata.creation_timestamp else {
+    let Some(created) = created_end(volume) else {
         return Sweep::Nothing;
     };
     if window.is_zero()
@@ -298,7 +371,6 @@ pub(crate) fn plan(
     // been created up to a second after the time it shows, so its age counts from the end
     // of that second, and its window never ends early (a create sent right before the PV
     // was saved lands up to a window after it was sent).
-    let created = after(created.0, CREATION_PRECISION);
     let age = Duration::try_from(now.duration_since(created)).unwrap_or(Duration::ZERO);
     let left = |bound: Duration| bound.checked_sub(age).filter(|d| !d.is_zero());
     let in_window = left(window);
@@ -348,6 +420,8 @@ pub(crate) async fn sweep(ctx: &Context, name: &str, volume: Option<&PersistentV
     };
     let window = ctx.provisioner.late_asset_window();
     let now = Instant::now();
+    let wall = Timestamp::now();
+    let recorded = recorded_due(volume, ctx.names(), window, wall);
     let (step, owed) = {
         let mut pending = ctx.late.pending();
         let uid = volume.metadata.uid.as_deref().unwrap_or_default();
@@ -364,7 +438,6 @@ pub(crate) async fn sweep(ctx: &Context, name: &str, volume: Option<&PersistentV
         let swept = entry
             .as_ref()
             .and_then(|e| Some((e.uid.as_str(), e.stage.swept()?)));
-        let wall = Timestamp::now();
         let step = window.map_or(Sweep::Nothing, |window| {
             plan(
                 volume,
@@ -402,6 +475,16 @@ pub(crate) async fn sweep(ctx: &Context, name: &str, volume: Option<&PersistentV
         }
         Sweep::Last(_) | Sweep::Takeover(_) | Sweep::Done(_) | Sweep::Nothing => {}
     }
+    // The last sweep recorded on the PV: due now, or queued for when it is.
+    let recorded_owed = match recorded {
+        Some(due) if due <= wall => true,
+        Some(due) => {
+            let wait = Duration::try_from(due.duration_since(wall)).unwrap_or(Duration::ZERO);
+            ctx.volume_queue.add_after(name.to_owned(), wait);
+            false
+        }
+        None => false,
+    };
     match (step, owed) {
         (Sweep::First(remaining), _) => tracing::debug!(
             pv = name,
@@ -428,9 +511,69 @@ pub(crate) async fn sweep(ctx: &Context, name: &str, volume: Option<&PersistentV
                 .add_after(name.to_owned(), owed.due.saturating_duration_since(now));
             return;
         }
+        (Sweep::Wait(_) | Sweep::Done(_) | Sweep::Nothing, None) if recorded_owed => {
+            tracing::info!(
+                pv = name,
+                "the late-asset window recorded on the volume ended and its last sweep is still owed (the process that saved it may have stopped leading before its window ended): asking the driver to release late assets"
+            );
+        }
         (Sweep::Wait(_) | Sweep::Done(_) | Sweep::Nothing, None) => return,
     }
-    volume_saved(ctx, volume).await;
+    let started = Timestamp::now();
+    if volume_saved(ctx, volume).await && recorded.is_some_and(|due| due <= started) {
+        clear_recorded(ctx, volume).await;
+    }
+}
+
+/// Removes [`ANN_LATE_ASSET_SWEEP`] from `volume` once its last sweep was made: a merge
+/// patch with the PV's UID as precondition and no resourceVersion (a concurrent change
+/// of the PV is no conflict). A PV gone or re-created under its name needs nothing. A
+/// failure is logged, and the sweep owed again (with the same backoff as a failed sweep),
+/// so the removal is retried after another sweep; the annotation stays meanwhile.
+async fn clear_recorded(ctx: &Context, volume: &PersistentVolume) {
+    let name = volume.metadata.name.as_deref().unwrap_or_default();
+    let uid = volume.metadata.uid.as_deref().unwrap_or_default();
+    let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let patch = removal_patch(uid);
+    let removed = api(
+        ctx.config.provision_timeout,
+        || format!("remove annotation {ANN_LATE_ASSET_SWEEP} of persistentvolume {name}"),
+        volumes.patch(name, &PatchParams::default(), &Patch::Merge(&patch)),
+    )
+    .await;
+    let error = match removed {
+        Ok(_) => {
+            tracing::debug!(pv = name, "late-asset sweep made: its record removed");
+            return;
+        }
+        Err(OpError::Api { source, .. })
+            if is_api(&source, |s| s.is_not_found() || s.is_conflict()) =>
+        {
+            // Gone, or another PV under the name (the UID precondition).
+            return;
+        }
+        Err(err) => chain(&err),
+    };
+    let cap = ctx.config.resync_period;
+    let Some((attempts, retry_in)) = ctx.late.settle(name, uid, true, cap) else {
+        return;
+    };
+    tracing::warn!(pv = name, attempts, ?retry_in, %error, "failed to remove the record of the late-asset sweep from the volume; swept again and retried");
+    ctx.volume_queue.add_after(name.to_owned(), retry_in);
+}
+
+/// The merge patch that removes [`ANN_LATE_ASSET_SWEEP`] (pure), with `uid` as
+/// precondition when known.
+fn removal_patch(uid: &str) -> serde_json::Value {
+    let mut meta = serde_json::Map::new();
+    if !uid.is_empty() {
+        meta.insert("uid".into(), uid.into());
+    }
+    meta.insert(
+        "annotations".into(),
+        serde_json::json!({ ANN_LATE_ASSET_SWEEP: null }),
+    );
+    serde_json::json!({ "metadata": meta })
 }
 
 /// Records that the driver is about to hear of the saved PV `saved` (after a save or
@@ -491,10 +634,11 @@ pub(crate) fn saved(ctx: &Context, saved: &PersistentVolume) {
 
 /// Tells the driver that `volume` is saved
 /// ([`Provisioner::volume_saved`](crate::Provisioner::volume_saved)), bounded by the
-/// provision timeout, and records how that ended. Never fails: a failure is logged with
-/// the failures in a row, the sweep is owed, and the PV is queued in the volume queue for
-/// the next attempt (ignored once the queue is shut down).
-pub(crate) async fn volume_saved(ctx: &Context, volume: &PersistentVolume) {
+/// provision timeout, and records how that ended; returns whether the driver answered
+/// without failing. Never fails: a failure is logged with the failures in a row, the
+/// sweep is owed, and the PV is queued in the volume queue for the next attempt (ignored
+/// once the queue is shut down).
+pub(crate) async fn volume_saved(ctx: &Context, volume: &PersistentVolume) -> bool {
     let name = volume.metadata.name.as_deref().unwrap_or_default();
     let uid = volume.metadata.uid.as_deref().unwrap_or_default();
     let result = match call(
@@ -507,20 +651,22 @@ pub(crate) async fn volume_saved(ctx: &Context, volume: &PersistentVolume) {
         Ok(Err(DeleteError::Failed(e))) => Err(chain(&*e)),
         Err(e) => Err(chain(&e.into_op("volume_saved"))),
     };
+    let succeeded = result.is_ok();
     if name.is_empty() || uid.is_empty() {
         // Not a PV as the API server stores it: nothing to sweep again.
         if let Err(error) = result {
             tracing::warn!(pv = name, %error, "the driver failed to release what else it holds for the claim of the saved volume; the volume is kept");
         }
-        return;
+        return succeeded;
     }
     let cap = ctx.config.resync_period;
-    let Some((attempts, retry_in)) = ctx.late.settle(name, uid, result.is_err(), cap) else {
-        return;
+    let Some((attempts, retry_in)) = ctx.late.settle(name, uid, !succeeded, cap) else {
+        return succeeded;
     };
     let error = result.err().unwrap_or_default();
     tracing::warn!(pv = name, attempts, ?retry_in, %error, "the driver failed to release what else it holds for the claim of the saved volume; the volume is kept and synced as usual, and the driver is asked again");
     ctx.volume_queue.add_after(name.to_owned(), retry_in);
+    succeeded
 }
 
 #[cfg(test)]
@@ -765,17 +911,17 @@ mod tests {
         // The chaos suite's compressed timings.
         let short = Config::default().leader_election(Some(
             LeaderElection::default()
-                .with_lease_duration(secs(2))
-                .with_renew_deadline(millis(1_500))
-                .with_retry_period(millis(300)),
+                .lease_duration(secs(2))
+                .renew_deadline(millis(1_500))
+                .retry_period(millis(300)),
         ));
         assert_eq!(takeover(&short), millis(4_820));
         assert_eq!(grace(&short, millis(5_500)), millis(10_320));
         // Absurd timings saturate instead of panicking.
         let huge = Config::default().leader_election(Some(
             LeaderElection::default()
-                .with_lease_duration(Duration::MAX)
-                .with_retry_period(Duration::MAX),
+                .lease_duration(Duration::MAX)
+                .retry_period(Duration::MAX),
         ));
         assert_eq!(grace(&huge, secs(60)), Duration::MAX);
     }

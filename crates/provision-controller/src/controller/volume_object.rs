@@ -20,12 +20,13 @@ use super::{
 };
 use crate::{
     DeleteError,
-    annotations::{self, ANN_PROVISIONED_BY, FINALIZER_PV, claim_key},
+    annotations::{self, ANN_LATE_ASSET_SWEEP, ANN_PROVISIONED_BY, FINALIZER_PV, claim_key},
     events,
 };
 
 /// What the controller adds to the driver's PV: claimRef, storageClassName, the
-/// protection finalizer (when configured) and `pv.kubernetes.io/provisioned-by`.
+/// protection finalizer (when configured), `pv.kubernetes.io/provisioned-by` and, for a
+/// driver with late assets, [`ANN_LATE_ASSET_SWEEP`] (when its late-asset window ends).
 pub(crate) fn decorate(
     ctx: &Context,
     claim: &PersistentVolumeClaim,
@@ -52,11 +53,19 @@ pub(crate) fn decorate(
     } else {
         ctx.name.clone()
     };
-    volume
+    let annotations = volume
         .metadata
         .annotations
-        .get_or_insert_with(Default::default)
-        .insert(ANN_PROVISIONED_BY.to_owned(), provisioned_by);
+        .get_or_insert_with(Default::default);
+    annotations.insert(ANN_PROVISIONED_BY.to_owned(), provisioned_by);
+    // The last late-asset sweep is owed from the end of the window on, to be made by
+    // whichever controller leads then (see `late`).
+    if let Some(due) = late::sweep_due_annotation(
+        ctx.provisioner.late_asset_window(),
+        k8s_openapi::jiff::Timestamp::now(),
+    ) {
+        annotations.insert(ANN_LATE_ASSET_SWEEP.to_owned(), due);
+    }
 }
 
 /// Gives a nameless PV from the driver the name it must have (`pv_name`); a PV with

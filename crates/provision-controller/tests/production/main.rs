@@ -7,6 +7,7 @@
 mod crash;
 mod failover;
 mod probes;
+mod stripped;
 
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
@@ -58,10 +59,10 @@ pub(crate) async fn sim() -> KubeSim {
 /// Leader election with the short test timings and a fixed identity.
 pub(crate) fn election(identity: &str) -> LeaderElection {
     LeaderElection::default()
-        .with_identity(identity)
-        .with_lease_duration(LEASE)
-        .with_renew_deadline(RENEW)
-        .with_retry_period(RETRY)
+        .identity(identity)
+        .lease_duration(LEASE)
+        .renew_deadline(RENEW)
+        .retry_period(RETRY)
 }
 
 /// Fast retries, no periodic resync during a test, leader election as given.
