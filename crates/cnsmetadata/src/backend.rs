@@ -194,7 +194,7 @@ impl BackendError {
     /// Whether the update may still take effect on CNS after this error
     /// ([`BackendError::Unanswered`]). The reconciler then removes the entity once more
     /// when the object is deleted, or pushes it once more, after the
-    /// [settle period](crate::Config::get_settle_period).
+    /// [settle period](crate::Config::settle_period).
     #[must_use]
     pub fn may_land_later(&self) -> bool {
         matches!(self, Self::Unanswered(_))

@@ -11,46 +11,188 @@ pub const ENV_CLUSTER_FLAVOR: &str = "CLUSTER_FLAVOR";
 /// CSI driver whose volumes are pushed to CNS; PVs of other drivers are skipped.
 pub const VSPHERE_CSI_DRIVER: &str = "csi.vsphere.vmware.com";
 
-/// Why a [`Config`] cannot be used.
+/// An option of [`Config`], as a [`ConfigError`] names it.
+///
+/// Displays as the Rust name (the `Config` field and builder method), followed by what the
+/// Go driver calls it where it has a name (an environment variable, a key of
+/// `csi-vsphere.conf`): `worker_threads (Go WORKER_THREADS_VOLUME_METADATA)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ConfigOption {
+    /// [`Config::cluster_flavor`](Config::cluster_flavor()).
+    ClusterFlavor,
+    /// [`Config::worker_threads`](Config::worker_threads()).
+    WorkerThreads,
+    /// [`Config::use_supervisor_id_for_pv`](Config::use_supervisor_id_for_pv()).
+    UseSupervisorIdForPv,
+    /// [`Config::supervisor_id`](Config::supervisor_id()).
+    SupervisorId,
+    /// [`Config::cluster_id`](Config::cluster_id()).
+    ClusterId,
+    /// [`Config::vsphere_user`](Config::vsphere_user()).
+    VsphereUser,
+    /// [`Config::csi_driver`](Config::csi_driver()).
+    CsiDriver,
+    /// [`Config::backend_timeout`](Config::backend_timeout()).
+    BackendTimeout,
+    /// [`Config::settle_margin`](Config::settle_margin()).
+    SettleMargin,
+    /// [`Config::reporting_instance`](Config::reporting_instance()).
+    ReportingInstance,
+}
+
+impl ConfigOption {
+    /// The `Config` field and builder method, e.g. `"worker_threads"`.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::ClusterFlavor => "cluster_flavor",
+            Self::WorkerThreads => "worker_threads",
+            Self::UseSupervisorIdForPv => "use_supervisor_id_for_pv",
+            Self::SupervisorId => "supervisor_id",
+            Self::ClusterId => "cluster_id",
+            Self::VsphereUser => "vsphere_user",
+            Self::CsiDriver => "csi_driver",
+            Self::BackendTimeout => "backend_timeout",
+            Self::SettleMargin => "settle_margin",
+            Self::ReportingInstance => "reporting_instance",
+        }
+    }
+
+    /// What the Go driver calls the option: the environment variable
+    /// ([`ENV_WORKER_THREADS`], [`ENV_CLUSTER_FLAVOR`]), the `csi-vsphere.conf` key
+    /// (`[Global] cluster-id`, `[Global] supervisor-id`) or the feature (`TKGsHA`); `None`
+    /// for an option Go does not have.
+    #[must_use]
+    pub fn go_name(self) -> Option<&'static str> {
+        match self {
+            Self::ClusterFlavor => Some(ENV_CLUSTER_FLAVOR),
+            Self::WorkerThreads => Some(ENV_WORKER_THREADS),
+            Self::UseSupervisorIdForPv => Some("TKGsHA"),
+            Self::SupervisorId => Some("[Global] supervisor-id"),
+            Self::ClusterId => Some("[Global] cluster-id"),
+            Self::VsphereUser => Some("[VirtualCenter] user"),
+            Self::CsiDriver
+            | Self::BackendTimeout
+            | Self::SettleMargin
+            | Self::ReportingInstance => None,
+        }
+    }
+}
+
+impl std::fmt::Display for ConfigOption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())?;
+        if let Some(go) = self.go_name() {
+            write!(f, " (Go {go})")?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a [`Config`] cannot be used, naming the option.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
     /// A variable read by [`Config::from_lookup`] has a value that cannot be used.
-    #[error("environment variable {variable}={value:?} is invalid: expected {expected}")]
+    #[error(
+        "environment variable {}={value:?} is invalid: expected {expected}",
+        .option.go_name().unwrap_or(.option.name())
+    )]
     InvalidVariable {
-        /// The variable name.
-        variable: &'static str,
+        /// The option the variable sets; its [`go_name`](ConfigOption::go_name) is the
+        /// variable.
+        option: ConfigOption,
         /// The value it had.
         value: String,
         /// What a valid value looks like.
         expected: &'static str,
     },
-    /// The cluster ID that PV entity references would get is empty.
-    #[error(
-        "the {which} is empty, but PERSISTENT_VOLUME entity references get it as their cluster id"
-    )]
-    MissingClusterId {
-        /// `"supervisor id"` or `"cluster id"`.
-        which: &'static str,
+    /// One option has a value it cannot take (checked by [`Config::validate`]).
+    #[error("invalid value for option {option}: {reason}")]
+    Invalid {
+        /// The option.
+        option: ConfigOption,
+        /// What is wrong with it.
+        reason: String,
     },
 }
 
-/// Options of [`run`](crate::run); every field has a documented default.
-///
-/// The library never reads the environment: binaries call [`Config::from_lookup`] with
-/// `std::env::var`, tests with a map.
-#[derive(Clone, Debug)]
-pub struct Config {
-    cluster_flavor: ClusterFlavor,
-    worker_threads: NonZeroU16,
-    use_supervisor_id_for_pv: bool,
-    supervisor_id: String,
-    cluster_id: String,
-    vsphere_user: String,
-    csi_driver: String,
-    backend_timeout: Duration,
-    settle_margin: Duration,
-    reporting_instance: Option<String>,
+impl ConfigError {
+    /// The option the error is about.
+    #[must_use]
+    pub fn option(&self) -> ConfigOption {
+        match self {
+            Self::InvalidVariable { option, .. } | Self::Invalid { option, .. } => *option,
+        }
+    }
+}
+
+/// Declares [`Config`]: each option is a public field and a builder method of the same
+/// name, with the same docs.
+macro_rules! options {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty => |$value:ident: $arg:ty| $set:expr;)*) => {
+        /// Options of [`run`](crate::run); every option has a documented default.
+        ///
+        /// Each option is a public field, read as `config.worker_threads`, and a builder
+        /// method of the same name, `.worker_threads(n)`. The library never reads the
+        /// environment: binaries call [`Config::from_lookup`] with `std::env::var`, tests
+        /// with a map.
+        #[derive(Clone, Debug)]
+        #[non_exhaustive]
+        pub struct Config {
+            $(
+                $(#[$doc])*
+                pub $name: $ty,
+            )*
+        }
+
+        impl Config {
+            $(
+                $(#[$doc])*
+                #[must_use]
+                pub fn $name(mut self, $value: $arg) -> Self {
+                    self.$name = $set;
+                    self
+                }
+            )*
+        }
+    };
+}
+
+options! {
+    /// Flavor of the cluster this process runs in. Only [`ClusterFlavor::Workload`] runs
+    /// the reconciler. Default `WORKLOAD` (environment: [`ENV_CLUSTER_FLAVOR`]).
+    cluster_flavor: ClusterFlavor => |flavor: ClusterFlavor| flavor;
+    /// Number of objects reconciled at once. Default 3 (environment:
+    /// [`ENV_WORKER_THREADS`]).
+    worker_threads: NonZeroU16 => |n: NonZeroU16| n;
+    /// Give entity references of PV entities the supervisor ID instead of the cluster ID
+    /// (Go: the `TKGsHA` feature state). Default off.
+    use_supervisor_id_for_pv: bool => |on: bool| on;
+    /// The supervisor ID (`[Global] supervisor-id` of `csi-vsphere.conf`). Default empty.
+    supervisor_id: String => |id: impl Into<String>| id.into();
+    /// The cluster ID (`[Global] cluster-id` of `csi-vsphere.conf`). Default empty.
+    cluster_id: String => |id: impl Into<String>| id.into();
+    /// The vCenter user sent in each update's container cluster. Default empty.
+    vsphere_user: String => |user: impl Into<String>| user.into();
+    /// CSI driver whose volumes are pushed to CNS. Default `csi.vsphere.vmware.com`.
+    csi_driver: String => |driver: impl Into<String>| driver.into();
+    /// Upper bound of one backend call; a call that takes longer fails that volume.
+    /// Default 120 s.
+    backend_timeout: Duration => |timeout: Duration| timeout;
+    /// Margin added to the [backend timeout](Self::backend_timeout()) to give the
+    /// [settle period](Self::settle_period) of removed entries. Default 60 s.
+    ///
+    /// An update sent to CNS may still take effect after the call timed out, or after the
+    /// replica that sent it lost its lease. So when a spec edit removes an entity from CNS,
+    /// the record keeps it as a tombstone with the time of its removal; once the settle
+    /// period has passed, the removal is sent once more (undoing an update that landed
+    /// late) and the tombstone goes. Make the margin at least the leader election lease
+    /// duration (15 s by default); a longer one only keeps tombstones longer.
+    settle_margin: Duration => |margin: Duration| margin;
+    /// Reporting instance of published events (usually the pod name). Default none.
+    reporting_instance: Option<String> => |instance: impl Into<String>| Some(instance.into());
 }
 
 impl Default for Config {
@@ -103,7 +245,7 @@ impl Config {
                 .filter(|n| *n <= Self::MAX_WORKER_THREADS)
                 .and_then(NonZeroU16::new)
                 .ok_or(ConfigError::InvalidVariable {
-                    variable: ENV_WORKER_THREADS,
+                    option: ConfigOption::WorkerThreads,
                     value,
                     expected: "a whole number from 1 to 3",
                 })?;
@@ -111,7 +253,7 @@ impl Config {
         if let Some(value) = lookup(ENV_CLUSTER_FLAVOR).filter(|v| !v.is_empty()) {
             config.cluster_flavor =
                 ClusterFlavor::parse(value.trim()).ok_or(ConfigError::InvalidVariable {
-                    variable: ENV_CLUSTER_FLAVOR,
+                    option: ConfigOption::ClusterFlavor,
                     value,
                     expected: "WORKLOAD, GUEST_CLUSTER or VANILLA",
                 })?;
@@ -122,113 +264,31 @@ impl Config {
     /// Checks options that depend on each other; [`run`](crate::run) calls it first.
     ///
     /// # Errors
-    /// [`ConfigError::MissingClusterId`] when the ID that PV entity references get is empty.
+    /// [`ConfigError::Invalid`] naming [`ConfigOption::ClusterId`] (or
+    /// [`ConfigOption::SupervisorId`] with
+    /// [`use_supervisor_id_for_pv`](Self::use_supervisor_id_for_pv())) when the ID that PV
+    /// entity references get is empty.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.pv_reference_cluster_id().is_empty() {
-            let which = if self.use_supervisor_id_for_pv {
-                "supervisor id"
+            let option = if self.use_supervisor_id_for_pv {
+                ConfigOption::SupervisorId
             } else {
-                "cluster id"
+                ConfigOption::ClusterId
             };
-            return Err(ConfigError::MissingClusterId { which });
+            return Err(ConfigError::Invalid {
+                option,
+                reason: "is empty, but PERSISTENT_VOLUME entity references get it as their \
+                         cluster id"
+                    .to_owned(),
+            });
         }
         Ok(())
     }
 
-    /// Flavor of the cluster this process runs in. Only [`ClusterFlavor::Workload`] runs
-    /// the reconciler. Default `WORKLOAD`.
-    #[must_use]
-    pub fn cluster_flavor(mut self, flavor: ClusterFlavor) -> Self {
-        self.cluster_flavor = flavor;
-        self
-    }
-
-    /// Number of objects reconciled at once. Default 3.
-    #[must_use]
-    pub fn worker_threads(mut self, n: NonZeroU16) -> Self {
-        self.worker_threads = n;
-        self
-    }
-
-    /// Give entity references of PV entities the supervisor ID instead of the cluster ID
-    /// (Go: the `TKGsHA` feature state). Default off.
-    #[must_use]
-    pub fn use_supervisor_id_for_pv(mut self, on: bool) -> Self {
-        self.use_supervisor_id_for_pv = on;
-        self
-    }
-
-    /// The supervisor ID (`[Global] supervisor-id` of `csi-vsphere.conf`). Default empty.
-    #[must_use]
-    pub fn supervisor_id(mut self, id: impl Into<String>) -> Self {
-        self.supervisor_id = id.into();
-        self
-    }
-
-    /// The cluster ID (`[Global] cluster-id` of `csi-vsphere.conf`). Default empty.
-    #[must_use]
-    pub fn cluster_id(mut self, id: impl Into<String>) -> Self {
-        self.cluster_id = id.into();
-        self
-    }
-
-    /// The vCenter user sent in each update's container cluster. Default empty.
-    #[must_use]
-    pub fn vsphere_user(mut self, user: impl Into<String>) -> Self {
-        self.vsphere_user = user.into();
-        self
-    }
-
-    /// CSI driver whose volumes are pushed to CNS. Default `csi.vsphere.vmware.com`.
-    #[must_use]
-    pub fn csi_driver(mut self, driver: impl Into<String>) -> Self {
-        self.csi_driver = driver.into();
-        self
-    }
-
-    /// Upper bound of one backend call; a call that takes longer fails that volume.
-    /// Default 120 s.
-    #[must_use]
-    pub fn backend_timeout(mut self, timeout: Duration) -> Self {
-        self.backend_timeout = timeout;
-        self
-    }
-
-    /// Margin added to [`backend_timeout`](Self::backend_timeout()) to give the
-    /// [settle period](Self::get_settle_period) of removed entries. Default 60 s.
-    ///
-    /// An update sent to CNS may still take effect after the call timed out, or after the
-    /// replica that sent it lost its lease. So when a spec edit removes an entity from CNS,
-    /// the record keeps it as a tombstone with the time of its removal; once the settle
-    /// period has passed, the removal is sent once more (undoing an update that landed
-    /// late) and the tombstone goes. Make the margin at least the leader election lease
-    /// duration (15 s by default); a longer one only keeps tombstones longer.
-    #[must_use]
-    pub fn settle_margin(mut self, margin: Duration) -> Self {
-        self.settle_margin = margin;
-        self
-    }
-
-    /// Reporting instance of published events (usually the pod name). Default none.
-    #[must_use]
-    pub fn reporting_instance(mut self, instance: impl Into<String>) -> Self {
-        self.reporting_instance = Some(instance.into());
-        self
-    }
-
-    /// See [`Config::cluster_flavor`](Self::cluster_flavor()).
-    #[must_use]
-    pub fn get_cluster_flavor(&self) -> ClusterFlavor {
-        self.cluster_flavor
-    }
-
-    /// See [`Config::worker_threads`](Self::worker_threads()).
-    #[must_use]
-    pub fn get_worker_threads(&self) -> NonZeroU16 {
-        self.worker_threads
-    }
-
-    /// The cluster ID that entity references of PV entities get.
+    /// The cluster ID that entity references of PV entities get: the
+    /// [supervisor ID](Self::supervisor_id()) with
+    /// [`use_supervisor_id_for_pv`](Self::use_supervisor_id_for_pv()), else the
+    /// [cluster ID](Self::cluster_id()).
     #[must_use]
     pub fn pv_reference_cluster_id(&self) -> &str {
         if self.use_supervisor_id_for_pv {
@@ -238,42 +298,12 @@ impl Config {
         }
     }
 
-    /// See [`Config::vsphere_user`](Self::vsphere_user()).
-    #[must_use]
-    pub fn get_vsphere_user(&self) -> &str {
-        &self.vsphere_user
-    }
-
-    /// See [`Config::csi_driver`](Self::csi_driver()).
-    #[must_use]
-    pub fn get_csi_driver(&self) -> &str {
-        &self.csi_driver
-    }
-
-    /// See [`Config::backend_timeout`](Self::backend_timeout()).
-    #[must_use]
-    pub fn get_backend_timeout(&self) -> Duration {
-        self.backend_timeout
-    }
-
-    /// See [`Config::settle_margin`](Self::settle_margin()).
-    #[must_use]
-    pub fn get_settle_margin(&self) -> Duration {
-        self.settle_margin
-    }
-
     /// How long after removing an entity from CNS its removal is sent again: the
     /// [backend timeout](Self::backend_timeout()) plus the
     /// [settle margin](Self::settle_margin()) (3 min by default).
     #[must_use]
-    pub fn get_settle_period(&self) -> Duration {
+    pub fn settle_period(&self) -> Duration {
         self.backend_timeout.saturating_add(self.settle_margin)
-    }
-
-    /// See [`Config::reporting_instance`](Self::reporting_instance()).
-    #[must_use]
-    pub fn get_reporting_instance(&self) -> Option<&str> {
-        self.reporting_instance.as_deref()
     }
 }
 
@@ -294,28 +324,24 @@ mod tests {
     #[test]
     fn unset_variables_give_the_defaults() {
         let config = Config::from_lookup(lookup(&[])).unwrap();
-        assert_eq!(config.get_worker_threads().get(), 3);
-        assert_eq!(config.get_cluster_flavor(), ClusterFlavor::Workload);
-        assert_eq!(config.get_csi_driver(), "csi.vsphere.vmware.com");
-        assert_eq!(config.get_settle_period(), Duration::from_secs(180));
+        assert_eq!(config.worker_threads.get(), 3);
+        assert_eq!(config.cluster_flavor, ClusterFlavor::Workload);
+        assert_eq!(config.csi_driver, "csi.vsphere.vmware.com");
+        assert_eq!(config.settle_period(), Duration::from_secs(180));
         let short = config
             .backend_timeout(Duration::from_secs(5))
             .settle_margin(Duration::from_secs(15));
-        assert_eq!(short.get_settle_margin(), Duration::from_secs(15));
-        assert_eq!(short.get_settle_period(), Duration::from_secs(20));
+        assert_eq!(short.settle_margin, Duration::from_secs(15));
+        assert_eq!(short.settle_period(), Duration::from_secs(20));
         let empty = Config::from_lookup(lookup(&[(ENV_WORKER_THREADS, "")])).unwrap();
-        assert_eq!(empty.get_worker_threads().get(), 3);
+        assert_eq!(empty.worker_threads.get(), 3);
     }
 
     #[test]
     fn worker_threads_from_one_to_three_are_used() {
         for (value, expected) in [("1", 1), ("2", 2), ("3", 3), (" 2 ", 2)] {
             let config = Config::from_lookup(lookup(&[(ENV_WORKER_THREADS, value)])).unwrap();
-            assert_eq!(
-                config.get_worker_threads().get(),
-                expected,
-                "value {value:?}"
-            );
+            assert_eq!(config.worker_threads.get(), expected, "value {value:?}");
         }
     }
 
@@ -323,6 +349,7 @@ mod tests {
     fn bad_worker_threads_name_the_variable_and_value() {
         for value in ["0", "-1", "4", "many", "2.5"] {
             let error = Config::from_lookup(lookup(&[(ENV_WORKER_THREADS, value)])).unwrap_err();
+            assert_eq!(error.option(), ConfigOption::WorkerThreads);
             assert_eq!(
                 error.to_string(),
                 format!(
@@ -336,12 +363,12 @@ mod tests {
     #[test]
     fn cluster_flavor_is_read_and_checked() {
         let config = Config::from_lookup(lookup(&[(ENV_CLUSTER_FLAVOR, "VANILLA")])).unwrap();
-        assert_eq!(config.get_cluster_flavor(), ClusterFlavor::Vanilla);
+        assert_eq!(config.cluster_flavor, ClusterFlavor::Vanilla);
         let error = Config::from_lookup(lookup(&[(ENV_CLUSTER_FLAVOR, "wcp")])).unwrap_err();
         assert_eq!(
             error,
             ConfigError::InvalidVariable {
-                variable: "CLUSTER_FLAVOR",
+                option: ConfigOption::ClusterFlavor,
                 value: "wcp".into(),
                 expected: "WORKLOAD, GUEST_CLUSTER or VANILLA",
             }
@@ -367,12 +394,16 @@ mod tests {
         let config = Config::default()
             .cluster_id("cl-1")
             .use_supervisor_id_for_pv(true);
+        let error = config.validate().unwrap_err();
+        assert_eq!(error.option(), ConfigOption::SupervisorId);
         assert_eq!(
-            config.validate(),
-            Err(ConfigError::MissingClusterId {
-                which: "supervisor id"
-            })
+            error.to_string(),
+            "invalid value for option supervisor_id (Go [Global] supervisor-id): is empty, \
+             but PERSISTENT_VOLUME entity references get it as their cluster id"
         );
-        assert!(Config::default().validate().is_err());
+        assert_eq!(
+            Config::default().validate().unwrap_err().option(),
+            ConfigOption::ClusterId
+        );
     }
 }

@@ -154,28 +154,4 @@ mod tests {
             ]
         );
     }
-
-    const MANIFEST_PATH: &str = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../examples/deploy/cnsvolumemetadata-crd.yaml"
-    );
-
-    #[test]
-    fn shipped_manifest_matches_crd_yaml() {
-        let shipped = std::fs::read_to_string(MANIFEST_PATH).unwrap();
-        assert_eq!(
-            shipped,
-            crd_yaml(),
-            "examples/deploy/cnsvolumemetadata-crd.yaml is stale; regenerate it with \
-             `cargo test -p cnsmetadata write_shipped_manifest -- --ignored`"
-        );
-        let parsed: CustomResourceDefinition = serde_saphyr::from_str(&shipped).unwrap();
-        assert_eq!(parsed, crd());
-    }
-
-    #[test]
-    #[ignore = "writes examples/deploy/cnsvolumemetadata-crd.yaml"]
-    fn write_shipped_manifest() {
-        std::fs::write(MANIFEST_PATH, crd_yaml()).unwrap();
-    }
 }

@@ -22,7 +22,9 @@ pub use backend::{
     VolumeMetadataBackend, VolumeMetadataUpdate,
 };
 pub use backoff::PerObjectBackoff;
-pub use config::{Config, ConfigError, ENV_CLUSTER_FLAVOR, ENV_WORKER_THREADS, VSPHERE_CSI_DRIVER};
+pub use config::{
+    Config, ConfigError, ConfigOption, ENV_CLUSTER_FLAVOR, ENV_WORKER_THREADS, VSPHERE_CSI_DRIVER,
+};
 pub use crd::{crd, crd_yaml};
 pub use plan::{plan_update, referred_entities};
 pub use reconciler::{

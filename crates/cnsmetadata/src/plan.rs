@@ -50,7 +50,7 @@ pub fn plan_update(
         container_cluster: ContainerCluster {
             cluster_type: ClusterType::Kubernetes,
             cluster_id: spec.guest_cluster_id.clone(),
-            vsphere_user: config.get_vsphere_user().to_owned(),
+            vsphere_user: config.vsphere_user.clone(),
             cluster_flavor: ClusterFlavor::GuestCluster,
             cluster_distribution: spec.cluster_distribution.clone(),
         },

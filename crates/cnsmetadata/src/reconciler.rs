@@ -120,7 +120,7 @@ impl Context {
                 client.clone(),
                 Reporter {
                     controller: REPORTING_CONTROLLER.to_owned(),
-                    instance: config.get_reporting_instance().map(str::to_owned),
+                    instance: config.reporting_instance.clone(),
                 },
             ),
             client,
@@ -136,7 +136,7 @@ impl Context {
 
     /// Reads the time from `clock` instead of the system clock (`SystemTime::now`). The
     /// record stores when entities were removed from CNS, to remove them once more after
-    /// the [settle period](Config::get_settle_period); tests and simulations pass a clock
+    /// the [settle period](Config::settle_period); tests and simulations pass a clock
     /// that follows tokio's paused time, like `testing::tokio_clock` (feature `testing`).
     #[must_use]
     pub fn with_clock(mut self, clock: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
@@ -159,7 +159,7 @@ impl Context {
 
     /// Drops the marks of pushes that can no longer land, of every object.
     fn prune_unanswered(&self, map: &mut HashMap<ObjectRef<CnsVolumeMetadata>, Vec<PushedEntry>>) {
-        let (now, period) = (self.now(), self.config.get_settle_period());
+        let (now, period) = (self.now(), self.config.settle_period());
         for entries in map.values_mut() {
             entries.retain(|e| matches!(e.landing(now, period), Settle::Wait(_)));
         }
@@ -239,7 +239,7 @@ impl Context {
 /// unbound): only on CNS failing to remove a recorded entry.
 ///
 /// An entity removed because the spec changed stays in the record as a tombstone: after
-/// the [settle period](Config::get_settle_period) its removal is sent once more (a push
+/// the [settle period](Config::settle_period) its removal is sent once more (a push
 /// that timed out, or that a replica which lost its lease sent, may land on CNS after the
 /// removal), then it leaves the record. The returned [`Action`] requeues the object for
 /// that; a deletion removes tombstoned entities again without waiting.
@@ -442,7 +442,7 @@ async fn update(
         .cloned()
         .collect();
     // Tombstones of entities pushed again now are revived by the intent below.
-    let settle = ctx.config.get_settle_period();
+    let settle = ctx.config.settle_period();
     let now = ctx.now();
     let key = ObjectRef::from_obj(object);
     let remembered = ctx.remembered_unanswered(&key);
@@ -696,7 +696,7 @@ async fn finish_deletion(
         }
     }
     // Removed, but a push without answer may still land: removed once more later.
-    let (now, period) = (ctx.now(), ctx.config.get_settle_period());
+    let (now, period) = (ctx.now(), ctx.config.settle_period());
     let mut pending = Vec::new();
     let mut wait: Option<Duration> = None;
     for entry in &removed {

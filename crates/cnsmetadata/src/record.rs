@@ -11,7 +11,7 @@
 //! An update may still take effect on CNS after its call timed out, or after the replica
 //! that sent it lost its lease. So an entity that a spec edit removed stays in the record as
 //! a tombstone (the entry with the time of its removal, `removed`) for the settle period
-//! ([`Config::get_settle_period`]); then its removal is sent once more and the tombstone
+//! ([`Config::settle_period`]); then its removal is sent once more and the tombstone
 //! goes. Deleting the object removes tombstoned entries too. Records written before
 //! tombstones existed have no `removed` field and read as live entries; a version that
 //! knows no tombstones reads them as live entries (and removes them again).
@@ -41,7 +41,7 @@ use crate::{
 /// pushed to CNS for the object (with the CNS volume ID), so that deleting the object or
 /// changing its spec removes exactly those entries. Entries removed because the spec
 /// changed stay for a while as tombstones (with a `removed` time), to be removed once more
-/// after the settle period ([`Config::get_settle_period`]). Written and read only by the
+/// after the settle period ([`Config::settle_period`]). Written and read only by the
 /// reconciler; objects without it (written by an older version) are cleaned up from their
 /// current spec.
 pub const PUSHED_ANNOTATION: &str = "cns.vmware.com/pushed-entities";
@@ -227,7 +227,7 @@ impl PushedEntry {
             container_cluster: ContainerCluster {
                 cluster_type: ClusterType::Kubernetes,
                 cluster_id: self.guest_cluster_id.clone(),
-                vsphere_user: config.get_vsphere_user().to_owned(),
+                vsphere_user: config.vsphere_user.clone(),
                 cluster_flavor: ClusterFlavor::GuestCluster,
                 cluster_distribution: self.cluster_distribution.clone(),
             },

@@ -286,13 +286,13 @@ pub(crate) async fn serve(
     backoff: Arc<PerObjectBackoff>,
 ) -> Result<(), Error> {
     config.validate()?;
-    let flavor = config.get_cluster_flavor();
+    let flavor = config.cluster_flavor;
     if flavor != ClusterFlavor::Workload {
         info!(%flavor, "not a supervisor (WORKLOAD) cluster; CnsVolumeMetadata reconciler not started");
         return Ok(());
     }
     let shutdown = shutdown.boxed().shared();
-    let workers = config.get_worker_threads().get();
+    let workers = config.worker_threads.get();
 
     let (claims, claims_writer) = reflector::store();
     let (volumes, volumes_writer) = reflector::store();

@@ -45,7 +45,7 @@ pub(crate) fn resolve(ctx: &Context, namespace: &str, volume: &str) -> Resolved 
         return Resolved::Missing(format!("persistentvolumes {pv_name:?} not found"));
     };
     let csi = pv.spec.as_ref().and_then(|s| s.csi.as_ref());
-    match csi.filter(|c| c.driver == ctx.config.get_csi_driver()) {
+    match csi.filter(|c| c.driver == ctx.config.csi_driver.as_str()) {
         Some(csi) if !csi.volume_handle.is_empty() => Resolved::Volume(csi.volume_handle.clone()),
         Some(_) => Resolved::Missing(format!(
             "persistentvolume {pv_name:?} has an empty volume handle"
@@ -133,7 +133,7 @@ pub(crate) struct Failed {
 /// The message for the status, and whether the push may still land.
 pub(crate) async fn push(ctx: &Context, entry: &PushedEntry, delete: bool) -> Result<(), Failed> {
     let update = entry.update(delete, &ctx.config);
-    let timeout = ctx.config.get_backend_timeout();
+    let timeout = ctx.config.backend_timeout;
     let sent = ctx.now();
     let outcome = tokio::time::timeout(timeout, ctx.backend.update_volume_metadata(&update)).await;
     match outcome {

@@ -28,8 +28,8 @@ async fn sim() -> KubeSim {
 fn elector(sim: &KubeSim, identity: &str) -> LeaderElector {
     let cfg = LeaderElection::new(NAME, NAMESPACE)
         .unwrap()
-        .with_identity(identity)
-        .with_timings(LEASE, RENEW, RETRY)
+        .identity(identity)
+        .timings(LEASE, RENEW, RETRY)
         .unwrap();
     let config = kube_client::Config::new(sim.url().parse().unwrap());
     LeaderElector::new(dedicated_client(&config).unwrap(), cfg).unwrap()

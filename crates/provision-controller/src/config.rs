@@ -11,7 +11,7 @@ use std::{
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 
 use crate::{
-    error::ConfigError,
+    error::{ConfigError, ConfigOption},
     leader::LeaderElection,
     retry::{self, FailureBackoff, PvSaveStrategy},
 };
@@ -45,33 +45,6 @@ impl fmt::Debug for VolumeNamer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("VolumeNamer(..)")
     }
-}
-
-/// Options for [`ProvisionController`](crate::ProvisionController); every field has a
-/// documented default (the Go one).
-///
-/// Setters cannot fail: the types carry the invariants. Checks across options are in
-/// [`Config::validate`], which `run` calls first.
-#[derive(Clone, Debug)]
-pub struct Config {
-    pub(crate) resync_period: Duration,
-    pub(crate) threads: NonZeroU16,
-    pub(crate) failure_backoff: FailureBackoff,
-    pub(crate) failed_provision_threshold: u32,
-    pub(crate) failed_delete_threshold: u32,
-    pub(crate) pv_save: PvSaveStrategy,
-    pub(crate) leader_election: Option<LeaderElection>,
-    pub(crate) additional_provisioner_names: Vec<String>,
-    pub(crate) add_finalizer: bool,
-    pub(crate) provision_timeout: Option<Duration>,
-    pub(crate) deletion_timeout: Option<Duration>,
-    pub(crate) volume_namer: VolumeNamer,
-    pub(crate) metrics_address: IpAddr,
-    pub(crate) metrics_port: u16,
-    pub(crate) metrics_path: String,
-    pub(crate) shutdown_grace: Duration,
-    pub(crate) crash_safe_provisioning: bool,
-    pub(crate) infeasible_retry_delay: Duration,
 }
 
 impl Default for Config {
@@ -141,7 +114,7 @@ impl Config {
         .map(|ns| ns.trim().to_owned())
         .find(|ns| !ns.is_empty())
         .unwrap_or_else(|| "default".into());
-        let election = LeaderElection::default().with_namespace(namespace);
+        let election = LeaderElection::default().namespace(namespace);
         Ok(Self::default().leader_election(Some(election)))
     }
 
@@ -152,24 +125,27 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.resync_period.is_zero() {
             return Err(ConfigError::invalid(
-                "resync_period",
+                ConfigOption::ResyncPeriod,
                 "must be greater than zero",
             ));
         }
         match self.pv_save {
             PvSaveStrategy::Blocking { retries: 0, .. } => {
                 return Err(ConfigError::invalid(
-                    "pv_save",
+                    ConfigOption::PvSave,
                     "retries must be at least 1",
                 ));
             }
             PvSaveStrategy::Backoff { steps, factor, .. } => {
                 if steps == 0 {
-                    return Err(ConfigError::invalid("pv_save", "steps must be at least 1"));
+                    return Err(ConfigError::invalid(
+                        ConfigOption::PvSave,
+                        "steps must be at least 1",
+                    ));
                 }
                 if !factor.is_finite() || factor < 1.0 {
                     return Err(ConfigError::invalid(
-                        "pv_save",
+                        ConfigOption::PvSave,
                         format!("factor must be a finite number >= 1, got {factor}"),
                     ));
                 }
@@ -178,20 +154,7 @@ impl Config {
         }
         if let Some(le) = &self.leader_election {
             // The lease name and identity are filled in by `run`; check the rest.
-            le.clone()
-                .resolved_for("provisioner")
-                .validate()
-                .map_err(|e| {
-                    let option = match e.field {
-                        "lease_name" => "leader_election.lease_name",
-                        "namespace" => "leader_election.namespace",
-                        "identity" => "leader_election.identity",
-                        "lease_duration" => "leader_election.lease_duration",
-                        "renew_deadline" => "leader_election.renew_deadline",
-                        _ => "leader_election.retry_period",
-                    };
-                    ConfigError::invalid(option, e.problem)
-                })?;
+            le.clone().resolved_for("provisioner").validate()?;
         }
         if self
             .additional_provisioner_names
@@ -199,13 +162,13 @@ impl Config {
             .any(String::is_empty)
         {
             return Err(ConfigError::invalid(
-                "additional_provisioner_names",
+                ConfigOption::AdditionalProvisionerNames,
                 "contains an empty name",
             ));
         }
         for (option, timeout) in [
-            ("provision_timeout", self.provision_timeout),
-            ("deletion_timeout", self.deletion_timeout),
+            (ConfigOption::ProvisionTimeout, self.provision_timeout),
+            (ConfigOption::DeletionTimeout, self.deletion_timeout),
         ] {
             if timeout.is_some_and(|t| t.is_zero()) {
                 return Err(ConfigError::invalid(
@@ -216,7 +179,7 @@ impl Config {
         }
         if !self.metrics_path.starts_with('/') {
             return Err(ConfigError::invalid(
-                "metrics_path",
+                ConfigOption::MetricsPath,
                 format!("{:?} must start with '/'", self.metrics_path),
             ));
         }
@@ -224,8 +187,26 @@ impl Config {
     }
 }
 
-macro_rules! setters {
+/// Declares [`Config`]: each option is a public field and a builder method of the same
+/// name, with the same docs.
+macro_rules! options {
     ($($(#[$doc:meta])* $name:ident: $ty:ty;)*) => {
+        /// Options for [`ProvisionController`](crate::ProvisionController); every option
+        /// has a documented default (the Go one).
+        ///
+        /// Each option is a public field, read as `config.resync_period`, and a builder
+        /// method of the same name, `.resync_period(Duration::from_secs(60))`. Setting
+        /// never fails: the types carry the invariants. Checks across options are in
+        /// [`Config::validate`], which `run` calls first.
+        #[derive(Clone, Debug)]
+        #[non_exhaustive]
+        pub struct Config {
+            $(
+                $(#[$doc])*
+                pub $name: $ty,
+            )*
+        }
+
         impl Config {
             $(
                 $(#[$doc])*
@@ -239,7 +220,7 @@ macro_rules! setters {
     };
 }
 
-setters! {
+options! {
     /// How often every claim and volume is processed again even without a change
     /// (Go `ResyncPeriod`). Default 15 minutes.
     #[doc(alias = "ResyncPeriod")]
@@ -340,10 +321,10 @@ mod tests {
     fn election(lease: u64, renew: u64, retry: u64) -> Option<LeaderElection> {
         Some(
             LeaderElection::default()
-                .with_namespace("ns")
-                .with_lease_duration(Duration::from_secs(lease))
-                .with_renew_deadline(Duration::from_secs(renew))
-                .with_retry_period(Duration::from_secs(retry)),
+                .namespace("ns")
+                .lease_duration(Duration::from_secs(lease))
+                .renew_deadline(Duration::from_secs(renew))
+                .retry_period(Duration::from_secs(retry)),
         )
     }
 
@@ -373,33 +354,33 @@ mod tests {
 
     #[test]
     fn validation_names_the_invalid_option() {
-        let cases: Vec<(&str, Config, Option<&str>)> = vec![
+        use crate::leader::LeaderElectionOption as Le;
+        let cases: Vec<(&str, Config, Option<ConfigOption>)> = vec![
             ("defaults are valid", Config::default(), None),
             (
                 "zero resync",
                 Config::default().resync_period(Duration::ZERO),
-                Some("resync_period"),
+                Some(ConfigOption::ResyncPeriod),
             ),
             (
                 "renew deadline not shorter than lease",
                 Config::default().leader_election(election(10, 10, 2)),
-                Some("leader_election.renew_deadline"),
+                Some(ConfigOption::LeaderElection(Le::RenewDeadline)),
             ),
             (
                 "renew deadline not above the jittered retry period",
                 Config::default().leader_election(election(15, 10, 10)),
-                Some("leader_election.renew_deadline"),
+                Some(ConfigOption::LeaderElection(Le::RenewDeadline)),
             ),
             (
                 "zero retry period",
                 Config::default().leader_election(election(15, 10, 0)),
-                Some("leader_election.retry_period"),
+                Some(ConfigOption::LeaderElection(Le::RetryPeriod)),
             ),
             (
                 "empty namespace",
-                Config::default()
-                    .leader_election(Some(LeaderElection::default().with_namespace(""))),
-                Some("leader_election.namespace"),
+                Config::default().leader_election(Some(LeaderElection::default().namespace(""))),
+                Some(ConfigOption::LeaderElection(Le::Namespace)),
             ),
             (
                 "election off skips its checks",
@@ -412,7 +393,7 @@ mod tests {
                     retries: 0,
                     interval: Duration::ZERO,
                 }),
-                Some("pv_save"),
+                Some(ConfigOption::PvSave),
             ),
             (
                 "backoff factor below one",
@@ -422,36 +403,55 @@ mod tests {
                     steps: 3,
                     cap: None,
                 }),
-                Some("pv_save"),
+                Some(ConfigOption::PvSave),
             ),
             (
                 "empty additional name",
                 Config::default().additional_provisioner_names(vec![String::new()]),
-                Some("additional_provisioner_names"),
+                Some(ConfigOption::AdditionalProvisionerNames),
             ),
             (
                 "zero provision timeout",
                 Config::default().provision_timeout(Some(Duration::ZERO)),
-                Some("provision_timeout"),
+                Some(ConfigOption::ProvisionTimeout),
             ),
             (
                 "zero deletion timeout",
                 Config::default().deletion_timeout(Some(Duration::ZERO)),
-                Some("deletion_timeout"),
+                Some(ConfigOption::DeletionTimeout),
             ),
             (
                 "relative metrics path",
                 Config::default().metrics_path("m".into()),
-                Some("metrics_path"),
+                Some(ConfigOption::MetricsPath),
             ),
         ];
         for (name, config, want) in cases {
-            let got = config
-                .validate()
-                .err()
-                .map(|ConfigError::Invalid { option, .. }| option);
+            let got = config.validate().err().map(|e| e.option());
             assert_eq!(got, want, "case: {name}");
         }
+    }
+
+    #[test]
+    fn errors_name_the_option_by_its_rust_and_go_names() {
+        let zero_resync = Config::default().resync_period(Duration::ZERO);
+        assert_eq!(
+            zero_resync.validate().unwrap_err().to_string(),
+            "invalid value for option resync_period (Go ResyncPeriod): must be greater than zero"
+        );
+        let short_lease = Config::default().leader_election(election(10, 10, 2));
+        let err = short_lease.validate().unwrap_err();
+        assert!(
+            err.to_string().starts_with(
+                "invalid value for option leader_election.renew_deadline (Go RenewDeadline): "
+            ),
+            "{err}"
+        );
+        let no_go_name = ConfigError::invalid(ConfigOption::ShutdownGrace, "x");
+        assert_eq!(
+            no_go_name.to_string(),
+            "invalid value for option shutdown_grace: x"
+        );
     }
 
     #[test]
@@ -465,8 +465,7 @@ mod tests {
                 .unwrap()
                 .leader_election
                 .unwrap()
-                .namespace()
-                .to_owned()
+                .namespace
         };
         assert_eq!(
             ns(&[

@@ -719,7 +719,7 @@ mod tests {
         assert!(matches!(
             err,
             crate::Error::Config(crate::ConfigError::Invalid {
-                option: "resync_period",
+                option: crate::ConfigOption::ResyncPeriod,
                 ..
             })
         ));

@@ -93,6 +93,128 @@ pub enum DeleteError {
     Failed(#[source] BoxError),
 }
 
+/// An option of [`Config`](crate::Config), as a [`ConfigError`] names it.
+///
+/// Displays as the Rust name (the `Config` field and builder method), followed by the Go
+/// option of `sig-storage-lib-external-provisioner` where there is one:
+/// `resync_period (Go ResyncPeriod)`, `leader_election.renew_deadline (Go RenewDeadline)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ConfigOption {
+    /// [`Config::resync_period`](crate::Config::resync_period()).
+    ResyncPeriod,
+    /// [`Config::threads`](crate::Config::threads()).
+    Threads,
+    /// [`Config::failure_backoff`](crate::Config::failure_backoff()).
+    FailureBackoff,
+    /// [`Config::failed_provision_threshold`](crate::Config::failed_provision_threshold()).
+    FailedProvisionThreshold,
+    /// [`Config::failed_delete_threshold`](crate::Config::failed_delete_threshold()).
+    FailedDeleteThreshold,
+    /// [`Config::pv_save`](crate::Config::pv_save()).
+    PvSave,
+    /// One option of [`Config::leader_election`](crate::Config::leader_election()).
+    LeaderElection(crate::leader::LeaderElectionOption),
+    /// [`Config::additional_provisioner_names`](crate::Config::additional_provisioner_names()).
+    AdditionalProvisionerNames,
+    /// [`Config::add_finalizer`](crate::Config::add_finalizer()).
+    AddFinalizer,
+    /// [`Config::provision_timeout`](crate::Config::provision_timeout()).
+    ProvisionTimeout,
+    /// [`Config::deletion_timeout`](crate::Config::deletion_timeout()).
+    DeletionTimeout,
+    /// [`Config::volume_namer`](crate::Config::volume_namer()).
+    VolumeNamer,
+    /// [`Config::metrics_address`](crate::Config::metrics_address()).
+    MetricsAddress,
+    /// [`Config::metrics_port`](crate::Config::metrics_port()).
+    MetricsPort,
+    /// [`Config::metrics_path`](crate::Config::metrics_path()).
+    MetricsPath,
+    /// [`Config::shutdown_grace`](crate::Config::shutdown_grace()).
+    ShutdownGrace,
+    /// [`Config::crash_safe_provisioning`](crate::Config::crash_safe_provisioning()).
+    CrashSafeProvisioning,
+    /// [`Config::infeasible_retry_delay`](crate::Config::infeasible_retry_delay()).
+    InfeasibleRetryDelay,
+}
+
+impl ConfigOption {
+    /// The `Config` field and builder method, e.g. `"resync_period"`; an option of the
+    /// leader election as `"leader_election.renew_deadline"`.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        use crate::leader::LeaderElectionOption as Le;
+        match self {
+            Self::ResyncPeriod => "resync_period",
+            Self::Threads => "threads",
+            Self::FailureBackoff => "failure_backoff",
+            Self::FailedProvisionThreshold => "failed_provision_threshold",
+            Self::FailedDeleteThreshold => "failed_delete_threshold",
+            Self::PvSave => "pv_save",
+            Self::LeaderElection(Le::LeaseName) => "leader_election.lease_name",
+            Self::LeaderElection(Le::Namespace) => "leader_election.namespace",
+            Self::LeaderElection(Le::Identity) => "leader_election.identity",
+            Self::LeaderElection(Le::LeaseDuration) => "leader_election.lease_duration",
+            Self::LeaderElection(Le::RenewDeadline) => "leader_election.renew_deadline",
+            Self::LeaderElection(Le::RetryPeriod) => "leader_election.retry_period",
+            Self::LeaderElection(_) => "leader_election",
+            Self::AdditionalProvisionerNames => "additional_provisioner_names",
+            Self::AddFinalizer => "add_finalizer",
+            Self::ProvisionTimeout => "provision_timeout",
+            Self::DeletionTimeout => "deletion_timeout",
+            Self::VolumeNamer => "volume_namer",
+            Self::MetricsAddress => "metrics_address",
+            Self::MetricsPort => "metrics_port",
+            Self::MetricsPath => "metrics_path",
+            Self::ShutdownGrace => "shutdown_grace",
+            Self::CrashSafeProvisioning => "crash_safe_provisioning",
+            Self::InfeasibleRetryDelay => "infeasible_retry_delay",
+        }
+    }
+
+    /// The Go option a user of the Go provisioner library knows, e.g. `"ResyncPeriod"`;
+    /// `None` for an option Go does not have.
+    #[must_use]
+    pub fn go_name(self) -> Option<&'static str> {
+        match self {
+            Self::ResyncPeriod => Some("ResyncPeriod"),
+            Self::Threads => Some("Threadiness"),
+            Self::FailureBackoff => Some("ExponentialBackOffOnError"),
+            Self::FailedProvisionThreshold => Some("FailedProvisionThreshold"),
+            Self::FailedDeleteThreshold => Some("FailedDeleteThreshold"),
+            Self::PvSave => Some("CreateProvisionedPVBackoff"),
+            Self::LeaderElection(option) => option.go_name(),
+            Self::AdditionalProvisionerNames => Some("AdditionalProvisionerNames"),
+            Self::AddFinalizer => Some("AddFinalizer"),
+            Self::ProvisionTimeout => Some("ProvisionTimeout"),
+            Self::DeletionTimeout => Some("DeletionTimeout"),
+            Self::VolumeNamer => None,
+            Self::MetricsAddress => Some("MetricsAddress"),
+            Self::MetricsPort => Some("MetricsPort"),
+            Self::MetricsPath => Some("MetricsPath"),
+            Self::ShutdownGrace | Self::CrashSafeProvisioning => None,
+            Self::InfeasibleRetryDelay => Some("RetryIntervalMax"),
+        }
+    }
+}
+
+impl std::fmt::Display for ConfigOption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())?;
+        if let Some(go) = self.go_name() {
+            write!(f, " (Go {go})")?;
+        }
+        Ok(())
+    }
+}
+
+impl From<crate::leader::LeaderElectionOption> for ConfigOption {
+    fn from(option: crate::leader::LeaderElectionOption) -> Self {
+        Self::LeaderElection(option)
+    }
+}
+
 /// An invalid [`Config`](crate::Config) value, naming the option.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -100,19 +222,33 @@ pub enum ConfigError {
     /// One option has a value it cannot take.
     #[error("invalid value for option {option}: {reason}")]
     Invalid {
-        /// The option, as its `Config` setter is named.
-        option: &'static str,
+        /// The option.
+        option: ConfigOption,
         /// What is wrong with it.
         reason: String,
     },
 }
 
 impl ConfigError {
-    pub(crate) fn invalid(option: &'static str, reason: impl Into<String>) -> Self {
+    pub(crate) fn invalid(option: ConfigOption, reason: impl Into<String>) -> Self {
         Self::Invalid {
             option,
             reason: reason.into(),
         }
+    }
+
+    /// The option the error is about.
+    #[must_use]
+    pub fn option(&self) -> ConfigOption {
+        match self {
+            Self::Invalid { option, .. } => *option,
+        }
+    }
+}
+
+impl From<crate::leader::InvalidLeaderElection> for ConfigError {
+    fn from(error: crate::leader::InvalidLeaderElection) -> Self {
+        Self::invalid(error.option.into(), error.reason)
     }
 }
 

@@ -110,7 +110,7 @@ pub mod testing;
 pub use cache::SharedCache;
 pub use config::{Config, SERVICE_ACCOUNT_NAMESPACE_PATH, VolumeNamer};
 pub use controller::ProvisionController;
-pub use error::{BoxError, ConfigError, DeleteError, Error, ProvisionError, Result};
+pub use error::{BoxError, ConfigError, ConfigOption, DeleteError, Error, ProvisionError, Result};
 // The metrics and probe server and leader election live in kube-controller-kit; they are
 // re-exported under their old paths (`provision_controller::http`, `::leader`).
 #[doc(inline)]

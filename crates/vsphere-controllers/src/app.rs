@@ -303,7 +303,7 @@ pub async fn connect_real(
         .await
         .with_context(|| format!("cannot log in to vCenter {}", vc.host))?;
     let metadata_config = cnsmetadata::Config::from_lookup(&lookup)?;
-    let flavor = metadata_config.get_cluster_flavor();
+    let flavor = metadata_config.cluster_flavor;
     let owner = match (flavor, &vsphere.global.supervisor_id) {
         (cnsmetadata::ClusterFlavor::Workload, Some(id)) if !id.is_empty() => id.clone(),
         _ => vsphere.global.cluster_id.clone(),

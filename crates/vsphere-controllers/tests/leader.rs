@@ -118,7 +118,7 @@ async fn a_standby_neither_provisions_nor_reconciles_until_it_leads() {
     install(&kube, &datastore).await;
     let election = LeaderElection::for_provisioner(PROVISIONER, NAMESPACE)
         .unwrap()
-        .with_timings(
+        .timings(
             Duration::from_secs(2),
             Duration::from_millis(1500),
             Duration::from_millis(200),
@@ -128,7 +128,7 @@ async fn a_standby_neither_provisions_nor_reconciles_until_it_leads() {
     leases
         .create(
             &PostParams::default(),
-            &held_by_other(election.lease_name()),
+            &held_by_other(election.lease_name.as_str()),
         )
         .await
         .unwrap();
@@ -178,7 +178,7 @@ async fn a_standby_neither_provisions_nor_reconciles_until_it_leads() {
 
     // The other replica goes away: this one takes the lease and does both.
     leases
-        .delete(election.lease_name(), &DeleteParams::default())
+        .delete(election.lease_name.as_str(), &DeleteParams::default())
         .await
         .unwrap();
     let finalized = eventually(Duration::from_secs(30), async || {
@@ -201,7 +201,7 @@ async fn a_standby_neither_provisions_nor_reconciles_until_it_leads() {
     let names: Vec<_> = all.iter().map(|l| l.metadata.name.clone()).collect();
     assert_eq!(
         names,
-        [Some(election.lease_name().to_owned())],
+        [Some(election.lease_name.as_str().to_owned())],
         "both controllers follow one Lease"
     );
     let holder = all[0].spec.as_ref().and_then(|s| s.holder_identity.clone());

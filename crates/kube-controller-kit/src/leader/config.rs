@@ -1,23 +1,84 @@
 //! [`LeaderElection`]: which Lease to hold, under which identity, and how often to renew it.
 
+use std::fmt;
 use std::time::Duration;
 
-/// A leader-election setting that cannot work, naming the field and the problem.
+/// One option of [`LeaderElection`], as an [`InvalidLeaderElection`] names it.
+///
+/// Displays as the Rust name, followed by the Go name where the Go provisioner library or
+/// client-go has one: `renew_deadline (Go RenewDeadline)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LeaderElectionOption {
+    /// [`LeaderElection::lease_name`](LeaderElection::lease_name()).
+    LeaseName,
+    /// [`LeaderElection::namespace`](LeaderElection::namespace()) (Go `LeaderElectionNamespace`).
+    Namespace,
+    /// [`LeaderElection::identity`](LeaderElection::identity()) (client-go `Identity`).
+    Identity,
+    /// [`LeaderElection::lease_duration`](LeaderElection::lease_duration()) (Go `LeaseDuration`).
+    LeaseDuration,
+    /// [`LeaderElection::renew_deadline`](LeaderElection::renew_deadline()) (Go `RenewDeadline`).
+    RenewDeadline,
+    /// [`LeaderElection::retry_period`](LeaderElection::retry_period()) (Go `RetryPeriod`).
+    RetryPeriod,
+}
+
+impl LeaderElectionOption {
+    /// The field and builder method of [`LeaderElection`], e.g. `"renew_deadline"`.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::LeaseName => "lease_name",
+            Self::Namespace => "namespace",
+            Self::Identity => "identity",
+            Self::LeaseDuration => "lease_duration",
+            Self::RenewDeadline => "renew_deadline",
+            Self::RetryPeriod => "retry_period",
+        }
+    }
+
+    /// The Go option a user of the Go provisioner library or client-go knows, e.g.
+    /// `"RenewDeadline"`; `None` for the lease name, which Go derives from the provisioner.
+    #[must_use]
+    pub fn go_name(self) -> Option<&'static str> {
+        match self {
+            Self::LeaseName => None,
+            Self::Namespace => Some("LeaderElectionNamespace"),
+            Self::Identity => Some("Identity"),
+            Self::LeaseDuration => Some("LeaseDuration"),
+            Self::RenewDeadline => Some("RenewDeadline"),
+            Self::RetryPeriod => Some("RetryPeriod"),
+        }
+    }
+}
+
+impl fmt::Display for LeaderElectionOption {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())?;
+        if let Some(go) = self.go_name() {
+            write!(f, " (Go {go})")?;
+        }
+        Ok(())
+    }
+}
+
+/// A leader-election setting that cannot work, naming the option and the problem.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid leader election setting {field}: {problem}")]
+#[error("invalid leader election setting {option}: {reason}")]
 #[non_exhaustive]
 pub struct InvalidLeaderElection {
-    /// The offending field, e.g. `"renew_deadline"`.
-    pub field: &'static str,
+    /// The offending option.
+    pub option: LeaderElectionOption,
     /// What is wrong with it.
-    pub problem: String,
+    pub reason: String,
 }
 
 impl InvalidLeaderElection {
-    fn new(field: &'static str, problem: impl Into<String>) -> Self {
+    fn new(option: LeaderElectionOption, reason: impl Into<String>) -> Self {
         Self {
-            field,
-            problem: problem.into(),
+            option,
+            reason: reason.into(),
         }
     }
 }
@@ -26,12 +87,14 @@ impl InvalidLeaderElection {
 /// identity and the three timings of client-go's `LeaderElectionConfig`.
 ///
 /// Timings (Go defaults): a holder keeps the lease for the
-/// [lease duration](Self::with_lease_duration) (15 s) after its last renewal as observed by
+/// [lease duration](Self::lease_duration()) (15 s) after its last renewal as observed by
 /// the others; the holder gives up when it could not renew for the
-/// [renew deadline](Self::with_renew_deadline) (10 s); attempts to acquire or renew are
-/// one [retry period](Self::with_retry_period) (2 s) apart.
+/// [renew deadline](Self::renew_deadline()) (10 s); attempts to acquire or renew are
+/// one [retry period](Self::retry_period()) (2 s) apart.
 ///
-/// Setters never fail; [`validate`](Self::validate) checks the combination and
+/// Each option is a public field, read as `election.renew_deadline`, and a builder method
+/// of the same name, `.renew_deadline(Duration::from_secs(10))`. Setting never fails;
+/// [`validate`](Self::validate) checks the combination and
 /// [`LeaderElector::new`](super::LeaderElector::new) calls it.
 ///
 /// A controller may take this as part of its own configuration and fill in the rest:
@@ -46,13 +109,24 @@ impl InvalidLeaderElection {
 #[doc(alias = "RenewDeadline")]
 #[doc(alias = "RetryPeriod")]
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LeaderElection {
-    lease_name: String,
-    namespace: String,
-    identity: String,
-    lease_duration: Duration,
-    renew_deadline: Duration,
-    retry_period: Duration,
+    /// The Lease name. Empty (in [`Default`]) means: named by
+    /// [`resolved_for`](Self::resolved_for) after the controller.
+    pub lease_name: String,
+    /// The Lease namespace (Go `LeaderElectionNamespace`). Default `default`.
+    pub namespace: String,
+    /// The identity written to `holderIdentity`. Empty (in [`Default`]) means: a
+    /// [`default_identity`](Self::default_identity), filled by
+    /// [`resolved_for`](Self::resolved_for).
+    pub identity: String,
+    /// How long a lease stays valid after its last renewal (Go `LeaseDuration`). Default 15 s.
+    pub lease_duration: Duration,
+    /// How long the leader keeps trying to renew before it gives up (Go `RenewDeadline`).
+    /// Default 10 s.
+    pub renew_deadline: Duration,
+    /// The pause between attempts to acquire or renew (Go `RetryPeriod`). Default 2 s.
+    pub retry_period: Duration,
 }
 
 impl Default for LeaderElection {
@@ -71,11 +145,11 @@ impl Default for LeaderElection {
 }
 
 impl LeaderElection {
-    /// Default for [`with_lease_duration`](Self::with_lease_duration) (Go: `DefaultLeaseDuration`).
+    /// Default for [`lease_duration`](Self::lease_duration()) (Go: `DefaultLeaseDuration`).
     pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
-    /// Default for [`with_renew_deadline`](Self::with_renew_deadline) (Go: `DefaultRenewDeadline`).
+    /// Default for [`renew_deadline`](Self::renew_deadline()) (Go: `DefaultRenewDeadline`).
     pub const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(10);
-    /// Default for [`with_retry_period`](Self::with_retry_period) (Go: `DefaultRetryPeriod`).
+    /// Default for [`retry_period`](Self::retry_period()) (Go: `DefaultRetryPeriod`).
     pub const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(2);
     /// Acquire attempts wait between `retry_period` and `retry_period * (1 + JITTER_FACTOR)`,
     /// so standbys do not hit the API server in lockstep (client-go's `JitterFactor`).
@@ -119,16 +193,16 @@ impl LeaderElection {
     /// # Errors
     /// [`InvalidLeaderElection`] naming the first field that does not fit (see
     /// [`validate`](Self::validate)).
-    pub fn with_timings(
+    pub fn timings(
         self,
         lease_duration: Duration,
         renew_deadline: Duration,
         retry_period: Duration,
     ) -> Result<Self, InvalidLeaderElection> {
         let cfg = self
-            .with_lease_duration(lease_duration)
-            .with_renew_deadline(renew_deadline)
-            .with_retry_period(retry_period);
+            .lease_duration(lease_duration)
+            .renew_deadline(renew_deadline)
+            .retry_period(retry_period);
         cfg.validate()?;
         Ok(cfg)
     }
@@ -152,15 +226,16 @@ impl LeaderElection {
     /// The Lease name. Empty (in [`Default`]) means: named by
     /// [`resolved_for`](Self::resolved_for) after the controller.
     #[must_use]
-    pub fn with_lease_name(mut self, name: impl Into<String>) -> Self {
+    pub fn lease_name(mut self, name: impl Into<String>) -> Self {
         self.lease_name = name.into();
         self
     }
 
     /// The Lease namespace (Go `LeaderElectionNamespace`). Default `default`; a controller
     /// usually passes its pod's namespace.
+    #[doc(alias = "LeaderElectionNamespace")]
     #[must_use]
-    pub fn with_namespace(mut self, namespace: impl Into<String>) -> Self {
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = namespace.into();
         self
     }
@@ -182,29 +257,34 @@ impl LeaderElection {
     /// Default: [`default_identity`](Self::default_identity) (empty in [`Default`], filled
     /// by [`resolved_for`](Self::resolved_for)).
     #[must_use]
-    pub fn with_identity(mut self, identity: impl Into<String>) -> Self {
+    pub fn identity(mut self, identity: impl Into<String>) -> Self {
         self.identity = identity.into();
         self
     }
 
     /// How long a lease stays valid after its last renewal as observed locally by a
-    /// candidate. Written to `leaseDurationSeconds`, rounded up to whole seconds. Default 15 s.
+    /// candidate (Go `LeaseDuration`). Written to `leaseDurationSeconds`, rounded up to
+    /// whole seconds. Default 15 s.
+    #[doc(alias = "LeaseDuration")]
     #[must_use]
-    pub fn with_lease_duration(mut self, duration: Duration) -> Self {
+    pub fn lease_duration(mut self, duration: Duration) -> Self {
         self.lease_duration = duration;
         self
     }
 
-    /// How long the leader keeps trying to renew before it gives up leadership. Default 10 s.
+    /// How long the leader keeps trying to renew before it gives up leadership (Go
+    /// `RenewDeadline`). Default 10 s.
+    #[doc(alias = "RenewDeadline")]
     #[must_use]
-    pub fn with_renew_deadline(mut self, duration: Duration) -> Self {
+    pub fn renew_deadline(mut self, duration: Duration) -> Self {
         self.renew_deadline = duration;
         self
     }
 
-    /// The pause between attempts to acquire or renew. Default 2 s.
+    /// The pause between attempts to acquire or renew (Go `RetryPeriod`). Default 2 s.
+    #[doc(alias = "RetryPeriod")]
     #[must_use]
-    pub fn with_retry_period(mut self, duration: Duration) -> Self {
+    pub fn retry_period(mut self, duration: Duration) -> Self {
         self.retry_period = duration;
         self
     }
@@ -219,25 +299,31 @@ impl LeaderElection {
     pub fn validate(&self) -> Result<(), InvalidLeaderElection> {
         if self.lease_name.is_empty() {
             return Err(InvalidLeaderElection::new(
-                "lease_name",
+                LeaderElectionOption::LeaseName,
                 "must not be empty",
             ));
         }
         if self.namespace.is_empty() {
-            return Err(InvalidLeaderElection::new("namespace", "must not be empty"));
+            return Err(InvalidLeaderElection::new(
+                LeaderElectionOption::Namespace,
+                "must not be empty",
+            ));
         }
         if self.identity.is_empty() {
-            return Err(InvalidLeaderElection::new("identity", "must not be empty"));
+            return Err(InvalidLeaderElection::new(
+                LeaderElectionOption::Identity,
+                "must not be empty",
+            ));
         }
         if self.lease_duration < Duration::from_secs(1) {
             return Err(InvalidLeaderElection::new(
-                "lease_duration",
+                LeaderElectionOption::LeaseDuration,
                 format!("{:?} is under one second", self.lease_duration),
             ));
         }
         if i32::try_from(self.lease_duration.as_secs()).is_err() {
             return Err(InvalidLeaderElection::new(
-                "lease_duration",
+                LeaderElectionOption::LeaseDuration,
                 format!(
                     "{:?} does not fit leaseDurationSeconds",
                     self.lease_duration
@@ -246,7 +332,7 @@ impl LeaderElection {
         }
         if self.renew_deadline >= self.lease_duration {
             return Err(InvalidLeaderElection::new(
-                "renew_deadline",
+                LeaderElectionOption::RenewDeadline,
                 format!(
                     "{:?} must be shorter than lease_duration {:?}",
                     self.renew_deadline, self.lease_duration
@@ -255,7 +341,7 @@ impl LeaderElection {
         }
         if self.retry_period.is_zero() {
             return Err(InvalidLeaderElection::new(
-                "retry_period",
+                LeaderElectionOption::RetryPeriod,
                 "must not be zero",
             ));
         }
@@ -263,7 +349,7 @@ impl LeaderElection {
             <= self.retry_period.as_secs_f64() * Self::JITTER_FACTOR
         {
             return Err(InvalidLeaderElection::new(
-                "renew_deadline",
+                LeaderElectionOption::RenewDeadline,
                 format!(
                     "{:?} must be longer than retry_period {:?} times {}",
                     self.renew_deadline,
@@ -273,42 +359,6 @@ impl LeaderElection {
             ));
         }
         Ok(())
-    }
-
-    /// The Lease name.
-    #[must_use]
-    pub fn lease_name(&self) -> &str {
-        &self.lease_name
-    }
-
-    /// The Lease namespace.
-    #[must_use]
-    pub fn namespace(&self) -> &str {
-        &self.namespace
-    }
-
-    /// This replica's identity.
-    #[must_use]
-    pub fn identity(&self) -> &str {
-        &self.identity
-    }
-
-    /// The configured lease duration.
-    #[must_use]
-    pub fn lease_duration(&self) -> Duration {
-        self.lease_duration
-    }
-
-    /// The configured renew deadline.
-    #[must_use]
-    pub fn renew_deadline(&self) -> Duration {
-        self.renew_deadline
-    }
-
-    /// The configured retry period.
-    #[must_use]
-    pub fn retry_period(&self) -> Duration {
-        self.retry_period
     }
 
     /// `leaseDurationSeconds` to write: the lease duration rounded up to whole seconds.
@@ -330,9 +380,9 @@ mod tests {
     #[test]
     fn defaults_are_go_defaults() {
         let c = cfg();
-        assert_eq!(c.lease_duration(), Duration::from_secs(15));
-        assert_eq!(c.renew_deadline(), Duration::from_secs(10));
-        assert_eq!(c.retry_period(), Duration::from_secs(2));
+        assert_eq!(c.lease_duration, Duration::from_secs(15));
+        assert_eq!(c.renew_deadline, Duration::from_secs(10));
+        assert_eq!(c.retry_period, Duration::from_secs(2));
         assert_eq!(c.lease_duration_seconds(), 15);
         assert_eq!(c.validate(), Ok(()));
     }
@@ -340,8 +390,8 @@ mod tests {
     #[test]
     fn lease_is_named_after_the_provisioner_with_slashes_replaced() {
         let c = LeaderElection::for_provisioner("example.com/nfs/v2", "kube-system").unwrap();
-        assert_eq!(c.lease_name(), "example.com-nfs-v2");
-        assert_eq!(c.namespace(), "kube-system");
+        assert_eq!(c.lease_name, "example.com-nfs-v2");
+        assert_eq!(c.namespace, "kube-system");
     }
 
     #[test]
@@ -356,34 +406,29 @@ mod tests {
     }
 
     #[test]
-    fn invalid_settings_name_their_field() {
+    fn invalid_settings_name_their_option() {
+        use LeaderElectionOption::*;
         let s = Duration::from_secs;
         let ms = Duration::from_millis;
         let cases = [
-            (s(10), s(10), s(2), "renew_deadline"),
-            (s(5), s(10), s(2), "renew_deadline"),
-            (ms(500), ms(400), ms(100), "lease_duration"),
-            (s(15), s(10), Duration::ZERO, "retry_period"),
-            (s(15), s(2), s(2), "renew_deadline"),
-            (s(u64::from(u32::MAX)), s(10), s(2), "lease_duration"),
+            (s(10), s(10), s(2), RenewDeadline),
+            (s(5), s(10), s(2), RenewDeadline),
+            (ms(500), ms(400), ms(100), LeaseDuration),
+            (s(15), s(10), Duration::ZERO, RetryPeriod),
+            (s(15), s(2), s(2), RenewDeadline),
+            (s(u64::from(u32::MAX)), s(10), s(2), LeaseDuration),
         ];
-        for (lease, renew, retry, field) in cases {
-            let err = cfg().with_timings(lease, renew, retry).unwrap_err();
-            assert_eq!(err.field, field, "{lease:?} {renew:?} {retry:?}: {err}");
+        for (lease, renew, retry, option) in cases {
+            let err = cfg().timings(lease, renew, retry).unwrap_err();
+            assert_eq!(err.option, option, "{lease:?} {renew:?} {retry:?}: {err}");
         }
-        assert_eq!(
-            LeaderElection::new("", "ns").unwrap_err().field,
-            "lease_name"
-        );
-        assert_eq!(LeaderElection::new("l", "").unwrap_err().field, "namespace");
-        assert_eq!(
-            cfg().with_identity("").validate().unwrap_err().field,
-            "identity"
-        );
-        let err = cfg().with_timings(s(5), s(10), s(2)).unwrap_err();
+        assert_eq!(LeaderElection::new("", "ns").unwrap_err().option, LeaseName);
+        assert_eq!(LeaderElection::new("l", "").unwrap_err().option, Namespace);
+        assert_eq!(cfg().identity("").validate().unwrap_err().option, Identity);
+        let err = cfg().timings(s(5), s(10), s(2)).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "invalid leader election setting renew_deadline: \
+            "invalid leader election setting renew_deadline (Go RenewDeadline): \
              10s must be shorter than lease_duration 5s"
         );
     }
@@ -391,7 +436,7 @@ mod tests {
     #[test]
     fn short_test_timings_are_accepted_and_rounded_up_to_whole_seconds() {
         let ms = Duration::from_millis;
-        let c = cfg().with_timings(ms(2500), ms(1000), ms(200)).unwrap();
+        let c = cfg().timings(ms(2500), ms(1000), ms(200)).unwrap();
         assert_eq!(c.lease_duration_seconds(), 3);
     }
 }

@@ -42,7 +42,7 @@ impl std::fmt::Debug for LeaderElector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LeaderElector")
             .field("lease", &self.shared.lease)
-            .field("identity", &self.shared.cfg.identity())
+            .field("identity", &self.shared.cfg.identity.as_str())
             .field("state", &*self.shared.state.borrow())
             .finish_non_exhaustive()
     }
@@ -64,8 +64,8 @@ impl LeaderElector {
     /// [`LeaderError::Config`] when [`LeaderElection::validate`] fails.
     pub fn new(client: Client, cfg: LeaderElection) -> Result<Self, LeaderError> {
         cfg.validate()?;
-        let api = Api::namespaced(client, cfg.namespace());
-        let lease = format!("{}/{}", cfg.namespace(), cfg.lease_name());
+        let api = Api::namespaced(client, cfg.namespace.as_str());
+        let lease = format!("{}/{}", cfg.namespace.as_str(), cfg.lease_name.as_str());
         let (state, _) = watch::channel(LeaderState::Standby { holder: None });
         Ok(Self {
             shared: Arc::new(Shared {
@@ -88,7 +88,7 @@ impl LeaderElector {
     /// This replica's identity, as written to `holderIdentity`.
     #[must_use]
     pub fn identity(&self) -> &str {
-        self.shared.cfg.identity()
+        self.shared.cfg.identity.as_str()
     }
 
     /// The current state.
@@ -141,13 +141,13 @@ impl LeaderElector {
         });
         let shared = Arc::clone(&self.shared);
         let cfg = &shared.cfg;
-        info!(lease = %shared.lease, identity = cfg.identity(), "waiting to acquire lease");
+        info!(lease = %shared.lease, identity = cfg.identity.as_str(), "waiting to acquire lease");
         tokio::pin!(shutdown);
         loop {
             let attempt = tokio::select! {
                 biased;
                 () = &mut shutdown => return Err(shared.cancelled()),
-                attempt = timeout(cfg.renew_deadline(), shared.attempt(Mode::Acquire)) => attempt,
+                attempt = timeout(cfg.renew_deadline, shared.attempt(Mode::Acquire)) => attempt,
             };
             match attempt {
                 Ok(Ok(Outcome::Holding {
@@ -157,7 +157,7 @@ impl LeaderElector {
                 })) => {
                     info!(
                         lease = %shared.lease,
-                        identity = cfg.identity(),
+                        identity = cfg.identity.as_str(),
                         transitions = spec.lease_transitions.unwrap_or(0),
                         previous_holder = previous.as_deref().unwrap_or(""),
                         took_over = takes_over,
@@ -175,14 +175,14 @@ impl LeaderElector {
                 }
                 Err(_) => warn!(
                     lease = %shared.lease,
-                    timeout = ?cfg.renew_deadline(),
+                    timeout = ?cfg.renew_deadline,
                     "attempt to acquire lease timed out; retrying"
                 ),
             }
             tokio::select! {
                 biased;
                 () = &mut shutdown => return Err(shared.cancelled()),
-                () = sleep(jittered(cfg.retry_period())) => {}
+                () = sleep(jittered(cfg.retry_period)) => {}
             }
         }
     }
@@ -232,11 +232,11 @@ impl LeaderElector {
             return Ok(());
         }
         let shared = &self.shared;
-        let result = timeout(shared.cfg.renew_deadline(), shared.write_released()).await;
+        let result = timeout(shared.cfg.renew_deadline, shared.write_released()).await;
         shared.state.send_replace(LeaderState::Released);
         match result {
             Ok(Ok(true)) => {
-                info!(lease = %shared.lease, identity = shared.cfg.identity(), "released lease");
+                info!(lease = %shared.lease, identity = shared.cfg.identity.as_str(), "released lease");
                 Ok(())
             }
             Ok(Ok(false)) => {
@@ -249,7 +249,7 @@ impl LeaderElector {
             }),
             Err(_) => Err(LeaderError::ReleaseTimeout {
                 lease: shared.lease.clone(),
-                timeout: shared.cfg.renew_deadline(),
+                timeout: shared.cfg.renew_deadline,
             }),
         }
     }
@@ -298,9 +298,9 @@ async fn renew_loop(shared: Arc<Shared>, stop: CancellationToken, mut renewed_at
         tokio::select! {
             biased;
             () = stop.cancelled() => return,
-            () = sleep(cfg.retry_period()) => {}
+            () = sleep(cfg.retry_period) => {}
         }
-        let deadline = renewed_at + cfg.renew_deadline();
+        let deadline = renewed_at + cfg.renew_deadline;
         loop {
             let started = Instant::now();
             let attempt = tokio::select! {
@@ -322,7 +322,7 @@ async fn renew_loop(shared: Arc<Shared>, stop: CancellationToken, mut renewed_at
                 Ok(Err(error)) => {
                     let left = deadline.saturating_duration_since(Instant::now());
                     warn!(lease = %shared.lease, %error, ?left, "failed to renew lease; retrying");
-                    let pause_until = deadline.min(Instant::now() + cfg.retry_period());
+                    let pause_until = deadline.min(Instant::now() + cfg.retry_period);
                     tokio::select! {
                         biased;
                         () = stop.cancelled() => return,
@@ -337,7 +337,7 @@ async fn renew_loop(shared: Arc<Shared>, stop: CancellationToken, mut renewed_at
             };
             warn!(
                 lease = %shared.lease,
-                identity = cfg.identity(),
+                identity = cfg.identity.as_str(),
                 reason = %reason,
                 "lost lease; stop working"
             );

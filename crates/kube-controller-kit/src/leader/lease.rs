@@ -80,7 +80,7 @@ impl Shared {
     /// One try-acquire-or-renew: read, decide, write with the read resourceVersion. A
     /// conflict (409) or a create race (AlreadyExists) is re-read once at once.
     pub(super) async fn attempt(&self, mode: Mode) -> Result<Outcome, kube_client::Error> {
-        let name = self.cfg.lease_name();
+        let name = self.cfg.lease_name.as_str();
         let mut races = 0;
         loop {
             let now = Instant::now();
@@ -93,11 +93,11 @@ impl Shared {
                 let lease = Lease {
                     metadata: ObjectMeta {
                         name: Some(name.to_owned()),
-                        namespace: Some(self.cfg.namespace().to_owned()),
+                        namespace: Some(self.cfg.namespace.as_str().to_owned()),
                         ..ObjectMeta::default()
                     },
                     spec: Some(record::initial(
-                        self.cfg.identity(),
+                        self.cfg.identity.as_str(),
                         self.cfg.lease_duration_seconds(),
                         now_wall,
                     )),
@@ -124,13 +124,13 @@ impl Shared {
             let current = lease.spec.take().unwrap_or_default();
             let observed_at = self.observe(&current, now);
             let local = Local {
-                identity: self.cfg.identity(),
+                identity: self.cfg.identity.as_str(),
                 mode,
                 observed_at,
                 now,
                 now_wall,
                 lease_duration_seconds: self.cfg.lease_duration_seconds(),
-                fallback_duration: self.cfg.lease_duration(),
+                fallback_duration: self.cfg.lease_duration,
             };
             match record::decide(&current, local) {
                 Decision::HeldByOther { holder, remaining } => {
@@ -164,14 +164,14 @@ impl Shared {
 
     /// Writes the released record if the lease is still ours; `Ok(false)` when it is not.
     pub(super) async fn write_released(&self) -> Result<bool, kube_client::Error> {
-        let name = self.cfg.lease_name();
+        let name = self.cfg.lease_name.as_str();
         let mut races = 0;
         loop {
             let Some(mut lease) = self.api.get_opt(name).await? else {
                 return Ok(false);
             };
             let current = lease.spec.take().unwrap_or_default();
-            if record::holder_of(&current) != Some(self.cfg.identity()) {
+            if record::holder_of(&current) != Some(self.cfg.identity.as_str()) {
                 return Ok(false);
             }
             lease.spec = Some(record::released(&current, jiff::Timestamp::now()));

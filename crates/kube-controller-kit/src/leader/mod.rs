@@ -77,7 +77,7 @@ mod leading;
 mod lease;
 mod record;
 
-pub use config::{InvalidLeaderElection, LeaderElection};
+pub use config::{InvalidLeaderElection, LeaderElection, LeaderElectionOption};
 pub use elector::LeaderElector;
 pub use leading::Leading;
 

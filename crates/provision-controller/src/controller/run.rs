@@ -162,7 +162,7 @@ pub(super) async fn run(
         provisioner = %ctx.name,
         %identity,
         leader_election = elector.is_some(),
-        lease = elector.as_ref().map(|e| format!("{}/{}", e.config().namespace(), e.config().lease_name())).unwrap_or_default(),
+        lease = elector.as_ref().map(|e| format!("{}/{}", e.config().namespace, e.config().lease_name)).unwrap_or_default(),
         metrics_address = bg.server.as_ref().map(|(s, _)| s.local_addr().to_string()).unwrap_or_default(),
         "starting provision controller"
     );
