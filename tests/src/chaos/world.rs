@@ -194,10 +194,10 @@ impl std::fmt::Debug for World {
 pub fn settings(schedule: &Schedule) -> anyhow::Result<Settings> {
     let (lease, renew, retry) = LEASE;
     let election = LeaderElection::default()
-        .with_namespace(names::NAMESPACE)
-        .with_lease_duration(lease)
-        .with_renew_deadline(renew)
-        .with_retry_period(retry);
+        .namespace(names::NAMESPACE)
+        .lease_duration(lease)
+        .renew_deadline(renew)
+        .retry_period(retry);
     let provision_config = provision_controller::Config::default()
         .leader_election(Some(election))
         .resync_period(RESYNC)
