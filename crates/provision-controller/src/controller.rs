@@ -291,6 +291,49 @@ pub(crate) struct Context {
     /// PVs whose driver hears of them again: when their late-asset window ends
     /// ([`Provisioner::late_asset_window`]), or after a failed [`Provisioner::volume_saved`].
     pub(crate) late: late::LateAssets,
+    /// The driver calls that may run at once ([`Config::threads`]): claim workers hold a
+    /// slot of `provision` only around the driver's provision calls, volume workers one of
+    /// `delete` only around its delete calls, so API round trips never hold one.
+    pub(crate) driver_slots: DriverSlots,
+}
+
+/// Bounds on concurrent driver calls, one per flow (Go: `Threadiness` claim workers and
+/// as many volume workers, each holding its slot for a whole sync).
+pub(crate) struct DriverSlots {
+    provision: tokio::sync::Semaphore,
+    delete: tokio::sync::Semaphore,
+}
+
+impl DriverSlots {
+    fn new(threads: usize) -> Self {
+        Self {
+            provision: tokio::sync::Semaphore::new(threads),
+            delete: tokio::sync::Semaphore::new(threads),
+        }
+    }
+
+    /// A driver call of the claim flow (`provision`, also a cleanup's), bounded by `limit`
+    /// with panics caught ([`calls::call`]), once a provision slot is free; the wait for
+    /// the slot is not part of `limit` (a call that never started cannot have run).
+    pub(crate) async fn provisioning<T>(
+        &self,
+        limit: Option<std::time::Duration>,
+        call: impl std::future::Future<Output = T>,
+    ) -> Result<T, calls::CallError> {
+        let _slot = self.provision.acquire().await;
+        calls::call(limit, call).await
+    }
+
+    /// A driver call of the volume flow (`delete`, `delete_duplicate`, `volume_saved`),
+    /// as [`provisioning`](Self::provisioning) with a delete slot.
+    pub(crate) async fn deleting<T>(
+        &self,
+        limit: Option<std::time::Duration>,
+        call: impl std::future::Future<Output = T>,
+    ) -> Result<T, calls::CallError> {
+        let _slot = self.delete.acquire().await;
+        calls::call(limit, call).await
+    }
 }
 
 /// What whoever builds a [`Context`] gives it ([`Context::new`]); the rest (queues,
@@ -420,7 +463,6 @@ impl Context {
             provisioner,
             qualifier,
             guard,
-            config,
             caches,
             in_progress: Mutex::default(),
             infeasible: Mutex::default(),
@@ -429,6 +471,8 @@ impl Context {
             accepting: AtomicBool::new(false),
             own_writes: Mutex::default(),
             late: late::LateAssets::default(),
+            driver_slots: DriverSlots::new(usize::from(config.threads.get())),
+            config,
         }
     }
 

@@ -105,6 +105,8 @@ pub enum ConfigOption {
     ResyncPeriod,
     /// [`Config::threads`](crate::Config::threads()).
     Threads,
+    /// [`Config::sync_workers`](crate::Config::sync_workers()).
+    SyncWorkers,
     /// [`Config::failure_backoff`](crate::Config::failure_backoff()).
     FailureBackoff,
     /// [`Config::failed_provision_threshold`](crate::Config::failed_provision_threshold()).
@@ -148,6 +150,7 @@ impl ConfigOption {
         match self {
             Self::ResyncPeriod => "resync_period",
             Self::Threads => "threads",
+            Self::SyncWorkers => "sync_workers",
             Self::FailureBackoff => "failure_backoff",
             Self::FailedProvisionThreshold => "failed_provision_threshold",
             Self::FailedDeleteThreshold => "failed_delete_threshold",
@@ -180,6 +183,7 @@ impl ConfigOption {
         match self {
             Self::ResyncPeriod => Some("ResyncPeriod"),
             Self::Threads => Some("Threadiness"),
+            Self::SyncWorkers => None,
             Self::FailureBackoff => Some("ExponentialBackOffOnError"),
             Self::FailedProvisionThreshold => Some("FailedProvisionThreshold"),
             Self::FailedDeleteThreshold => Some("FailedDeleteThreshold"),

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::{
     Context, InProgress,
-    calls::{self, OpError, api, call, chain},
+    calls::{self, OpError, api, chain},
     crash_safety,
     names::Names,
     save::State,
@@ -329,7 +329,12 @@ async fn provision_claim(
             .map_err(|e| (State::NoChange, e))?;
     }
 
-    let mut volume = match call(limit, ctx.provisioner.provision(&options)).await {
+    // Only the driver call holds a driver slot: the API writes around it do not.
+    let answer = ctx
+        .driver_slots
+        .provisioning(limit, ctx.provisioner.provision(&options))
+        .await;
+    let mut volume = match answer {
         Ok(Ok(volume)) => volume,
         Ok(Err(ProvisionError::Ignored { reason })) => {
             tracing::info!(%reason, "volume provision ignored");

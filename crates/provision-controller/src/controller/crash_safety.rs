@@ -57,7 +57,7 @@ use kube_client::{
 
 use super::{
     Context, InProgress,
-    calls::{OpError, api, call, chain, is_api},
+    calls::{OpError, api, chain, is_api},
     names::Names,
     volume_object,
 };
@@ -422,7 +422,11 @@ pub(crate) async fn clean_up(
             Some(InProgress::new(Arc::clone(claim), Some(Arc::clone(&class)))),
         );
     };
-    let volume = match call(limit, ctx.provisioner.provision(&options)).await {
+    let answer = ctx
+        .driver_slots
+        .provisioning(limit, ctx.provisioner.provision(&options))
+        .await;
+    let volume = match answer {
         Ok(Ok(volume)) => Some(volume),
         Ok(Err(
             ProvisionError::Failed(_)

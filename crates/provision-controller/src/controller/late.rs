@@ -70,7 +70,7 @@ use tokio::time::Instant;
 
 use super::{
     Context,
-    calls::{OpError, api, call, chain, is_api},
+    calls::{OpError, api, chain, is_api},
     names::{Names, is_ours},
 };
 use crate::{
@@ -641,11 +641,13 @@ pub(crate) fn saved(ctx: &Context, saved: &PersistentVolume) {
 pub(crate) async fn volume_saved(ctx: &Context, volume: &PersistentVolume) -> bool {
     let name = volume.metadata.name.as_deref().unwrap_or_default();
     let uid = volume.metadata.uid.as_deref().unwrap_or_default();
-    let result = match call(
-        ctx.config.provision_timeout,
-        ctx.provisioner.volume_saved(volume),
-    )
-    .await
+    let result = match ctx
+        .driver_slots
+        .deleting(
+            ctx.config.provision_timeout,
+            ctx.provisioner.volume_saved(volume),
+        )
+        .await
     {
         Ok(Ok(()) | Err(DeleteError::Ignored { .. })) => Ok(()),
         Ok(Err(DeleteError::Failed(e))) => Err(chain(&*e)),

@@ -220,7 +220,8 @@ pub(super) async fn run(
     let (queued_claims, queued_volumes) = ctx.queue_everything();
     let mut workers = JoinSet::new();
     let threads = ctx.config.threads.get();
-    for i in 0..threads {
+    let sync_workers = ctx.config.sync_workers.get().max(threads);
+    for i in 0..sync_workers {
         let c = Arc::clone(&ctx);
         workers.spawn(worker::claim_worker(c).instrument(tracing::info_span!("claim_worker", i)));
         let c = Arc::clone(&ctx);
@@ -235,8 +236,9 @@ pub(super) async fn run(
     bg.tasks.spawn(worker::resync(Arc::clone(&ctx)));
     tracing::info!(
         provisioner = %ctx.name,
-        claim_workers = threads,
-        volume_workers = threads,
+        driver_slots = threads,
+        claim_workers = sync_workers,
+        volume_workers = sync_workers,
         queued_claims,
         queued_volumes,
         "leading: workers started"

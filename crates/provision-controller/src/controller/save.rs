@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 
 use super::{
     Context,
-    calls::{OpError, call, chain, get_volume},
+    calls::{OpError, chain, get_volume},
     crash_safety,
     volume_object::{create, reuse_existing},
 };
@@ -222,11 +222,10 @@ async fn store_blocking(
                 .warning(claim, events::PROVISIONING_FAILED, note)
                 .await;
         }
-        match call(
-            ctx.config.provision_timeout,
-            ctx.provisioner.delete(&volume),
-        )
-        .await
+        match ctx
+            .driver_slots
+            .deleting(ctx.config.provision_timeout, ctx.provisioner.delete(&volume))
+            .await
         {
             Ok(Ok(()) | Err(DeleteError::Ignored { .. })) => {
                 delete_error = None;

@@ -233,7 +233,11 @@ async fn patch_finalizer(
 async fn delete_volume(ctx: &Context, volume: &PersistentVolume) -> Result<bool, OpError> {
     let limit = ctx.config.deletion_timeout;
     let name = volume.metadata.name.clone().unwrap_or_default();
-    let failure = match call(limit, ctx.provisioner.delete(volume)).await {
+    let answer = ctx
+        .driver_slots
+        .deleting(limit, ctx.provisioner.delete(volume))
+        .await;
+    let failure = match answer {
         Ok(Ok(())) => None,
         Ok(Err(DeleteError::Ignored { reason })) => {
             tracing::info!(%reason, "volume deletion ignored");

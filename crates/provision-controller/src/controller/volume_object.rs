@@ -15,7 +15,7 @@ use kube_client::{Api, api::PostParams};
 
 use super::{
     Context,
-    calls::{OpError, api, call, chain, get_volume, is_api},
+    calls::{OpError, api, chain, get_volume, is_api},
     late,
 };
 use crate::{
@@ -202,11 +202,13 @@ async fn release_duplicate(
         pv = name,
         "another PV with another volume source was saved under this name first; releasing the duplicate"
     );
-    let outcome = call(
-        ctx.config.provision_timeout,
-        ctx.provisioner.delete_duplicate(ours, saved),
-    )
-    .await;
+    let outcome = ctx
+        .driver_slots
+        .deleting(
+            ctx.config.provision_timeout,
+            ctx.provisioner.delete_duplicate(ours, saved),
+        )
+        .await;
     let error = match outcome {
         Ok(Ok(()) | Err(DeleteError::Ignored { .. })) => {
             tracing::info!(pv = name, "released the duplicate of the saved PV");

@@ -7,6 +7,7 @@ mod late;
 mod provision;
 mod robust;
 mod save;
+mod slots;
 mod upstream;
 
 use std::{future::Future, sync::Arc, time::Duration};
