@@ -11,7 +11,13 @@
 use std::error::Error;
 use std::fmt::Write as _;
 
-/// `error` and each of its sources, outermost first, joined by `": "`.
+/// `error` and each of its sources, outermost first, joined by `": "`, each message once.
+///
+/// A source whose message the text so far already ends with, after a separator such as
+/// `": "` (an error that embeds its source with `{0}`, like many library errors do), or
+/// equals, is skipped, so the report never reads
+/// `failed: X: X`; its own sources still follow. A `kube_client::Error::Api` is written
+/// as `ApiError: <message>: <reason>` without the `Status` debug dump its `Display` adds.
 ///
 /// ```
 /// use kube_controller_kit::error::chain;
@@ -22,17 +28,47 @@ use std::fmt::Write as _;
 ///
 /// let error = SaveFailed(std::io::Error::other("connection refused"));
 /// assert_eq!(chain(&error), "saving persistentvolume pvc-1 failed: connection refused");
+///
+/// #[derive(Debug, thiserror::Error)]
+/// #[error("saving persistentvolume pvc-1 failed: {0}")]
+/// struct EmbedsItsSource(#[source] std::io::Error);
+///
+/// let error = EmbedsItsSource(std::io::Error::other("connection refused"));
+/// assert_eq!(chain(&error), "saving persistentvolume pvc-1 failed: connection refused");
 /// ```
 #[must_use]
-pub fn chain(error: &dyn Error) -> String {
-    let mut text = error.to_string();
+pub fn chain(error: &(dyn Error + 'static)) -> String {
+    let mut text = message(error);
     let mut source = error.source();
     while let Some(cause) = source {
-        // Writing to a String cannot fail.
-        let _ = write!(text, ": {cause}");
+        let next = message(cause);
+        if !next.is_empty() && !ends_with_message(&text, &next) {
+            // Writing to a String cannot fail.
+            let _ = write!(text, ": {next}");
+        }
         source = cause.source();
     }
     text
+}
+
+/// Whether `text` is `message` or ends with it after a non-alphanumeric character (as in
+/// `"...: {0}"`): a source already printed, not merely a suffix of a word.
+fn ends_with_message(text: &str, message: &str) -> bool {
+    text.strip_suffix(message).is_some_and(|before| {
+        before
+            .chars()
+            .next_back()
+            .is_none_or(|c| !c.is_alphanumeric())
+    })
+}
+
+/// The message of one error: its `Display`, except for kube's API error, whose `Display`
+/// appends the whole `Status` in debug form.
+fn message(error: &(dyn Error + 'static)) -> String {
+    match error.downcast_ref::<kube_client::Error>() {
+        Some(kube_client::Error::Api(status)) => format!("ApiError: {status}"),
+        _ => error.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -71,5 +107,50 @@ mod tests {
     fn a_boxed_send_sync_error_can_be_passed() {
         let boxed: Box<dyn Error + Send + Sync> = layers(&["outer", "inner"]).unwrap();
         assert_eq!(chain(&*boxed), "outer: inner");
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("failed to get lease: {0}")]
+    struct Embeds(#[source] Box<Layer>);
+
+    #[test]
+    fn a_source_already_embedded_in_its_error_is_printed_once() {
+        let error = Embeds(layers(&["connection refused", "os error 111"]).unwrap());
+        assert_eq!(
+            chain(&error),
+            "failed to get lease: connection refused: os error 111"
+        );
+    }
+
+    #[test]
+    fn a_source_equal_to_its_error_is_printed_once() {
+        let error = layers(&["timed out", "timed out"]).unwrap();
+        assert_eq!(chain(&*error), "timed out");
+    }
+
+    #[test]
+    fn a_source_contained_elsewhere_than_at_the_end_or_inside_a_word_is_kept() {
+        let error = layers(&["pvc-1 not saved", "pvc-1"]).unwrap();
+        assert_eq!(chain(&*error), "pvc-1 not saved: pvc-1");
+        let error = layers(&["status 5001", "001"]).unwrap();
+        assert_eq!(chain(&*error), "status 5001: 001");
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("failed to renew lease ns/l")]
+    struct Renew(#[source] kube_client::Error);
+
+    #[test]
+    fn a_kube_api_error_is_its_status_message_once_without_the_debug_dump() {
+        let status = kube_client::core::Status::failure(
+            "leases.coordination.k8s.io \"l\" is forbidden",
+            "Forbidden",
+        )
+        .with_code(403);
+        let error = Renew(kube_client::Error::Api(Box::new(status)));
+        assert_eq!(
+            chain(&error),
+            "failed to renew lease ns/l: ApiError: leases.coordination.k8s.io \"l\" is forbidden: Forbidden"
+        );
     }
 }

@@ -6,6 +6,13 @@
 //! the caches are synced *and* the replica leads or stands by; otherwise 503 with the reason.
 //! `/healthz` answers 200 while the process runs.
 //!
+//! # Exposure
+//! The server is plain HTTP without authentication; bind it where only the kubelet and
+//! the scraper reach it (a NetworkPolicy, or a loopback address when nothing outside the
+//! pod needs it). It bounds what a client can hold ([`HttpLimits`]): a connection that
+//! does not send its request headers within 10 s is closed, and at most 64 connections
+//! are served at once (more wait to be accepted).
+//!
 //! # Example
 //! ```no_run
 //! use std::sync::Arc;
@@ -44,6 +51,10 @@ use tracing::info;
 
 use crate::leader::LeaderState;
 
+mod serve;
+
+pub use serve::HttpLimits;
+
 /// The content type of the metrics response (what `prometheus_client` encodes).
 pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 /// The liveness probe path.
@@ -72,7 +83,8 @@ pub enum HttpError {
         #[source]
         source: std::io::Error,
     },
-    /// Serving failed.
+    /// Serving failed. (Not returned today: accept errors, such as running out of file
+    /// descriptors, are logged and retried.)
     #[error("metrics server on {address} failed")]
     Serve {
         /// The bound address.
@@ -298,6 +310,7 @@ pub struct HttpServer {
     listener: TcpListener,
     local_addr: SocketAddr,
     router: Router,
+    limits: HttpLimits,
 }
 
 impl HttpServer {
@@ -338,6 +351,7 @@ impl HttpServer {
             listener,
             local_addr,
             router,
+            limits: HttpLimits::default(),
         })
     }
 
@@ -373,20 +387,34 @@ impl HttpServer {
         self.local_addr
     }
 
-    /// Serves until `shutdown` completes, then stops accepting and waits for open requests.
+    /// The connection limits to serve with. Default [`HttpLimits::default`]: 10 s to send
+    /// the request headers, 64 connections at once.
+    #[must_use]
+    pub fn limits(mut self, limits: HttpLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting (the listener closes) and
+    /// lets the open connections finish their requests, for at most the
+    /// [header-read timeout](HttpLimits::header_read_timeout).
     ///
     /// # Errors
-    /// [`HttpError::Serve`] when the listener fails.
+    /// None today (accept errors are logged and retried); the `Result` is kept for
+    /// [`HttpError::Serve`].
     pub async fn serve(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), HttpError> {
         let address = self.local_addr;
-        info!(%address, "serving metrics and probes");
-        axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(|source| HttpError::Serve { address, source })?;
+        let limits = self.limits;
+        info!(
+            %address,
+            header_read_timeout = ?limits.header_read_timeout,
+            max_connections = limits.max_connections.get(),
+            "serving metrics and probes"
+        );
+        serve::serve(self.listener, self.router, limits, shutdown).await;
         info!(%address, "metrics and probe server stopped");
         Ok(())
     }

@@ -1,9 +1,13 @@
 //! The metrics and probe server over real loopback HTTP/1.1.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use kube_controller_kit::http::{Health, HttpError, HttpServer, METRICS_CONTENT_TYPE, Role};
+use kube_controller_kit::http::{
+    Health, HttpError, HttpLimits, HttpServer, HttpServerHandle, METRICS_CONTENT_TYPE, Role,
+};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -237,9 +241,122 @@ async fn shutdown_stops_the_server_and_join_returns() {
     let addr = server.local_addr();
     assert_eq!(get(addr, "/healthz").await.status, 200);
     shutdown.cancel();
-    tokio::time::timeout(std::time::Duration::from_secs(5), server.join())
+    tokio::time::timeout(Duration::from_secs(5), server.join())
         .await
         .expect("server stops after shutdown")
         .unwrap();
     assert!(TcpStream::connect(addr).await.is_err(), "listener closed");
+}
+
+/// Serves with `limits` on loopback until the returned token is cancelled.
+async fn serve_with(limits: HttpLimits) -> (HttpServerHandle, CancellationToken) {
+    let shutdown = CancellationToken::new();
+    let server = HttpServer::bind(loopback(), "/metrics", Registry::default(), Health::new())
+        .await
+        .unwrap()
+        .limits(limits)
+        .spawn(shutdown.clone().cancelled_owned());
+    (server, shutdown)
+}
+
+/// Reads until the server closes the connection; what it sent, if anything.
+async fn read_until_closed(stream: &mut TcpStream) -> Vec<u8> {
+    let mut raw = Vec::new();
+    // A reset also means closed.
+    let _ = stream.read_to_end(&mut raw).await;
+    raw
+}
+
+#[tokio::test]
+async fn a_client_that_sends_half_a_request_line_is_disconnected_after_the_header_read_timeout() {
+    let timeout = Duration::from_millis(300);
+    let (server, shutdown) = serve_with(HttpLimits::default().header_read_timeout(timeout)).await;
+    let mut slow = TcpStream::connect(server.local_addr()).await.unwrap();
+    let started = tokio::time::Instant::now();
+    slow.write_all(b"GET /heal").await.unwrap();
+
+    let sent = tokio::time::timeout(Duration::from_secs(10), read_until_closed(&mut slow))
+        .await
+        .expect("the server closes a connection that does not finish its headers");
+    let waited = started.elapsed();
+    assert!(
+        waited >= timeout - Duration::from_millis(50),
+        "closed after {waited:?}"
+    );
+    // Closed without an answer, or with hyper's 408; never a 200 to half a request.
+    let sent = String::from_utf8_lossy(&sent);
+    assert!(
+        sent.is_empty() || sent.starts_with("HTTP/1.1 408"),
+        "{sent}"
+    );
+    // Other clients are still served.
+    assert_eq!(get(server.local_addr(), "/healthz").await.status, 200);
+    shutdown.cancel();
+    server.join().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_idle_kept_alive_connection_is_closed_after_the_header_read_timeout() {
+    let timeout = Duration::from_millis(300);
+    let (server, shutdown) = serve_with(HttpLimits::default().header_read_timeout(timeout)).await;
+    let mut idle = TcpStream::connect(server.local_addr()).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let sent = tokio::time::timeout(Duration::from_secs(10), read_until_closed(&mut idle))
+        .await
+        .expect("the server closes a kept-alive connection that sends no further request");
+    let sent = String::from_utf8_lossy(&sent);
+    assert!(sent.starts_with("HTTP/1.1 200"), "{sent}");
+    shutdown.cancel();
+    server.join().await.unwrap();
+}
+
+#[tokio::test]
+async fn connections_past_the_bound_wait_and_are_served_once_another_closes() {
+    let limits = HttpLimits::default()
+        .max_connections(NonZeroUsize::new(2).unwrap())
+        .header_read_timeout(Duration::from_secs(60));
+    let (server, shutdown) = serve_with(limits).await;
+    let addr = server.local_addr();
+    // Two slow clients take both slots.
+    let mut holders = Vec::new();
+    for _ in 0..2 {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(b"GET /hea").await.unwrap();
+        holders.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let probe = tokio::spawn(async move { get(addr, "/healthz").await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !probe.is_finished(),
+        "a third connection is not served while two are open"
+    );
+
+    drop(holders.pop());
+    let reply = tokio::time::timeout(Duration::from_secs(10), probe)
+        .await
+        .expect("the waiting probe is served once a slot frees up")
+        .unwrap();
+    assert_eq!((reply.status, reply.body.as_str()), (200, "ok"));
+
+    drop(holders);
+    shutdown.cancel();
+    server.join().await.unwrap();
+}
+
+#[tokio::test]
+async fn shutdown_does_not_wait_for_a_client_that_never_finishes_its_request() {
+    let limits = HttpLimits::default().header_read_timeout(Duration::from_millis(500));
+    let (server, shutdown) = serve_with(limits).await;
+    let mut slow = TcpStream::connect(server.local_addr()).await.unwrap();
+    slow.write_all(b"GET /hea").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(5), server.join())
+        .await
+        .expect("the server stops within the header-read timeout")
+        .unwrap();
 }

@@ -2,9 +2,12 @@
 //! (2 s lease, 1 s renew deadline, 200 ms retry period).
 
 use std::future::pending;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube_client::Api;
 use kube_client::api::PostParams;
 use kube_controller_kit::leader::{
@@ -322,7 +325,7 @@ async fn a_create_race_and_an_update_conflict_are_re_read_at_once() {
 async fn a_candidate_honours_the_duration_the_lease_itself_declares() {
     let sim = sim().await;
     let foreign = Lease {
-        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        metadata: ObjectMeta {
             name: Some(NAME.into()),
             ..Default::default()
         },
@@ -350,4 +353,189 @@ async fn a_candidate_honours_the_duration_the_lease_itself_declares() {
     assert!(waited <= Duration::from_secs(10) + MAX_RETRY, "{waited:?}");
     assert!(b.is_leader());
     assert_eq!(lease_spec(&sim).await.lease_transitions, Some(5));
+}
+
+/// Log lines written while the returned guard lives (on this thread: the test's runtime).
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+        let logs = Self::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .with_writer(move || writer.clone())
+            .finish();
+        (logs, tracing::subscriber::set_default(subscriber))
+    }
+
+    fn lines_with(&self, text: &str) -> Vec<String> {
+        let raw = self.0.lock().unwrap();
+        String::from_utf8_lossy(&raw)
+            .lines()
+            .filter(|l| l.contains(text))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn forbidden(verb: Verb) -> FaultRule {
+    FaultRule::new(verb, "leases")
+        .status(403, "Forbidden")
+        .message(
+            "leases.coordination.k8s.io is forbidden: User \
+             \"system:serviceaccount:storage:provisioner\" cannot access leases",
+        )
+        .always()
+}
+
+fn lease_requests(sim: &KubeSim, verb: &str) -> usize {
+    sim.requests()
+        .iter()
+        .filter(|r| r.resource == "leases" && r.verb == verb)
+        .count()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_forbidden_lease_is_reported_once_retried_slowly_and_acquired_once_allowed() {
+    let (logs, _guard) = Logs::capture();
+    let sim = sim().await;
+    sim.add_fault(forbidden(Verb::Get));
+    let candidate = acquire_in_background(elector(&sim, "a"));
+
+    // Four minutes: about 600 attempts at the normal pace of 200 ms plus jitter.
+    sleep(Duration::from_secs(240)).await;
+    assert!(!candidate.is_finished());
+    let attempts = lease_requests(&sim, "get");
+    // 0.2, 0.4, ... doubling to 30 s (60 s at most with jitter): about a dozen.
+    assert!(
+        (5..=20).contains(&attempts),
+        "{attempts} attempts in 4 minutes"
+    );
+    let reports = logs.lines_with("forbidden to get leases");
+    assert_eq!(reports.len(), 1, "{reports:#?}");
+    assert!(
+        reports[0].contains(&format!(
+            "leader election: forbidden to get leases \"{NAME}\" in namespace \"{NAMESPACE}\"; \
+             check the RBAC of the service account"
+        )),
+        "{}",
+        reports[0]
+    );
+    assert!(
+        logs.lines_with("Status {").is_empty(),
+        "no Status debug dump"
+    );
+    assert!(logs.lines_with("failed to acquire lease").is_empty());
+
+    sim.clear_faults();
+    let allowed = Instant::now();
+    let (a, leading_since) = candidate.await.unwrap();
+    assert!(a.is_leader());
+    let waited = leading_since - allowed;
+    assert!(
+        waited <= Duration::from_secs(60),
+        "acquired {waited:?} after the fix"
+    );
+    assert_eq!(logs.lines_with("no longer forbidden").len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_forbidden_create_is_reported_without_a_lease_name() {
+    let (logs, _guard) = Logs::capture();
+    let sim = sim().await;
+    sim.add_fault(forbidden(Verb::Create));
+    let mut a = elector(&sim, "a");
+    let result = a.acquire(sleep(Duration::from_secs(120))).await;
+    assert!(
+        matches!(result, Err(LeaderError::Cancelled { .. })),
+        "{result:?}"
+    );
+    let reports = logs.lines_with("forbidden to create leases");
+    assert_eq!(reports.len(), 1, "{reports:#?}");
+    assert!(
+        reports[0].contains(&format!(
+            "forbidden to create leases in namespace \"{NAMESPACE}\"; check the RBAC"
+        )),
+        "{}",
+        reports[0]
+    );
+    assert!(lease_requests(&sim, "create") <= 12);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_forbidden_renewal_is_reported_once_and_ends_in_loss() {
+    let (logs, _guard) = Logs::capture();
+    let sim = sim().await;
+    let mut a = elector(&sim, "a");
+    a.acquire(pending()).await.unwrap();
+    sim.add_fault(forbidden(Verb::Update));
+    assert_eq!(a.lost().await.reason, LossReason::RenewDeadlineExceeded);
+    // The round retried every retry period until the renew deadline (about 5 updates).
+    assert!(lease_requests(&sim, "update") >= 3);
+    let reports = logs.lines_with("forbidden to update leases");
+    assert_eq!(reports.len(), 1, "{reports:#?}");
+    assert!(logs.lines_with("failed to renew lease").is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unset_namespace_is_the_clients_default_namespace() {
+    let sim = sim().await;
+    let namespaces: Api<Namespace> = Api::all(sim.client());
+    for name in ["team-a", "elsewhere"] {
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        namespaces
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+    }
+    let mut config = kube_client::Config::new(sim.url().parse().unwrap());
+    config.default_namespace = "team-a".into();
+    let client = dedicated_client(&config).unwrap();
+    let timings = |cfg: LeaderElection| cfg.identity("a").timings(LEASE, RENEW, RETRY).unwrap();
+
+    let unset = timings(LeaderElection::default().lease_name(NAME));
+    assert_eq!(unset.namespace, "");
+    let mut a = LeaderElector::new(client.clone(), unset).unwrap();
+    assert_eq!(a.config().namespace, "team-a");
+    a.acquire(pending()).await.unwrap();
+    let in_team_a: Api<Lease> = Api::namespaced(sim.client(), "team-a");
+    assert_eq!(
+        in_team_a
+            .get(NAME)
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .holder_identity
+            .as_deref(),
+        Some("a")
+    );
+    a.release().await.unwrap();
+
+    // A namespace that is set (POD_NAMESPACE, say) wins over the client's.
+    let set = timings(LeaderElection::new(NAME, "elsewhere").unwrap());
+    let mut b = LeaderElector::new(client, set).unwrap();
+    b.acquire(pending()).await.unwrap();
+    let elsewhere: Api<Lease> = Api::namespaced(sim.client(), "elsewhere");
+    assert!(elsewhere.get_opt(NAME).await.unwrap().is_some());
 }

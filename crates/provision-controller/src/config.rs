@@ -52,6 +52,7 @@ impl Default for Config {
         Self {
             resync_period: Self::DEFAULT_RESYNC_PERIOD,
             threads: Self::DEFAULT_THREADS,
+            sync_workers: Self::DEFAULT_SYNC_WORKERS,
             failure_backoff: FailureBackoff::Exponential,
             failed_provision_threshold: Self::DEFAULT_FAILED_THRESHOLD,
             failed_delete_threshold: Self::DEFAULT_FAILED_THRESHOLD,
@@ -72,15 +73,13 @@ impl Default for Config {
     }
 }
 
-/// Where [`Config::from_lookup`] reads the service-account namespace.
-pub const SERVICE_ACCOUNT_NAMESPACE_PATH: &str =
-    "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
-
 impl Config {
     /// Default resync period (Go `DefaultResyncPeriod`).
     pub const DEFAULT_RESYNC_PERIOD: Duration = Duration::from_secs(15 * 60);
-    /// Default number of claim workers and of volume workers (Go `DefaultThreadiness`).
+    /// Default number of driver calls at once per flow (Go `DefaultThreadiness`).
     pub const DEFAULT_THREADS: NonZeroU16 = NonZeroU16::new(4).expect("4 is not zero");
+    /// Default for [`Config::sync_workers`]: 64 claims, and 64 volumes, synced at once.
+    pub const DEFAULT_SYNC_WORKERS: NonZeroU16 = NonZeroU16::new(64).expect("64 is not zero");
     /// Default failure thresholds (Go `DefaultFailedProvisionThreshold`/`DefaultFailedDeleteThreshold`).
     pub const DEFAULT_FAILED_THRESHOLD: u32 = 15;
     /// Default PV create attempts (Go `DefaultCreateProvisionedPVRetryCount`).
@@ -94,26 +93,22 @@ impl Config {
     /// Default for [`Config::infeasible_retry_delay`]: 5 minutes (Go `DefaultRetryIntervalMax`).
     pub const DEFAULT_INFEASIBLE_RETRY_DELAY: Duration = Duration::from_secs(5 * 60);
 
-    /// The default config with the leader-election namespace of an in-cluster process:
-    /// `POD_NAMESPACE`, else the service-account namespace file, else `"default"`.
+    /// The default config, with the leader-election namespace from `POD_NAMESPACE` when
+    /// it is set and not blank.
     ///
-    /// `lookup` is asked for `"POD_NAMESPACE"` (an environment variable) and for
-    /// [`SERVICE_ACCOUNT_NAMESPACE_PATH`] (a file's content); the library itself reads
-    /// neither. A binary passes
-    /// `|k| if k.starts_with('/') { std::fs::read_to_string(k).ok() } else { std::env::var(k).ok() }`.
+    /// Unset, the namespace stays empty and the elector takes the client's
+    /// (`kube_client::Client::default_namespace`: the service account's namespace in a
+    /// pod, the kubeconfig context's outside one; see [`LeaderElection::namespace`]).
+    ///
+    /// `lookup` is asked for `"POD_NAMESPACE"` (an environment variable); the library
+    /// itself never reads the environment. A binary passes `|k| std::env::var(k).ok()`.
     ///
     /// # Errors
     /// None today; the `Result` leaves room for more variables.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let namespace = [
-            lookup("POD_NAMESPACE"),
-            lookup(SERVICE_ACCOUNT_NAMESPACE_PATH),
-        ]
-        .into_iter()
-        .flatten()
-        .map(|ns| ns.trim().to_owned())
-        .find(|ns| !ns.is_empty())
-        .unwrap_or_else(|| "default".into());
+        let namespace = lookup("POD_NAMESPACE")
+            .map(|ns| ns.trim().to_owned())
+            .unwrap_or_default();
         let election = LeaderElection::default().namespace(namespace);
         Ok(Self::default().leader_election(Some(election)))
     }
@@ -225,9 +220,23 @@ options! {
     /// (Go `ResyncPeriod`). Default 15 minutes.
     #[doc(alias = "ResyncPeriod")]
     resync_period: Duration;
-    /// Number of claim workers, and of volume workers (Go `Threadiness`). Default 4.
+    /// How many driver calls run at once: `provision` calls of the claim flow, and as
+    /// many `delete` calls of the volume flow (Go `Threadiness`, its number of claim
+    /// workers and of volume workers). Default 4.
+    ///
+    /// Unlike Go's workers, a slot is held only for the driver call itself: the API writes
+    /// before and after it (the crash-safety finalizer, the PV, events) run in one of the
+    /// [`sync_workers`](Self::sync_workers()), so a slow API server does not leave the
+    /// driver idle.
     #[doc(alias = "Threadiness")]
     threads: NonZeroU16;
+    /// How many claims, and how many volumes, are synced at once (each key by one worker
+    /// at a time). A sync waits for one of the [`threads`](Self::threads()) slots only
+    /// around its driver call; the rest of it is API round trips, so this bounds the
+    /// requests the controller has in flight. Used as at least `threads`. Default
+    /// [`Config::DEFAULT_SYNC_WORKERS`] (64); no Go counterpart (Go syncs `Threadiness`
+    /// keys at once).
+    sync_workers: NonZeroU16;
     /// Delay of failed claims and volumes (Go `ExponentialBackOffOnError`, `RateLimiter`).
     /// Default [`FailureBackoff::Exponential`].
     failure_backoff: FailureBackoff;
@@ -245,8 +254,9 @@ options! {
     /// How provisioned PVs are saved. Default [`PvSaveStrategy::Blocking`], 5 tries 10 s apart.
     pv_save: PvSaveStrategy;
     /// Leader election, or `None` to run without (Go `LeaderElection`, default on with
-    /// [`LeaderElection::default`]: namespace `default`, 15 s / 10 s / 2 s, the lease named
-    /// after the provisioner, identity `<hostname>_<random>`).
+    /// [`LeaderElection::default`]: the client's namespace (the service account's in a
+    /// pod; [`Config::from_lookup`] takes `POD_NAMESPACE` instead when set), 15 s / 10 s /
+    /// 2 s, the lease named after the provisioner, identity `<hostname>_<random>`).
     #[doc(alias = "LeaderElectionNamespace")]
     #[doc(alias = "LeaseDuration")]
     #[doc(alias = "RenewDeadline")]
@@ -270,7 +280,11 @@ options! {
     /// The PV name for a claim (Go `VolumeNameHook`). Default `pvc-<claim uid>`.
     #[doc(alias = "VolumeNameHook")]
     volume_namer: VolumeNamer;
-    /// Address of the metrics server (Go `MetricsAddress`). Default `0.0.0.0`.
+    /// Address the metrics and probe server binds (Go `MetricsAddress`). Default `0.0.0.0`,
+    /// every interface, so the kubelet can probe the pod IP; restrict who may connect with
+    /// a NetworkPolicy (see docs/production.md), or bind `127.0.0.1` when nothing outside
+    /// the pod scrapes or probes it. The server closes connections that do not send
+    /// their request headers within 10 s and serves at most 64 connections at once.
     #[doc(alias = "MetricsAddress")]
     metrics_address: IpAddr;
     /// Port of the metrics server, 0 = off (Go `MetricsPort`). Default 0.
@@ -378,8 +392,13 @@ mod tests {
                 Some(ConfigOption::LeaderElection(Le::RetryPeriod)),
             ),
             (
-                "empty namespace",
+                "empty namespace: the client's",
                 Config::default().leader_election(Some(LeaderElection::default().namespace(""))),
+                None,
+            ),
+            (
+                "namespace with whitespace",
+                Config::default().leader_election(Some(LeaderElection::default().namespace(" n"))),
                 Some(ConfigOption::LeaderElection(Le::Namespace)),
             ),
             (
@@ -455,7 +474,7 @@ mod tests {
     }
 
     #[test]
-    fn leader_election_namespace_comes_from_pod_namespace_then_service_account_then_default() {
+    fn leader_election_namespace_is_pod_namespace_else_left_to_the_client() {
         let ns = |vars: &[(&str, &str)]| {
             let vars: std::collections::HashMap<String, String> = vars
                 .iter()
@@ -467,20 +486,10 @@ mod tests {
                 .unwrap()
                 .namespace
         };
-        assert_eq!(
-            ns(&[
-                ("POD_NAMESPACE", "pods"),
-                (SERVICE_ACCOUNT_NAMESPACE_PATH, "sa")
-            ]),
-            "pods"
-        );
-        assert_eq!(
-            ns(&[
-                ("POD_NAMESPACE", ""),
-                (SERVICE_ACCOUNT_NAMESPACE_PATH, "sa\n")
-            ]),
-            "sa"
-        );
-        assert_eq!(ns(&[]), "default");
+        assert_eq!(ns(&[("POD_NAMESPACE", "pods")]), "pods");
+        assert_eq!(ns(&[("POD_NAMESPACE", " pods\n")]), "pods");
+        // Unset or blank: empty, so the elector takes the client's namespace.
+        assert_eq!(ns(&[("POD_NAMESPACE", "  ")]), "");
+        assert_eq!(ns(&[]), "");
     }
 }

@@ -9,13 +9,13 @@
 //! | `Qualifier`, `DeletionGuard`, `BlockProvisioner` (type assertions) | [`ProvisionController::qualifier`], [`ProvisionController::deletion_guard`], [`Provisioner::supports_block`] |
 //! | `ProvisioningState` + `error`, `IgnoredError` | [`ProvisionError`] variants, [`DeleteError::Ignored`] |
 //! | `ResyncPeriod` (15 min) | [`Config::resync_period`] |
-//! | `Threadiness` (4) | [`Config::threads`] (`NonZeroU16`) |
+//! | `Threadiness` (4) | [`Config::threads`] (`NonZeroU16`): driver calls at once; the syncs around them are [`Config::sync_workers`] (64) |
 //! | `ExponentialBackOffOnError` (true), `RateLimiter` | [`Config::failure_backoff`]: [`FailureBackoff::Exponential`] / [`FailureBackoff::Flat`] / [`FailureBackoff::Custom`] |
 //! | `FailedProvisionThreshold`, `FailedDeleteThreshold` (15, 0 = forever) | [`Config::failed_provision_threshold`], [`Config::failed_delete_threshold`] |
 //! | `CreateProvisionedPVRetryCount` (5), `CreateProvisionedPVInterval` (10 s) | [`Config::pv_save`]: [`PvSaveStrategy::Blocking`] |
 //! | `CreateProvisionedPVBackoff` | [`PvSaveStrategy::Backoff`] |
 //! | `CreateProvisionedPVLimiter` | [`PvSaveStrategy::Background`] |
-//! | `LeaderElection` (true), `LeaderElectionNamespace`, `LeaseDuration` (15 s), `RenewDeadline` (10 s), `RetryPeriod` (2 s) | [`Config::leader_election`]`(Option<`[`LeaderElection`]`>)`; namespace via [`Config::from_lookup`]; renewals on [`ProvisionController::leader_election_client`] |
+//! | `LeaderElection` (true), `LeaderElectionNamespace`, `LeaseDuration` (15 s), `RenewDeadline` (10 s), `RetryPeriod` (2 s) | [`Config::leader_election`]`(Option<`[`LeaderElection`]`>)`; namespace: the client's (the service account's in a pod), or `POD_NAMESPACE` through [`Config::from_lookup`]; renewals on [`ProvisionController::leader_election_client`] |
 //! | `AdditionalProvisionerNames` | [`Config::additional_provisioner_names`] |
 //! | `AddFinalizer` (false) | [`Config::add_finalizer`] |
 //! | `ProvisionTimeout`, `DeletionTimeout` (none) | [`Config::provision_timeout`], [`Config::deletion_timeout`] |
@@ -108,7 +108,7 @@ mod retry;
 pub mod testing;
 
 pub use cache::SharedCache;
-pub use config::{Config, SERVICE_ACCOUNT_NAMESPACE_PATH, VolumeNamer};
+pub use config::{Config, VolumeNamer};
 pub use controller::ProvisionController;
 pub use error::{BoxError, ConfigError, ConfigOption, DeleteError, Error, ProvisionError, Result};
 // The metrics and probe server and leader election live in kube-controller-kit; they are

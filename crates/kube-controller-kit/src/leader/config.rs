@@ -97,6 +97,12 @@ impl InvalidLeaderElection {
 /// [`validate`](Self::validate) checks the combination and
 /// [`LeaderElector::new`](super::LeaderElector::new) calls it.
 ///
+/// The namespace left empty (as in [`Default`]) is the client's:
+/// [`LeaderElector::new`](super::LeaderElector::new) fills it with
+/// `kube_client::Client::default_namespace`, which is the service account's namespace in a
+/// pod and the kubeconfig context's namespace (else `default`) outside one. A binary that
+/// sets `POD_NAMESPACE` (the downward API) passes it to [`namespace`](Self::namespace()).
+///
 /// A controller may take this as part of its own configuration and fill in the rest:
 /// [`LeaderElection::default`] leaves the lease name and the identity empty, and
 /// [`resolved_for`](Self::resolved_for) names the lease after the controller (see
@@ -114,7 +120,8 @@ pub struct LeaderElection {
     /// The Lease name. Empty (in [`Default`]) means: named by
     /// [`resolved_for`](Self::resolved_for) after the controller.
     pub lease_name: String,
-    /// The Lease namespace (Go `LeaderElectionNamespace`). Default `default`.
+    /// The Lease namespace (Go `LeaderElectionNamespace`). Empty (in [`Default`]) means:
+    /// the client's namespace, filled by [`LeaderElector::new`](super::LeaderElector::new).
     pub namespace: String,
     /// The identity written to `holderIdentity`. Empty (in [`Default`]) means: a
     /// [`default_identity`](Self::default_identity), filled by
@@ -130,12 +137,14 @@ pub struct LeaderElection {
 }
 
 impl Default for LeaderElection {
-    /// Namespace `default`, the Go timings, and an empty lease name and identity, which
-    /// [`resolved_for`](Self::resolved_for) derives from a controller name and the host.
+    /// The Go timings, an empty namespace (the client's, filled by
+    /// [`LeaderElector::new`](super::LeaderElector::new)), and an empty lease name and
+    /// identity, which [`resolved_for`](Self::resolved_for) derives from a controller name
+    /// and the host.
     fn default() -> Self {
         Self {
             lease_name: String::new(),
-            namespace: "default".into(),
+            namespace: String::new(),
             identity: String::new(),
             lease_duration: Self::DEFAULT_LEASE_DURATION,
             renew_deadline: Self::DEFAULT_RENEW_DEADLINE,
@@ -156,10 +165,11 @@ impl LeaderElection {
     pub const JITTER_FACTOR: f64 = 1.2;
 
     /// Elects on the Lease `namespace/lease_name` with the default timings and a
-    /// [`default_identity`](Self::default_identity).
+    /// [`default_identity`](Self::default_identity). An empty `namespace` is the client's
+    /// (see [`namespace`](Self::namespace())).
     ///
     /// # Errors
-    /// [`InvalidLeaderElection`] when the name or namespace is empty.
+    /// [`InvalidLeaderElection`] when the name is empty.
     pub fn new(
         lease_name: impl Into<String>,
         namespace: impl Into<String>,
@@ -180,7 +190,7 @@ impl LeaderElection {
     /// (as the Go library names its lock), e.g. `example.com/nfs` → `example.com-nfs`.
     ///
     /// # Errors
-    /// [`InvalidLeaderElection`] when the name or namespace is empty.
+    /// [`InvalidLeaderElection`] when the name is empty.
     pub fn for_provisioner(
         provisioner_name: &str,
         namespace: impl Into<String>,
@@ -231,8 +241,11 @@ impl LeaderElection {
         self
     }
 
-    /// The Lease namespace (Go `LeaderElectionNamespace`). Default `default`; a controller
-    /// usually passes its pod's namespace.
+    /// The Lease namespace (Go `LeaderElectionNamespace`). Default empty: the namespace of
+    /// the client the elector is given (`kube_client::Client::default_namespace`: the
+    /// service account's in a pod), filled by
+    /// [`LeaderElector::new`](super::LeaderElector::new). A binary passes `POD_NAMESPACE`
+    /// here when it is set.
     #[doc(alias = "LeaderElectionNamespace")]
     #[must_use]
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
@@ -292,7 +305,8 @@ impl LeaderElection {
     /// Checks the settings the way client-go does.
     ///
     /// # Errors
-    /// [`InvalidLeaderElection`] when `lease_name`, `namespace` or `identity` is empty,
+    /// [`InvalidLeaderElection`] when `lease_name` or `identity` is empty, when `namespace`
+    /// has surrounding whitespace (an empty one is filled from the client),
     /// when `lease_duration` is under one second (the Lease counts whole seconds), when
     /// `renew_deadline` is not below `lease_duration`, when `retry_period` is zero, or when
     /// `renew_deadline` is not above `retry_period * JITTER_FACTOR`.
@@ -303,10 +317,10 @@ impl LeaderElection {
                 "must not be empty",
             ));
         }
-        if self.namespace.is_empty() {
+        if self.namespace.trim() != self.namespace {
             return Err(InvalidLeaderElection::new(
                 LeaderElectionOption::Namespace,
-                "must not be empty",
+                format!("{:?} has surrounding whitespace", self.namespace),
             ));
         }
         if self.identity.is_empty() {
@@ -395,6 +409,14 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_namespace_is_valid_and_left_for_the_client_to_fill() {
+        assert_eq!(LeaderElection::default().namespace, "");
+        let c = LeaderElection::new("l", "").unwrap();
+        assert_eq!(c.namespace, "");
+        assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
     fn default_identity_is_hostname_underscore_random_suffix() {
         let a = LeaderElection::default_identity();
         let b = LeaderElection::default_identity();
@@ -423,7 +445,10 @@ mod tests {
             assert_eq!(err.option, option, "{lease:?} {renew:?} {retry:?}: {err}");
         }
         assert_eq!(LeaderElection::new("", "ns").unwrap_err().option, LeaseName);
-        assert_eq!(LeaderElection::new("l", "").unwrap_err().option, Namespace);
+        assert_eq!(
+            LeaderElection::new("l", " ns").unwrap_err().option,
+            Namespace
+        );
         assert_eq!(cfg().identity("").validate().unwrap_err().option, Identity);
         let err = cfg().timings(s(5), s(10), s(2)).unwrap_err();
         assert_eq!(

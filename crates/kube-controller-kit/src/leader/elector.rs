@@ -11,6 +11,9 @@ use tokio::time::{Instant, sleep, timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::error::chain;
+
+use super::forbidden::{Forbidden, ForbiddenRun, RequestFailed, SLOW_RETRY_MAX};
 use super::lease::{Outcome, Shared};
 use super::record::{Mode, Observation};
 use super::{LeaderElection, LeaderError, LeaderState, LeadershipLost, LossReason};
@@ -60,10 +63,17 @@ impl LeaderElector {
     /// renewals do not queue behind other requests. Nothing is sent until
     /// [`acquire`](Self::acquire).
     ///
+    /// An empty [`namespace`](LeaderElection::namespace) becomes the client's
+    /// (`Client::default_namespace`: the service account's namespace in a pod, the
+    /// kubeconfig context's outside one); [`config`](Self::config) shows the one used.
+    ///
     /// # Errors
     /// [`LeaderError::Config`] when [`LeaderElection::validate`] fails.
-    pub fn new(client: Client, cfg: LeaderElection) -> Result<Self, LeaderError> {
+    pub fn new(client: Client, mut cfg: LeaderElection) -> Result<Self, LeaderError> {
         cfg.validate()?;
+        if cfg.namespace.is_empty() {
+            cfg.namespace = client.default_namespace().to_owned();
+        }
         let api = Api::namespaced(client, cfg.namespace.as_str());
         let lease = format!("{}/{}", cfg.namespace.as_str(), cfg.lease_name.as_str());
         let (state, _) = watch::channel(LeaderState::Standby { holder: None });
@@ -124,6 +134,13 @@ impl LeaderElector {
     /// Failed attempts (API errors, conflicts, timeouts) are logged at warn and retried;
     /// each attempt is bounded by the renew deadline.
     ///
+    /// A request the API server refuses (403 Forbidden: the service account may not `get`,
+    /// `create` or `update` the Lease) is logged once at warn, in one line naming the verb,
+    /// the lease and the namespace, and again only every 10 minutes while it lasts (each
+    /// attempt at debug). Meanwhile the pause between attempts doubles from the retry
+    /// period up to 30 s (60 s at most with jitter): RBAC is fixed by an operator, not by
+    /// retrying. The first attempt that is allowed again is logged at info.
+    ///
     /// # Errors
     /// [`LeaderError::Cancelled`] when `shutdown` completes first; nothing was written then
     /// (or a write raced and will simply expire).
@@ -143,12 +160,17 @@ impl LeaderElector {
         let cfg = &shared.cfg;
         info!(lease = %shared.lease, identity = cfg.identity.as_str(), "waiting to acquire lease");
         tokio::pin!(shutdown);
+        let mut forbidden = ForbiddenRun::default();
         loop {
             let attempt = tokio::select! {
                 biased;
                 () = &mut shutdown => return Err(shared.cancelled()),
                 attempt = timeout(cfg.renew_deadline, shared.attempt(Mode::Acquire)) => attempt,
             };
+            let still_forbidden = matches!(&attempt, Ok(Err(failed)) if failed.is_forbidden());
+            if let Some(attempts) = forbidden.end_unless(still_forbidden) {
+                info!(lease = %shared.lease, attempts, "lease requests are no longer forbidden");
+            }
             match attempt {
                 Ok(Ok(Outcome::Holding {
                     spec,
@@ -170,8 +192,12 @@ impl LeaderElector {
                 Ok(Ok(Outcome::HeldByOther { holder })) => shared.note_holder(Some(holder)),
                 Ok(Ok(Outcome::NotOurs { holder })) => shared.note_holder(holder),
                 Ok(Ok(Outcome::Missing)) => {}
-                Ok(Err(error)) => {
-                    warn!(lease = %shared.lease, %error, "failed to acquire lease; retrying");
+                Ok(Err(failed)) if failed.is_forbidden() => {
+                    shared.report_forbidden(&failed, &mut forbidden, Instant::now());
+                }
+                Ok(Err(RequestFailed { verb, source })) => {
+                    let error = chain(&source);
+                    warn!(lease = %shared.lease, verb, %error, "failed to acquire lease; retrying");
                 }
                 Err(_) => warn!(
                     lease = %shared.lease,
@@ -179,10 +205,14 @@ impl LeaderElector {
                     "attempt to acquire lease timed out; retrying"
                 ),
             }
+            let pause = match forbidden.pause(cfg.retry_period) {
+                Some(slow) => jittered(slow).min(SLOW_RETRY_MAX.max(slow)),
+                None => jittered(cfg.retry_period),
+            };
             tokio::select! {
                 biased;
                 () = &mut shutdown => return Err(shared.cancelled()),
-                () = sleep(jittered(cfg.retry_period)) => {}
+                () = sleep(pause) => {}
             }
         }
     }
@@ -301,6 +331,7 @@ async fn renew_loop(shared: Arc<Shared>, stop: CancellationToken, mut renewed_at
             () = sleep(cfg.retry_period) => {}
         }
         let deadline = renewed_at + cfg.renew_deadline;
+        let mut forbidden = ForbiddenRun::default();
         loop {
             let started = Instant::now();
             let attempt = tokio::select! {
@@ -319,9 +350,15 @@ async fn renew_loop(shared: Arc<Shared>, stop: CancellationToken, mut renewed_at
                     holder: Some(holder),
                 },
                 Ok(Ok(Outcome::Missing)) => LossReason::Deleted,
-                Ok(Err(error)) => {
+                Ok(Err(failed)) => {
                     let left = deadline.saturating_duration_since(Instant::now());
-                    warn!(lease = %shared.lease, %error, ?left, "failed to renew lease; retrying");
+                    if failed.is_forbidden() {
+                        shared.report_forbidden(&failed, &mut forbidden, Instant::now());
+                    } else {
+                        let error = chain(&failed.source);
+                        let verb = failed.verb;
+                        warn!(lease = %shared.lease, verb, %error, ?left, "failed to renew lease; retrying");
+                    }
                     let pause_until = deadline.min(Instant::now() + cfg.retry_period);
                     tokio::select! {
                         biased;
@@ -343,6 +380,24 @@ async fn renew_loop(shared: Arc<Shared>, stop: CancellationToken, mut renewed_at
             );
             shared.state.send_replace(LeaderState::Lost(reason));
             return;
+        }
+    }
+}
+
+impl Shared {
+    /// Logs a forbidden attempt: at warn in one line when `run` says it is news, else at
+    /// debug; never the whole `Status`.
+    fn report_forbidden(&self, failed: &RequestFailed, run: &mut ForbiddenRun, now: Instant) {
+        let report = Forbidden {
+            verb: failed.verb,
+            name: self.cfg.lease_name.as_str(),
+            namespace: self.cfg.namespace.as_str(),
+        };
+        if run.record(failed.verb, now) {
+            let attempts = run.attempts();
+            warn!(lease = %self.lease, attempts, "{report}");
+        } else {
+            debug!(lease = %self.lease, attempts = run.attempts(), "{report}");
         }
     }
 }

@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
+use super::forbidden::RequestFailed;
 use super::record::{self, Decision, Local, Mode, Observation};
 use super::{LeaderElection, LeaderError, LeaderState};
 
@@ -79,13 +80,14 @@ impl Shared {
 
     /// One try-acquire-or-renew: read, decide, write with the read resourceVersion. A
     /// conflict (409) or a create race (AlreadyExists) is re-read once at once.
-    pub(super) async fn attempt(&self, mode: Mode) -> Result<Outcome, kube_client::Error> {
+    pub(super) async fn attempt(&self, mode: Mode) -> Result<Outcome, RequestFailed> {
         let name = self.cfg.lease_name.as_str();
         let mut races = 0;
         loop {
             let now = Instant::now();
             let now_wall = jiff::Timestamp::now();
-            let Some(mut lease) = self.api.get_opt(name).await? else {
+            let read = self.api.get_opt(name).await;
+            let Some(mut lease) = read.map_err(RequestFailed::of("get"))? else {
                 self.forget();
                 if mode == Mode::Renew {
                     return Ok(Outcome::Missing);
@@ -118,7 +120,7 @@ impl Shared {
                         races += 1;
                         continue;
                     }
-                    Err(error) => return Err(error),
+                    Err(error) => return Err(RequestFailed::of("create")(error)),
                 }
             };
             let current = lease.spec.take().unwrap_or_default();
@@ -155,7 +157,7 @@ impl Shared {
                         {
                             races += 1;
                         }
-                        Err(error) => return Err(error),
+                        Err(error) => return Err(RequestFailed::of("update")(error)),
                     }
                 }
             }

@@ -73,6 +73,7 @@
 
 mod config;
 mod elector;
+mod forbidden;
 mod leading;
 mod lease;
 mod record;

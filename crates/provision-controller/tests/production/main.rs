@@ -6,6 +6,7 @@
 
 mod crash;
 mod failover;
+mod namespace;
 mod probes;
 mod stripped;
 
