@@ -1,5 +1,9 @@
 //! `cargo run --example vsphere`: flags for [`vsphere_controllers::run`], both controllers
 //! against the cluster and vCenter it finds, or else a demo on simulators (`docs/vcenter.md`).
+//!
+//! SIGTERM (the kubelet's) and SIGINT (Ctrl-C) both stop it gracefully: the drain, the lease
+//! release, the vCenter logout, within the controllers' stop deadline; a second signal
+//! exits at once (143 or 130).
 
 use std::{io, net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
@@ -36,7 +40,8 @@ struct Args {
     /// Demo: number of claims to create.
     #[arg(long, default_value_t = 3)]
     claims: usize,
-    /// Demo: keep running after provisioning and print the kubeconfig for kubectl.
+    /// Demo: keep running after provisioning (until SIGTERM or Ctrl-C) and print the
+    /// kubeconfig for kubectl.
     #[arg(long)]
     serve: bool,
     /// Demo: limit of each wait, in seconds.
@@ -68,7 +73,27 @@ async fn main() -> ExitCode {
     };
     #[allow(clippy::disallowed_methods)] // reason: a binary reads its environment
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    match app::run(&options, env, tokio::signal::ctrl_c(), &mut io::stdout()).await {
+    let signal = match app::shutdown_signal() {
+        Ok(signal) => signal,
+        Err(error) => {
+            eprintln!("error: cannot handle SIGTERM and SIGINT: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let shutdown = async move {
+        let signal = signal.await;
+        eprintln!("{signal}: stopping (send it again to exit at once)");
+        // From now on a second SIGTERM or SIGINT ends the process without the graceful stop.
+        if let Ok(again) = app::shutdown_signal() {
+            tokio::spawn(async move {
+                let signal = again.await;
+                eprintln!("{signal} again: exiting at once");
+                #[allow(clippy::disallowed_methods)] // reason: the binary decides to exit
+                std::process::exit(signal.exit_code().into());
+            });
+        }
+    };
+    match app::run(&options, env, shutdown, &mut io::stdout()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error}");

@@ -2,23 +2,43 @@
 //! tests live here, not in the crates, so each crate's package builds and tests alone.
 
 use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Container, Probe, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use provision_controller::rbac::{CLUSTER_PERMISSIONS, LEADER_ELECTION_PERMISSIONS, Permission};
+use provision_controller::LeaderElection;
+use provision_controller::rbac::{
+    CLUSTER_PERMISSIONS, LEADER_ELECTION_PERMISSIONS, Names, Permission,
+};
 
-type Grants = BTreeSet<(String, String, String)>;
+/// One granted verb: group, resource, verb, and the one object it is limited to (`None`:
+/// every object).
+type Grants = BTreeSet<(String, String, String, Option<String>)>;
 
-fn flatten(permissions: &[Permission]) -> Grants {
-    permissions
-        .iter()
-        .flat_map(|p| {
-            p.verbs
-                .iter()
-                .map(|v| (p.group.to_owned(), p.resource.to_owned(), (*v).to_owned()))
-        })
-        .collect()
+/// What `permissions` grant, with [`Names::LeaseName`] standing for `lease`.
+fn flatten<'a>(permissions: impl IntoIterator<Item = &'a Permission>, lease: &str) -> Grants {
+    let mut out = Grants::new();
+    for p in permissions {
+        let name = match p.names {
+            Names::LeaseName => Some(lease.to_owned()),
+            _ => None,
+        };
+        for verb in p.verbs {
+            out.insert((
+                p.group.to_owned(),
+                p.resource.to_owned(),
+                (*verb).to_owned(),
+                name.clone(),
+            ));
+        }
+    }
+    out
 }
 
+/// What the rules of every `kind` document grant; a rule with `resourceNames` grants each
+/// verb once per name.
 fn granted(docs: &[serde_json::Value], kind: &str) -> Grants {
     let strings = |v: &serde_json::Value| -> Vec<String> {
         v.as_array()
@@ -30,10 +50,23 @@ fn granted(docs: &[serde_json::Value], kind: &str) -> Grants {
     let mut out = Grants::new();
     for doc in docs.iter().filter(|d| d["kind"] == kind) {
         for rule in doc["rules"].as_array().into_iter().flatten() {
+            let names = strings(&rule["resourceNames"]);
+            let names: Vec<Option<String>> = if names.is_empty() {
+                vec![None]
+            } else {
+                names.into_iter().map(Some).collect()
+            };
             for group in strings(&rule["apiGroups"]) {
                 for resource in strings(&rule["resources"]) {
                     for verb in strings(&rule["verbs"]) {
-                        out.insert((group.clone(), resource.clone(), verb));
+                        for name in &names {
+                            out.insert((
+                                group.clone(),
+                                resource.clone(),
+                                verb.clone(),
+                                name.clone(),
+                            ));
+                        }
                     }
                 }
             }
@@ -42,18 +75,250 @@ fn granted(docs: &[serde_json::Value], kind: &str) -> Grants {
     out
 }
 
-#[test]
-fn the_example_rbac_grants_exactly_what_the_controller_uses() {
-    let yaml = include_str!("../examples/deploy/provisioner-rbac.yaml");
-    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(yaml).unwrap();
-    assert_eq!(granted(&docs, "ClusterRole"), flatten(CLUSTER_PERMISSIONS));
-    assert_eq!(granted(&docs, "Role"), flatten(LEADER_ELECTION_PERMISSIONS));
-    let bound: Vec<_> = docs
+fn documents(yaml: &str) -> Vec<serde_json::Value> {
+    serde_saphyr::from_multiple(yaml).unwrap()
+}
+
+/// The one document of `kind` in `docs`.
+fn one(docs: &[serde_json::Value], kind: &str) -> serde_json::Value {
+    let found: Vec<_> = docs.iter().filter(|d| d["kind"] == kind).collect();
+    assert_eq!(found.len(), 1, "one {kind}");
+    found[0].clone()
+}
+
+/// The service account every binding names, and that it is the one in `docs`.
+fn bound_account(docs: &[serde_json::Value]) -> (String, String) {
+    let account = &docs.iter().find(|d| d["kind"] == "ServiceAccount").unwrap()["metadata"];
+    let account = (
+        account["name"].as_str().unwrap().to_owned(),
+        account["namespace"].as_str().unwrap().to_owned(),
+    );
+    let bindings: Vec<_> = docs
         .iter()
         .filter(|d| d["kind"] == "ClusterRoleBinding" || d["kind"] == "RoleBinding")
-        .map(|d| d["subjects"][0]["name"].as_str().unwrap_or_default())
         .collect();
-    assert_eq!(bound, ["example-provisioner", "example-provisioner"]);
+    assert_eq!(bindings.len(), 2, "a ClusterRoleBinding and a RoleBinding");
+    for binding in bindings {
+        let subjects = binding["subjects"].as_array().unwrap();
+        assert_eq!(subjects.len(), 1, "{binding}");
+        let subject = (
+            subjects[0]["name"].as_str().unwrap().to_owned(),
+            subjects[0]["namespace"].as_str().unwrap().to_owned(),
+        );
+        assert_eq!(subject, account, "{binding}");
+        let role_kind = if binding["kind"] == "RoleBinding" {
+            "Role"
+        } else {
+            "ClusterRole"
+        };
+        assert_eq!(binding["roleRef"]["kind"], role_kind, "{binding}");
+        let role = docs.iter().find(|d| {
+            d["kind"] == role_kind && d["metadata"]["name"] == binding["roleRef"]["name"]
+        });
+        assert!(role.is_some(), "the role {binding} names is in the file");
+    }
+    let role = docs.iter().find(|d| d["kind"] == "Role").unwrap();
+    assert_eq!(
+        role["metadata"]["namespace"].as_str(),
+        Some(account.1.as_str())
+    );
+    account
+}
+
+#[test]
+fn the_example_rbac_grants_exactly_what_the_controller_uses() {
+    let docs = documents(include_str!("../examples/deploy/provisioner-rbac.yaml"));
+    let lease = LeaderElection::lease_name_for("example.com/example-provisioner");
+    assert_eq!(
+        granted(&docs, "ClusterRole"),
+        flatten(CLUSTER_PERMISSIONS, &lease)
+    );
+    assert_eq!(
+        granted(&docs, "Role"),
+        flatten(LEADER_ELECTION_PERMISSIONS, &lease)
+    );
+    let (account, namespace) = bound_account(&docs);
+    assert_eq!(
+        (account.as_str(), namespace.as_str()),
+        ("example-provisioner", "kube-system")
+    );
+}
+
+#[test]
+fn only_lease_create_is_unlimited_by_name_in_the_leader_election_roles() {
+    for yaml in [
+        include_str!("../examples/deploy/provisioner-rbac.yaml"),
+        include_str!("../examples/deploy/vsphere-rbac.yaml"),
+    ] {
+        let unlimited: Vec<_> = granted(&documents(yaml), "Role")
+            .into_iter()
+            .filter(|(.., name)| name.is_none())
+            .map(|(_, resource, verb, _)| format!("{verb} {resource}"))
+            .collect();
+        assert_eq!(unlimited, ["create leases"]);
+    }
+}
+
+#[test]
+fn the_vsphere_rbac_grants_exactly_what_both_controllers_use() {
+    use vsphere_controllers::rbac;
+    let docs = documents(include_str!("../examples/deploy/vsphere-rbac.yaml"));
+    let lease = LeaderElection::lease_name_for(vsphere_cns::CSI_DRIVER);
+    let union: Grants = flatten(CLUSTER_PERMISSIONS, &lease)
+        .into_iter()
+        .chain(flatten(rbac::METADATA_PERMISSIONS, &lease))
+        .collect();
+    assert_eq!(granted(&docs, "ClusterRole"), union);
+    assert_eq!(
+        granted(&docs, "ClusterRole"),
+        flatten(rbac::CLUSTER_PERMISSIONS, &lease)
+    );
+    assert_eq!(
+        granted(&docs, "Role"),
+        flatten(rbac::LEADER_ELECTION_PERMISSIONS, &lease)
+    );
+    bound_account(&docs);
+}
+
+fn http_path(probe: &Option<Probe>) -> Option<(&str, String)> {
+    let get = probe.as_ref()?.http_get.as_ref()?;
+    let port = match &get.port {
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(n) => n.to_string(),
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(s) => s.clone(),
+    };
+    Some((get.path.as_deref()?, port))
+}
+
+/// Liveness on /healthz; readiness and startup on /readyz (which waits for the caches);
+/// all on the container's named metrics port.
+fn assert_probes(container: &Container) {
+    let metrics = container
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| p.name.as_deref() == Some("metrics"))
+        .expect("a metrics port");
+    let on = |path: &'static str| Some((path, "metrics".to_owned()));
+    assert_eq!(http_path(&container.liveness_probe), on("/healthz"));
+    assert_eq!(http_path(&container.readiness_probe), on("/readyz"));
+    assert_eq!(http_path(&container.startup_probe), on("/readyz"));
+    assert_eq!(metrics.container_port, 8080);
+}
+
+#[test]
+fn the_example_deployment_probes_readyz_and_outlasts_the_stop() {
+    let docs = documents(include_str!(
+        "../examples/deploy/provisioner-deployment.yaml"
+    ));
+    let deployment: Deployment = serde_json::from_value(one(&docs, "Deployment")).unwrap();
+    let spec = deployment.spec;
+    assert_eq!(spec.replicas, Some(2));
+    let pod = spec.template.spec.unwrap();
+    assert_eq!(
+        pod.service_account_name.as_deref(),
+        Some("example-provisioner")
+    );
+    assert_probes(&pod.containers[0]);
+    // The drain, then the lease release (bounded by the renew deadline).
+    let stop = provision_controller::Config::DEFAULT_SHUTDOWN_GRACE
+        + LeaderElection::default().renew_deadline;
+    let grace = Duration::from_secs(pod.termination_grace_period_seconds.unwrap() as u64);
+    assert!(grace > stop, "{grace:?} must exceed {stop:?}");
+}
+
+#[test]
+fn the_vsphere_deployment_runs_two_replicas_with_probes_and_the_secret_config() {
+    let rbac = documents(include_str!("../examples/deploy/vsphere-rbac.yaml"));
+    let (account, namespace) = bound_account(&rbac);
+    let docs = documents(include_str!("../examples/deploy/vsphere-deployment.yaml"));
+    let deployment: Deployment = serde_json::from_value(one(&docs, "Deployment")).unwrap();
+    let secret: Secret = serde_json::from_value(one(&docs, "Secret")).unwrap();
+    assert_eq!(
+        deployment.metadata.namespace.as_deref(),
+        Some(namespace.as_str())
+    );
+    assert_eq!(
+        secret.metadata.namespace.as_deref(),
+        Some(namespace.as_str())
+    );
+    let spec = deployment.spec;
+    assert_eq!(spec.replicas, Some(2));
+    let pod = spec.template.spec.unwrap();
+    assert_eq!(pod.service_account_name.as_deref(), Some(account.as_str()));
+    let container = &pod.containers[0];
+    assert_probes(container);
+    assert!(
+        container
+            .args
+            .iter()
+            .flatten()
+            .any(|a| a == "--metrics-address=0.0.0.0:8080"),
+        "the binary serves the probes on the metrics port"
+    );
+    let env = |name: &str| {
+        container
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} is set"))
+    };
+    let pod_namespace = env("POD_NAMESPACE").value_from.unwrap().field_ref.unwrap();
+    assert_eq!(pod_namespace.field_path, "metadata.namespace");
+
+    // The Secret holds a csi-vsphere.conf that parses, mounted read-only where the binary
+    // looks by default, readable by owner and group (fsGroup) only.
+    let default = Path::new(vsphere_controllers::DEFAULT_VSPHERE_CONFIG);
+    let file = default.file_name().unwrap().to_str().unwrap();
+    let text = &secret.string_data.as_ref().unwrap()[file];
+    vsphere_cns::VsphereConfig::parse(text).unwrap();
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.secret.is_some())
+        .expect("a Secret volume");
+    let source = volume.secret.as_ref().unwrap();
+    assert_eq!(source.secret_name, secret.metadata.name);
+    let items = source.items.as_ref().unwrap();
+    assert_eq!(
+        (items[0].key.as_str(), items[0].path.as_str()),
+        (file, file)
+    );
+    let mode = source.default_mode.unwrap();
+    assert!(mode == 0o400 || mode == 0o440, "defaultMode {mode:o}");
+    if mode & 0o040 != 0 {
+        assert!(
+            pod.security_context.as_ref().unwrap().fs_group.is_some(),
+            "0440 needs an fsGroup"
+        );
+    }
+    let mount = container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == volume.name)
+        .expect("the Secret is mounted");
+    assert_eq!(Path::new(&mount.mount_path), default.parent().unwrap());
+    assert_eq!(mount.read_only, Some(true));
+
+    // The kubelet's SIGKILL must not cut off the stop: the drain, the lease release and the
+    // vCenter logout.
+    let settings = vsphere_controllers::Settings {
+        provisioner_name: vsphere_cns::CSI_DRIVER.to_owned(),
+        leader_election: true,
+        metrics_address: None,
+        flavor: cnsmetadata::ClusterFlavor::Workload,
+        cluster_id: String::new(),
+        supervisor_id: None,
+        vsphere_user: String::new(),
+        provision_config: provision_controller::Config::default(),
+        metadata_config: cnsmetadata::Config::default(),
+    };
+    let stop = settings.stop_deadline() + vsphere_controllers::LOGOUT_TIMEOUT;
+    let grace = Duration::from_secs(pod.termination_grace_period_seconds.unwrap() as u64);
+    assert!(grace > stop, "{grace:?} must exceed {stop:?}");
 }
 
 const CRD_MANIFEST_PATH: &str = concat!(

@@ -1,10 +1,26 @@
 //! The API permissions the controller uses, for writing RBAC rules.
 //!
-//! `examples/deploy/provisioner-rbac.yaml` grants exactly these (the repository's
-//! `tests/deploy_manifests.rs` keeps the two equal). A driver whose own code calls more of
-//! the API adds its rules next to them.
+//! `examples/deploy/provisioner-rbac.yaml` grants exactly these, rule by rule (the
+//! repository's `tests/deploy_manifests.rs` keeps the two equal). A driver whose own code
+//! calls more of the API adds its rules next to them.
 
-/// Verbs on one resource of one API group.
+/// Which objects of a resource a [`Permission`] covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Names {
+    /// Every object: a rule without `resourceNames`. `list`, `watch` and `create` need
+    /// it, since RBAC cannot limit them by name (a create request names no existing object).
+    Any,
+    /// Only the leader-election Lease: `resourceNames: [<lease name>]`, where the name is
+    /// the [`LeaderElection`](crate::LeaderElection)'s `lease_name`, by default the
+    /// provisioner name with `/` replaced by `-`
+    /// ([`LeaderElection::lease_name_for`](crate::LeaderElection::lease_name_for)). Other
+    /// Leases in the namespace (kube-controller-manager's, kube-scheduler's in
+    /// kube-system) stay out of reach.
+    LeaseName,
+}
+
+/// Verbs on one resource of one API group, on every object or only named ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Permission {
@@ -14,6 +30,32 @@ pub struct Permission {
     pub resource: &'static str,
     /// The verbs the controller uses.
     pub verbs: &'static [&'static str],
+    /// Which objects: every one, or only those a rule lists in `resourceNames`.
+    pub names: Names,
+}
+
+impl Permission {
+    /// `verbs` on every object of `group`/`resource`.
+    #[must_use]
+    pub const fn new(
+        group: &'static str,
+        resource: &'static str,
+        verbs: &'static [&'static str],
+    ) -> Self {
+        Self {
+            group,
+            resource,
+            verbs,
+            names: Names::Any,
+        }
+    }
+
+    /// The same verbs, on the objects `names` says only.
+    #[must_use]
+    pub const fn only(mut self, names: Names) -> Self {
+        self.names = names;
+        self
+    }
 }
 
 /// Cluster-wide permissions (a ClusterRole).
@@ -24,34 +66,46 @@ pub struct Permission {
 ///   `patch` (protection finalizer);
 /// - storage classes: `list`/`watch` (cache); no nodes: the selected node is passed by
 ///   name, never read (Go v13);
-/// - events: `create` and `patch` on `events.k8s.io` (kube-runtime's recorder; no core events).
+/// - events: `create`, then `patch` to count a repeated event in its series, on
+///   `events.k8s.io` (kube-controller-kit's `EventWriter`; no core events).
 pub const CLUSTER_PERMISSIONS: &[Permission] = &[
-    Permission {
-        group: "",
-        resource: "persistentvolumeclaims",
-        verbs: &["get", "list", "watch", "update", "patch"],
-    },
-    Permission {
-        group: "",
-        resource: "persistentvolumes",
-        verbs: &["get", "list", "watch", "create", "delete", "patch"],
-    },
-    Permission {
-        group: "storage.k8s.io",
-        resource: "storageclasses",
-        verbs: &["list", "watch"],
-    },
-    Permission {
-        group: "events.k8s.io",
-        resource: "events",
-        verbs: &["create", "patch"],
-    },
+    Permission::new(
+        "",
+        "persistentvolumeclaims",
+        &["get", "list", "watch", "update", "patch"],
+    ),
+    Permission::new(
+        "",
+        "persistentvolumes",
+        &["get", "list", "watch", "create", "delete", "patch"],
+    ),
+    Permission::new("storage.k8s.io", "storageclasses", &["list", "watch"]),
+    Permission::new("events.k8s.io", "events", &["create", "patch"]),
 ];
 
-/// Permissions in the leader-election namespace (a Role): read, create and renew (or
-/// release) the Lease.
-pub const LEADER_ELECTION_PERMISSIONS: &[Permission] = &[Permission {
-    group: "coordination.k8s.io",
-    resource: "leases",
-    verbs: &["get", "create", "update"],
-}];
+/// Permissions in the leader-election namespace (a Role): `create` the Lease (any name:
+/// RBAC cannot limit a create by name), and `get` and `update` (acquire, renew, release)
+/// only the Lease of this controller ([`Names::LeaseName`]).
+pub const LEADER_ELECTION_PERMISSIONS: &[Permission] = &[
+    Permission::new("coordination.k8s.io", "leases", &["create"]),
+    Permission::new("coordination.k8s.io", "leases", &["get", "update"]).only(Names::LeaseName),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_create_of_a_lease_is_not_limited_to_the_lease_name() {
+        let unlimited: Vec<&str> = LEADER_ELECTION_PERMISSIONS
+            .iter()
+            .filter(|p| p.names == Names::Any)
+            .flat_map(|p| p.verbs.iter().copied())
+            .collect();
+        assert_eq!(unlimited, ["create"]);
+        assert!(
+            CLUSTER_PERMISSIONS.iter().all(|p| p.names == Names::Any),
+            "cluster-wide rules name no object"
+        );
+    }
+}

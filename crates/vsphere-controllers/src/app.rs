@@ -109,10 +109,38 @@ pub struct Settings {
     pub metadata_config: cnsmetadata::Config,
 }
 
+/// What the stop deadline adds to the provision controller's `shutdown_grace` besides the
+/// lease release (bounded by the election's `renew_deadline`): time for the reconciler's
+/// workers and the tasks to end. See [`Settings::stop_deadline`].
+pub const STOP_MARGIN: Duration = Duration::from_secs(5);
+
+impl Settings {
+    /// How long [`Running::run_until`] waits for both controllers once asked to stop:
+    /// the provision controller's `shutdown_grace` (the operations in flight), plus the
+    /// election's `renew_deadline` when leader election is on (the bound of the lease
+    /// release, which comes after the grace), plus [`STOP_MARGIN`]. With the defaults,
+    /// 30 s + 10 s + 5 s = 45 s; a pod's `terminationGracePeriodSeconds` must be longer
+    /// (plus the vCenter logout, see [`LOGOUT_TIMEOUT`]), or the kubelet's SIGKILL cuts
+    /// off the release.
+    pub fn stop_deadline(&self) -> Duration {
+        let config = &self.provision_config;
+        let release = match (&config.leader_election, self.leader_election) {
+            (Some(election), true) => election.renew_deadline,
+            _ => Duration::ZERO,
+        };
+        config.shutdown_grace + release + STOP_MARGIN
+    }
+}
+
+/// The bound of the vCenter logout after the controllers stopped (a SOAP call's own
+/// timeout is a minute, longer than a pod is given to stop).
+pub const LOGOUT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Both controllers, running until [`Running::stop`].
 pub struct Running {
     stop: watch::Sender<bool>,
     tasks: JoinSet<(&'static str, anyhow::Result<()>)>,
+    deadline: Duration,
 }
 
 /// Starts the provision controller and the `CnsVolumeMetadata` reconciler under one
@@ -189,26 +217,38 @@ pub fn start_controllers(
             result.context("CnsVolumeMetadata reconciler failed"),
         )
     });
-    Running { stop, tasks }
+    Running {
+        stop,
+        tasks,
+        deadline: settings.stop_deadline(),
+    }
 }
 
 impl Running {
-    /// Waits until `until` completes (then stops) or a controller fails. A controller that
+    /// How long [`run_until`](Self::run_until) waits for the controllers to stop:
+    /// [`Settings::stop_deadline`] of the settings they were started with.
+    pub fn stop_deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// Waits until `until` completes (then stops, waiting up to
+    /// [`stop_deadline`](Self::stop_deadline)) or a controller fails. A controller that
     /// returns `Ok` early (the reconciler outside a supervisor cluster) is not a failure.
     pub async fn run_until(mut self, until: impl Future<Output = ()>) -> anyhow::Result<()> {
+        let deadline = self.deadline;
         tokio::pin!(until);
         loop {
             tokio::select! {
-                () = &mut until => return self.stop(Duration::from_secs(30)).await,
+                () = &mut until => return self.stop(deadline).await,
                 joined = self.tasks.join_next() => match joined {
                     None => { until.await; return Ok(()); }
                     Some(Ok((_, Ok(())))) => {}
                     Some(Ok((_, Err(e)))) => {
-                        let _ = self.stop(Duration::from_secs(30)).await;
+                        let _ = self.stop(deadline).await;
                         return Err(e);
                     }
                     Some(Err(e)) => {
-                        let _ = self.stop(Duration::from_secs(30)).await;
+                        let _ = self.stop(deadline).await;
                         return Err(anyhow!("a controller task panicked: {e}"));
                     }
                 },

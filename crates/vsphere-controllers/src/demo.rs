@@ -6,8 +6,9 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, anyhow, bail};
 use cnsmetadata::{CnsVolumeMetadata, CnsVolumeMetadataSpec, EntityReference, EntityType};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements,
 };
@@ -18,6 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube_client::api::{DeleteParams, PostParams};
 use kube_client::{Api, Client};
 use kube_sim::KubeSim;
+use provision_controller::LeaderElection;
 use tokio::time::Instant;
 use vsphere_cns::simulator::CnsSimulator;
 use vsphere_cns::{ClusterFlavor, CnsClient, CnsMetadataBackend, CnsProvisioner, MoRef};
@@ -46,7 +48,8 @@ pub struct DemoOptions {
     pub leader_election: bool,
     /// Where the provision controller serves metrics, if anywhere.
     pub metrics_address: Option<SocketAddr>,
-    /// Keep running after provisioning until Ctrl-C, for `kubectl`.
+    /// Keep running after provisioning until the shutdown (SIGTERM or Ctrl-C in the
+    /// binary), for `kubectl`.
     pub serve: bool,
     /// Limit of each wait.
     pub timeout: Duration,
@@ -119,11 +122,20 @@ impl Demo<'_> {
 
 /// Runs the demo and returns the table it printed.
 ///
+/// With `options.serve`, it keeps running after provisioning until `shutdown` completes;
+/// without, it deletes everything and returns (or stops early, failing, if `shutdown`
+/// completes first). Either way it then stops the controllers as the real run does
+/// (within [`Settings::stop_deadline`]), checks that the Lease was released (when leader
+/// election is on), logs out of the CNS simulator, and writes one last line, for example
+/// `stopped: lease default/csi.vsphere.vmware.com released, vCenter session logged out`.
+///
 /// # Errors
-/// When a simulator cannot start, an API call fails, or a step does not finish within
-/// `options.timeout`.
+/// When a simulator cannot start, an API call fails, a step does not finish within
+/// `options.timeout`, or `shutdown` completes before the claims are provisioned (and,
+/// without `serve`, deleted).
 pub async fn run_demo(
     options: &DemoOptions,
+    shutdown: impl Future<Output = ()>,
     out: &mut (dyn Write + Send),
 ) -> anyhow::Result<DemoReport> {
     let kube_sim = KubeSim::builder()
@@ -146,6 +158,9 @@ pub async fn run_demo(
         ClusterFlavor::Workload,
     )?
     .datastore_url(DATASTORE_URL, MoRef::datastore(DATASTORE_ID));
+    // The Lease in the demo's namespace, where the stop reads it back.
+    let election = LeaderElection::default().namespace(NAMESPACE);
+    let lease_name = LeaderElection::lease_name_for(&options.provisioner_name);
     let settings = Settings {
         provisioner_name: options.provisioner_name.clone(),
         leader_election: options.leader_election,
@@ -154,7 +169,7 @@ pub async fn run_demo(
         cluster_id: SUPERVISOR_CLUSTER.to_owned(),
         supervisor_id: None,
         vsphere_user: cns_client.user().to_owned(),
-        provision_config: provision_controller::Config::default(),
+        provision_config: provision_controller::Config::default().leader_election(Some(election)),
         metadata_config: cnsmetadata::Config::default(),
     };
     let mut demo = Demo {
@@ -171,19 +186,52 @@ pub async fn run_demo(
     ))?;
     install(&kube, &options.provisioner_name).await?;
     let running = start_controllers(
-        kube,
+        kube.clone(),
         provisioner,
-        CnsMetadataBackend::new(cns_client),
+        CnsMetadataBackend::new(cns_client.clone()),
         &settings,
     );
-    let result = steps(&mut demo, options, &kube_sim).await;
-    let stopped = running.stop(Duration::from_secs(10)).await;
+    tokio::pin!(shutdown);
+    let result = tokio::select! {
+        result = steps(&mut demo, options, &kube_sim) => result,
+        () = &mut shutdown => Err(anyhow!("asked to stop before the demo finished")),
+    };
+    if options.serve && result.is_ok() {
+        shutdown.await;
+        demo.line("stopping")?;
+    }
+    let deadline = running.stop_deadline();
+    let stopped = running.stop(deadline).await;
+    let lease = if options.leader_election {
+        lease_state(&kube, &lease_name).await
+    } else {
+        "no lease (leader election off)".to_owned()
+    };
+    let logout = crate::run::logout(&cns_client).await;
+    demo.line(&format!("stopped: {lease}, {logout}"))?;
+    demo.out.flush()?;
     let volumes_left = cns.volumes().len();
     cns.shutdown().await;
     kube_sim.shutdown().await;
     let rows = result?;
     stopped?;
     Ok(DemoReport { rows, volumes_left })
+}
+
+/// Whether the demo's Lease was released: read back from the API server after the stop.
+async fn lease_state(kube: &Client, name: &str) -> String {
+    let lease = format!("lease {NAMESPACE}/{name}");
+    match Api::<Lease>::namespaced(kube.clone(), NAMESPACE)
+        .get_opt(name)
+        .await
+    {
+        Ok(Some(found)) => match found.spec.and_then(|s| s.holder_identity) {
+            Some(holder) if !holder.is_empty() => format!("{lease} still held by {holder}"),
+            _ => format!("{lease} released"),
+        },
+        Ok(None) => format!("{lease} never created"),
+        Err(error) => format!("{lease} unreadable ({error})"),
+    }
 }
 
 /// Installs the CRD and the StorageClass.
@@ -334,13 +382,9 @@ async fn steps(
         let path = kube_sim.kubeconfig_path().display().to_string();
         demo.line(&format!(
             "serving; kubeconfig: {path}\n  try: KUBECONFIG={path} kubectl get sc,pvc,pv,cnsvolumemetadatas\n\
-             press Ctrl-C to stop"
+             press Ctrl-C (or send SIGTERM) to stop"
         ))?;
         demo.out.flush()?;
-        tokio::signal::ctrl_c()
-            .await
-            .context("cannot wait for Ctrl-C")?;
-        demo.line("stopping")?;
         return Ok(rows);
     }
 

@@ -6,7 +6,10 @@
 //! (`--datastore` with [`parse_datastore`]) into [`Options`] and calls [`run`] with a lookup
 //! of its environment. [`run`] chooses the mode ([`select_mode`]), then runs
 //! [`connect_real`] and [`start_controllers`] against a real cluster and vCenter, or
-//! [`run_demo`] against kube-sim and the CNS simulator.
+//! [`run_demo`] against kube-sim and the CNS simulator. The binary passes
+//! [`shutdown_signal`] as the shutdown: SIGTERM and SIGINT both start the graceful stop
+//! (the drain, the lease release, the vCenter logout), bounded by
+//! [`Settings::stop_deadline`]. [`rbac`] lists the API permissions both controllers use.
 //!
 //! # One leader
 //! With [`Settings::leader_election`] on (the binary's default), the provision controller
@@ -21,20 +24,24 @@
 //! let provisioner = CnsProvisioner::new(cns.clone(), "cluster-1", ClusterFlavor::Workload)?;
 //! let backend = CnsMetadataBackend::new(cns);
 //! let running = vsphere_controllers::start_controllers(kube, provisioner, backend, &settings);
-//! running.run_until(async { tokio::signal::ctrl_c().await.ok(); }).await?;
+//! let signal = vsphere_controllers::shutdown_signal()?;
+//! running.run_until(async { signal.await; }).await?;
 //! # Ok(()) }
 //! ```
 
 mod app;
 mod demo;
+pub mod rbac;
 mod run;
+mod signal;
 
 pub use app::{
-    DEFAULT_VSPHERE_CONFIG, DEMO_BANNER, Found, Mode, Real, RealOptions, Running, Settings,
-    connect_real, exists, select_mode, start_controllers,
+    DEFAULT_VSPHERE_CONFIG, DEMO_BANNER, Found, LOGOUT_TIMEOUT, Mode, Real, RealOptions, Running,
+    STOP_MARGIN, Settings, connect_real, exists, select_mode, start_controllers,
 };
 pub use demo::{CLASS, DemoOptions, DemoReport, Row, run_demo};
 pub use run::{Options, RunError, parse_datastore, run};
+pub use signal::{Signal, shutdown_signal};
 
 /// The example of README.md, compiled as a doctest.
 #[cfg(doctest)]

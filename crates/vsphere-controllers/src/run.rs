@@ -8,11 +8,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::anyhow;
-use vsphere_cns::CnsMetadataBackend;
+use vsphere_cns::{CnsClient, CnsMetadataBackend};
 
 use crate::app::{
-    DEFAULT_VSPHERE_CONFIG, DEMO_BANNER, Found, Mode, RealOptions, connect_real, exists,
-    select_mode, start_controllers,
+    DEFAULT_VSPHERE_CONFIG, DEMO_BANNER, Found, LOGOUT_TIMEOUT, Mode, RealOptions, connect_real,
+    exists, select_mode, start_controllers,
 };
 use crate::demo::{DemoOptions, run_demo};
 
@@ -36,7 +36,7 @@ pub struct Options {
     pub default_datastores: Vec<String>,
     /// Demo: number of claims to create.
     pub claims: usize,
-    /// Demo: keep running after provisioning until Ctrl-C.
+    /// Demo: keep running after provisioning until the shutdown (SIGTERM or Ctrl-C).
     pub serve: bool,
     /// Demo: limit of each wait.
     pub timeout: Duration,
@@ -101,8 +101,20 @@ pub fn parse_datastore(value: &str) -> Result<(String, String), String> {
 
 /// Chooses the mode from `options` and the environment, then runs the demo (against
 /// kube-sim and the CNS simulator, writing its progress to `out`) or both controllers
-/// against the real cluster and vCenter until `shutdown` completes (its output is ignored:
-/// pass `tokio::signal::ctrl_c()`).
+/// against the real cluster and vCenter, until `shutdown` completes (its output is
+/// ignored). A binary passes [`shutdown_signal`](crate::shutdown_signal), so that SIGTERM
+/// and SIGINT both stop it gracefully.
+///
+/// # Shutdown
+/// Once `shutdown` completes, the controllers stop: the provision controller's queues
+/// stop, its operations in flight get `shutdown_grace` to finish, then it releases the
+/// lease (when leading) so a standby takes over at once; the reconciler stops with it. The
+/// whole stop is bounded by [`Settings::stop_deadline`](crate::Settings::stop_deadline)
+/// (the grace plus the release's bound plus [`STOP_MARGIN`](crate::STOP_MARGIN)); then the
+/// vCenter session is logged out (bounded by [`LOGOUT_TIMEOUT`]) and one last line on
+/// `out`, starting with `stopped:`, says what was done. `shutdown` completing while the
+/// demo provisions, or while connecting to vCenter, stops as well (the demo then fails,
+/// as unfinished).
 ///
 /// `env` reads one environment variable (`None` when unset or empty); the controllers'
 /// options that name a file (a name starting with `/`, see
@@ -125,8 +137,11 @@ pub async fn run(
         default_vsphere_exists: exists(DEFAULT_VSPHERE_CONFIG.as_ref()),
         force_demo: options.demo,
     };
+    let shutdown = async {
+        shutdown.await;
+    };
     match select_mode(&found).map_err(RunError::Usage)? {
-        Mode::Demo => demo(options, out).await?,
+        Mode::Demo => demo(options, shutdown, out).await?,
         Mode::Real {
             kubeconfig,
             vsphere_config,
@@ -137,9 +152,6 @@ pub async fn run(
                 } else {
                     env(name)
                 }
-            };
-            let shutdown = async {
-                shutdown.await;
             };
             real(
                 options,
@@ -155,7 +167,11 @@ pub async fn run(
     Ok(())
 }
 
-async fn demo(options: &Options, out: &mut (dyn Write + Send)) -> anyhow::Result<()> {
+async fn demo(
+    options: &Options,
+    shutdown: impl Future<Output = ()>,
+    out: &mut (dyn Write + Send),
+) -> anyhow::Result<()> {
     writeln!(out, "{DEMO_BANNER}")?;
     let demo_options = DemoOptions {
         claims: options.claims,
@@ -165,7 +181,7 @@ async fn demo(options: &Options, out: &mut (dyn Write + Send)) -> anyhow::Result
         serve: options.serve,
         timeout: options.timeout,
     };
-    let report = run_demo(&demo_options, out).await?;
+    let report = run_demo(&demo_options, shutdown, out).await?;
     if let Some(row) = report.rows.iter().find(|r| !r.synced) {
         return Err(anyhow!(
             "the metadata of claim {} was not synced",
@@ -196,20 +212,47 @@ async fn real(
         datastores: options.datastores.clone(),
         default_datastores: options.default_datastores.clone(),
     };
-    let real = connect_real(kubeconfig, vsphere_config, &real_options, lookup).await?;
+    tokio::pin!(shutdown);
+    let real = tokio::select! {
+        real = connect_real(kubeconfig, vsphere_config, &real_options, lookup) => real?,
+        () = &mut shutdown => {
+            // A session opened meanwhile is dropped with the process; vCenter ends it.
+            writeln!(out, "stopped: asked to stop while connecting")?;
+            return Ok(());
+        }
+    };
     writeln!(
         out,
-        "running the provisioner {:?} and the CnsVolumeMetadata reconciler against vCenter {} until Ctrl-C",
+        "running the provisioner {:?} and the CnsVolumeMetadata reconciler against vCenter {} until SIGTERM or Ctrl-C",
         options.provisioner_name, real.host
     )?;
     out.flush()?;
     let backend = CnsMetadataBackend::new(real.cns.clone());
     let running = start_controllers(real.kube, real.provisioner, backend, &real.settings);
     let result = running.run_until(shutdown).await;
-    if let Err(e) = real.cns.logout().await {
-        tracing::warn!(error = %e, "logout failed");
-    }
+    let logout = logout(&real.cns).await;
+    let stopped = match &result {
+        Ok(()) => "the controllers stopped",
+        Err(_) => "a controller failed",
+    };
+    writeln!(out, "stopped: {stopped}, {logout}")?;
+    out.flush()?;
     result
+}
+
+/// Logs out of vCenter within [`LOGOUT_TIMEOUT`]; says how it went.
+pub(crate) async fn logout(cns: &CnsClient) -> &'static str {
+    match tokio::time::timeout(LOGOUT_TIMEOUT, cns.logout()).await {
+        Ok(Ok(())) => "vCenter session logged out",
+        Ok(Err(error)) => {
+            tracing::warn!(error = %error, "vCenter logout failed");
+            "vCenter logout failed"
+        }
+        Err(_) => {
+            tracing::warn!(timeout = ?LOGOUT_TIMEOUT, "vCenter logout timed out");
+            "vCenter logout timed out"
+        }
+    }
 }
 
 #[cfg(test)]

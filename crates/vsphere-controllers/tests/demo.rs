@@ -20,7 +20,9 @@ async fn the_demo_provisions_syncs_and_deletes_every_claim() {
         timeout: Duration::from_secs(60),
     };
     let mut out = Vec::new();
-    let report = run_demo(&options, &mut out).await.unwrap();
+    let report = run_demo(&options, std::future::pending(), &mut out)
+        .await
+        .unwrap();
     let text = String::from_utf8(out).unwrap();
     println!("{text}");
 

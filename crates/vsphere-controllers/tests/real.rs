@@ -189,7 +189,14 @@ async fn run_with_both_configs_provisions_until_shutdown() {
     assert_eq!(
         text,
         "running the provisioner \"csi.vsphere.vmware.com\" and the CnsVolumeMetadata \
-         reconciler against vCenter 127.0.0.1 until Ctrl-C\n"
+         reconciler against vCenter 127.0.0.1 until SIGTERM or Ctrl-C\n\
+         stopped: the controllers stopped, vCenter session logged out\n"
+    );
+    let methods: Vec<String> = cns.requests().into_iter().map(|r| r.method).collect();
+    assert_eq!(
+        methods.last().map(String::as_str),
+        Some("Logout"),
+        "the session ends after the controllers stopped: {methods:?}"
     );
     let pv = claims.get("data").await.unwrap().spec.unwrap().volume_name;
     let volumes = cns.volumes();

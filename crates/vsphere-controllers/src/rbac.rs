@@ -1,0 +1,95 @@
+//! The API permissions the vSphere application uses, for writing its RBAC rules.
+//!
+//! The process runs two controllers on one service account: the provision controller
+//! (its rules are [`provision_controller::rbac`]'s) and the `CnsVolumeMetadata` reconciler
+//! ([`METADATA_PERMISSIONS`]). `examples/deploy/vsphere-rbac.yaml` grants exactly
+//! [`CLUSTER_PERMISSIONS`] in a ClusterRole and [`LEADER_ELECTION_PERMISSIONS`] in a Role
+//! of the Deployment's namespace, rule by rule (the repository's
+//! `tests/deploy_manifests.rs` keeps them equal). The demo's own calls (installing the
+//! CRD and a StorageClass, creating claims) are not the controllers' and need no rule.
+
+pub use provision_controller::rbac::{LEADER_ELECTION_PERMISSIONS, Names, Permission};
+
+/// What the `CnsVolumeMetadata` reconciler ([`cnsmetadata::run_while_leading`]) calls,
+/// cluster-wide:
+///
+/// - claims and volumes: `list`/`watch` only (its caches; it never writes them);
+/// - `cnsvolumemetadatas` in `cns.vmware.com`: `list`/`watch` (cache and trigger watch),
+///   `get` (the latest version before a decision, and again after a conflict), `update`
+///   (the status and the record annotation: the resource has no status subresource);
+/// - events: `create`, then `patch` for a repeated event's series, on `events.k8s.io`
+///   (kube-controller-kit's `EventWriter`, as the provision controller).
+pub const METADATA_PERMISSIONS: &[Permission] = &[
+    Permission::new("", "persistentvolumeclaims", &["list", "watch"]),
+    Permission::new("", "persistentvolumes", &["list", "watch"]),
+    Permission::new(
+        "cns.vmware.com",
+        "cnsvolumemetadatas",
+        &["get", "list", "watch", "update"],
+    ),
+    Permission::new("events.k8s.io", "events", &["create", "patch"]),
+];
+
+/// The cluster-wide permissions of the whole process (a ClusterRole): the union of the
+/// provision controller's
+/// [`CLUSTER_PERMISSIONS`](provision_controller::rbac::CLUSTER_PERMISSIONS) and
+/// [`METADATA_PERMISSIONS`], one rule per group and resource (a unit test keeps it the
+/// union).
+pub const CLUSTER_PERMISSIONS: &[Permission] = &[
+    Permission::new(
+        "",
+        "persistentvolumeclaims",
+        &["get", "list", "watch", "update", "patch"],
+    ),
+    Permission::new(
+        "",
+        "persistentvolumes",
+        &["get", "list", "watch", "create", "delete", "patch"],
+    ),
+    Permission::new("storage.k8s.io", "storageclasses", &["list", "watch"]),
+    Permission::new("events.k8s.io", "events", &["create", "patch"]),
+    Permission::new(
+        "cns.vmware.com",
+        "cnsvolumemetadatas",
+        &["get", "list", "watch", "update"],
+    ),
+];
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    fn grants<'a>(
+        permissions: impl IntoIterator<Item = &'a Permission>,
+    ) -> BTreeSet<(&'static str, &'static str, &'static str)> {
+        permissions
+            .into_iter()
+            .flat_map(|p| p.verbs.iter().map(|v| (p.group, p.resource, *v)))
+            .collect()
+    }
+
+    #[test]
+    fn the_process_is_granted_the_union_of_both_controllers_permissions() {
+        let union = grants(
+            provision_controller::rbac::CLUSTER_PERMISSIONS
+                .iter()
+                .chain(METADATA_PERMISSIONS),
+        );
+        assert_eq!(grants(CLUSTER_PERMISSIONS), union);
+        let resources: BTreeSet<_> = CLUSTER_PERMISSIONS
+            .iter()
+            .map(|p| (p.group, p.resource))
+            .collect();
+        assert_eq!(
+            resources.len(),
+            CLUSTER_PERMISSIONS.len(),
+            "one rule per resource"
+        );
+        assert!(
+            CLUSTER_PERMISSIONS.iter().all(|p| p.names == Names::Any),
+            "cluster-wide rules name no object"
+        );
+    }
+}
