@@ -17,21 +17,7 @@ use kube_client::{
     Api,
     api::{DeleteParams, ObjectMeta, PostParams},
 };
-use kube_sim::KubeSim;
-
-async fn eventually<T, Fut: Future<Output = Option<T>>>(what: &str, check: impl Fn() -> Fut) -> T {
-    let poll = async {
-        loop {
-            if let Some(value) = check().await {
-                return value;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), poll)
-        .await
-        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
-}
+use kube_sim::{KubeSim, wait::eventually};
 
 #[tokio::test]
 async fn guest_pvc_metadata_reaches_cns_and_is_removed_on_delete() {

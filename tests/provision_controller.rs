@@ -14,6 +14,7 @@ use kube_client::{
     api::{DeleteParams, PostParams},
 };
 use kube_runtime::{WatchStreamExt, reflector, watcher};
+use kube_sim::wait::eventually;
 use provision_controller::{
     Config, ProvisionController, SharedCache,
     testing::{FakeProvisioner, class, pvc},
@@ -47,20 +48,6 @@ where
             }),
     );
     SharedCache::new(store, changes)
-}
-
-async fn wait_until<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    for _ in 0..500 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("timed out waiting for {what}");
 }
 
 #[tokio::test]
@@ -105,7 +92,7 @@ async fn a_claim_is_provisioned_and_reclaimed_on_caches_the_caller_runs() {
         .unwrap();
     let pv_name = format!("pvc-{uid}");
 
-    wait_until("claim bound", || async {
+    eventually("claim bound", || async {
         let claim = claims.get("data").await.unwrap();
         claim.spec.and_then(|s| s.volume_name).as_deref() == Some(pv_name.as_str())
             && claim.status.and_then(|s| s.phase).as_deref() == Some("Bound")
@@ -121,7 +108,7 @@ async fn a_claim_is_provisioned_and_reclaimed_on_caches_the_caller_runs() {
         .await
         .unwrap();
     let volumes: Api<PersistentVolume> = Api::all(client.clone());
-    wait_until("volume and asset deleted", || async {
+    eventually("volume and asset deleted", || async {
         volumes.get_opt(&pv_name).await.unwrap().is_none() && fake.assets().is_empty()
     })
     .await;
@@ -174,7 +161,7 @@ async fn with_the_production_defaults_a_replica_leads_serves_probes_and_releases
         let _ = stopped.await;
     }));
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    wait_until("ready", || async {
+    eventually("ready", || async {
         status_of(addr, "/readyz").await == Some(200)
     })
     .await;
@@ -189,7 +176,7 @@ async fn with_the_production_defaults_a_replica_leads_serves_probes_and_releases
             .and_then(|l| l.spec?.holder_identity)
             .filter(|h| !h.is_empty())
     };
-    wait_until("lease held", || async { holder().await.is_some() }).await;
+    eventually("lease held", || async { holder().await.is_some() }).await;
 
     Api::<StorageClass>::all(client.clone())
         .create(
@@ -206,7 +193,7 @@ async fn with_the_production_defaults_a_replica_leads_serves_probes_and_releases
         )
         .await
         .unwrap();
-    wait_until("claim bound", || async {
+    eventually("claim bound", || async {
         let claim = claims.get("data").await.unwrap();
         claim.status.and_then(|s| s.phase).as_deref() == Some("Bound")
     })

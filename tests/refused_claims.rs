@@ -14,6 +14,7 @@ use kube_client::{
     Api, Client,
     api::{DeleteParams, PostParams},
 };
+use kube_sim::wait::Wait;
 use provision_controller::{
     Config, ProvisionController,
     annotations::{ANN_PROVISIONING_OWNER, ANN_STORAGE_PROVISIONER, FINALIZER_PROVISIONING},
@@ -141,21 +142,20 @@ impl Env {
 
 /// Polls `check` every 50 ms for up to 60 s; on a timeout, panics with the claim, the
 /// PV `pv_name` and the CNS volumes.
-async fn wait_until<F, Fut>(env: &Env, pv_name: &str, what: &str, mut check: F)
+async fn wait_until<F, Fut>(env: &Env, pv_name: &str, what: &str, check: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    for _ in 0..1200 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let wait = Wait::new()
+        .limit(Duration::from_secs(60))
+        .every(Duration::from_millis(50));
+    if let Err(timed_out) = wait.poll(check).await {
+        panic!(
+            "{timed_out} waiting for {what}\n{}",
+            state(env, pv_name).await
+        );
     }
-    panic!(
-        "timed out waiting for {what}\n{}",
-        state(env, pv_name).await
-    );
 }
 
 /// The claim, its PV and the CNS volumes, for a failure message.

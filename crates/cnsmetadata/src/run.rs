@@ -488,6 +488,7 @@ mod tests {
         ResourceExt,
         api::{DeleteParams, ObjectMeta, PostParams},
     };
+    use kube_sim::wait::eventually;
 
     fn assert_send<T: Send>(t: T) -> T {
         t
@@ -540,18 +541,6 @@ mod tests {
             Duration::from_secs(2),
             "only that object's delay is forgotten"
         );
-    }
-
-    /// Polls `check` every 20 ms for at most 20 s.
-    async fn eventually(what: &str, check: impl Fn() -> bool) {
-        let poll = async {
-            while !check() {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(20), poll)
-            .await
-            .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
     }
 
     /// A kube-sim with the CRD and the namespace `tenant`.
@@ -638,7 +627,10 @@ mod tests {
             }
         };
         failed_with("is not bound").await;
-        eventually("the failure to wait an hour", || backoff.len() == 1).await;
+        eventually("the failure to wait an hour", || async {
+            backoff.len() == 1
+        })
+        .await;
 
         // The claim binds to a PV that does not exist yet: reconciled at once, still failing.
         let mut claim = pvcs.get("gc-1-vol-a").await.unwrap();
@@ -656,11 +648,11 @@ mod tests {
         )
         .await
         .unwrap();
-        eventually("the entity pushed once the PV appears", || {
+        eventually("the entity pushed once the PV appears", || async {
             backend.successful_updates().len() == 1
         })
         .await;
-        eventually("the retry delay forgotten", || backoff.is_empty()).await;
+        eventually("the retry delay forgotten", || async { backoff.is_empty() }).await;
         let pushed = backend.successful_updates();
         assert_eq!(pushed[0].volume_id, "fcd-a");
 
@@ -683,7 +675,7 @@ mod tests {
         pvs.replace("pv-a", &PostParams::default(), &pv)
             .await
             .unwrap();
-        eventually("the entity pushed to the new handle", || {
+        eventually("the entity pushed to the new handle", || async {
             backend
                 .successful_updates()
                 .iter()
@@ -705,7 +697,7 @@ mod tests {
 
         // Not leading: claim and PV changes reconcile nothing.
         leader.send(false).unwrap();
-        eventually("the term to end", || !triggers.in_term()).await;
+        eventually("the term to end", || async { !triggers.in_term() }).await;
         let mut pv = pvs.get("pv-a").await.unwrap();
         pv.spec
             .as_mut()
@@ -773,11 +765,14 @@ mod tests {
             .create(&PostParams::default(), &object("gc-1-gone", "gc-1-a"))
             .await
             .unwrap();
-        eventually("gc-1-gone pushed", || backend.entities().len() == 1).await;
+        eventually("gc-1-gone pushed", || async {
+            backend.entities().len() == 1
+        })
+        .await;
 
         // This replica stands by, and its watch of objects breaks.
         leader.send(false).unwrap();
-        eventually("the term to end", || !triggers.in_term()).await;
+        eventually("the term to end", || async { !triggers.in_term() }).await;
         sim.add_fault(
             kube_sim::FaultRule::new(kube_sim::Verb::Watch, "cnsvolumemetadatas")
                 .status(500, "InternalError")
@@ -815,7 +810,7 @@ mod tests {
                 .map(|e| e.entity_metadata.entity_name.clone())
                 .collect()
         };
-        eventually("gc-1-new pushed, or gc-1-gone pushed again", || {
+        eventually("gc-1-new pushed, or gc-1-gone pushed again", || async {
             !backend.entities().is_empty()
         })
         .await;
@@ -900,7 +895,7 @@ mod tests {
         }
         eventually(
             "every object seen, failures delayed, valid ones pushed",
-            || {
+            || async {
                 triggers.tracked() == 12
                     && backoff.len() == 8
                     && backend.successful_updates().len() >= 4
@@ -914,7 +909,7 @@ mod tests {
                 .await
                 .unwrap();
         }
-        eventually("the per-object maps to empty", || {
+        eventually("the per-object maps to empty", || async {
             triggers.tracked() == 0 && backoff.is_empty()
         })
         .await;

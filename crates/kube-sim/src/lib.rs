@@ -22,6 +22,7 @@ mod status;
 mod store;
 mod strategic;
 mod validation;
+pub mod wait;
 
 pub use crate::error::{Error, Result};
 pub use crate::fault::{FaultRule, Verb};

@@ -17,6 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube_client::api::{DeleteParams, PostParams};
 use kube_client::{Api, Client};
 use kube_sim::KubeSim;
+use kube_sim::wait::Wait;
 use provision_controller::leader::LeaderElection;
 use vsphere_cns::simulator::CnsSimulator;
 use vsphere_cns::{ClusterFlavor, CnsClient, CnsMetadataBackend, CnsProvisioner};
@@ -26,17 +27,8 @@ const PROVISIONER: &str = "csi.vsphere.vmware.com";
 const NAMESPACE: &str = "default";
 const CLUSTER: &str = "supervisor-1";
 
-/// Polls `check` every 50 ms until it holds or `limit` passes.
-async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + limit;
-    while tokio::time::Instant::now() < deadline {
-        if check().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
-}
+/// How often the waits below check.
+const POLL: Duration = Duration::from_millis(50);
 
 async fn install(kube: &Client, datastore: &str) {
     Api::<CustomResourceDefinition>::all(kube.clone())
@@ -169,28 +161,33 @@ async fn a_standby_neither_provisions_nor_reconciles_until_it_leads() {
 
     // A standby: its caches fill, but nothing is provisioned or reconciled. (Give it ample
     // time: a replica that ignored the lease would have acted within a few hundred ms.)
-    let acted = eventually(Duration::from_secs(3), async || {
-        let object = objects.get("gc-1-data").await.unwrap();
-        has_finalizer(&object) || !cns.volumes().is_empty()
-    })
-    .await;
-    assert!(!acted, "a standby reconciled or provisioned");
+    let acted = Wait::new()
+        .limit(Duration::from_secs(3))
+        .every(POLL)
+        .poll(|| async {
+            let object = objects.get("gc-1-data").await.unwrap();
+            has_finalizer(&object) || !cns.volumes().is_empty()
+        })
+        .await;
+    assert!(acted.is_err(), "a standby reconciled or provisioned");
 
     // The other replica goes away: this one takes the lease and does both.
     leases
         .delete(election.lease_name.as_str(), &DeleteParams::default())
         .await
         .unwrap();
-    let finalized = eventually(Duration::from_secs(30), async || {
-        has_finalizer(&objects.get("gc-1-data").await.unwrap())
-    })
-    .await;
-    assert!(
-        finalized,
-        "the leader never reconciled the CnsVolumeMetadata object"
-    );
-    let provisioned = eventually(Duration::from_secs(30), async || cns.volumes().len() == 1).await;
-    assert!(provisioned, "the leader never provisioned the claim");
+    let leader = Wait::new().limit(Duration::from_secs(30)).every(POLL);
+    leader
+        .until(
+            "the leader to reconcile the CnsVolumeMetadata object",
+            || async { has_finalizer(&objects.get("gc-1-data").await.unwrap()) },
+        )
+        .await;
+    leader
+        .until("the leader to provision the claim", || async {
+            cns.volumes().len() == 1
+        })
+        .await;
 
     // One election: the provision controller's Lease is the only one, held by this replica.
     let all: Vec<Lease> = Api::<Lease>::all(kube.clone())

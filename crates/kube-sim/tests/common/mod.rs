@@ -1,12 +1,14 @@
 //! Helpers shared by the kube-sim integration tests.
 #![allow(dead_code, unreachable_pub)]
 
-use std::future::Future;
-use std::time::Duration;
-
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube_client::Error;
 use serde_json::json;
+
+/// The shared poll (20 s limit, a hang guard, not a timing assertion), re-exported so the
+/// targets that share this module import it from one place.
+#[allow(unused_imports)] // not every target waits
+pub use kube_sim::wait::eventually;
 
 /// A claim named `name` asking for `size`.
 pub fn claim(name: &str, size: &str) -> PersistentVolumeClaim {
@@ -28,21 +30,4 @@ pub fn api_error<T: std::fmt::Debug>(result: Result<T, Error>) -> (u16, String, 
         Err(Error::Api(status)) => (status.code, status.reason.clone(), status.message.clone()),
         other => panic!("expected an API error, got {other:?}"),
     }
-}
-
-/// Polls `check` until it returns true; fails the test after 10 s (a hang guard, not a timing
-/// assertion).
-pub async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while tokio::time::Instant::now() < deadline {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("timed out waiting for {what}");
 }

@@ -10,7 +10,7 @@ mod save;
 mod slots;
 mod upstream;
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use k8s_openapi::api::{
     core::v1::{Node, PersistentVolume, PersistentVolumeClaim},
@@ -22,6 +22,8 @@ use kube_client::{
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
 use kube_sim::KubeSim;
+/// Polls a check until it returns `Some` (or `true`), failing the test after 20 s.
+pub(crate) use kube_sim::wait::eventually;
 use provision_controller::{
     Config, FailureBackoff, ProvisionController, PvSaveStrategy,
     ratelimit::ItemExponentialLimiter,
@@ -240,25 +242,6 @@ impl Env {
             self.events(name, reason).await.into_iter().next()
         })
         .await
-    }
-}
-
-/// Polls `check` every 20 ms until it returns `Some`, failing the test after 15 s.
-pub(crate) async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

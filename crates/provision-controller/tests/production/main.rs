@@ -10,7 +10,7 @@ mod namespace;
 mod probes;
 mod stripped;
 
-use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use k8s_openapi::api::{
     coordination::v1::Lease,
@@ -22,6 +22,8 @@ use kube_client::{
     api::{DeleteParams, PostParams},
 };
 use kube_sim::KubeSim;
+/// Polls a check until it returns `Some` (or `true`), failing the test after 20 s.
+pub(crate) use kube_sim::wait::eventually;
 use provision_controller::{
     Config, FailureBackoff, LeaderElection, ProvisionController, PvSaveStrategy,
     leader::dedicated_client,
@@ -245,23 +247,4 @@ pub(crate) async fn wait_holder(sim: &KubeSim, identity: &str) {
         async move { (lease_holder(&client).await.as_deref() == Some(identity)).then_some(()) }
     })
     .await;
-}
-
-/// Polls `check` every 20 ms until it returns `Some`, failing the test after 20 s.
-pub(crate) async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
