@@ -31,6 +31,17 @@ pub struct ProvisionOptions {
     /// scheduler choose again.
     #[doc(alias = "SelectedNode")]
     pub selected_node_name: Option<String>,
+    /// The claim will not get this volume the normal way (it was deleted, vanished or
+    /// bound to another PV) and the controller only looks for an asset that may exist, to
+    /// record it in a PV that is then released and reclaimed (crash-safe provisioning):
+    /// **create nothing**. Return the PV of an asset that exists for
+    /// [`pv_name`](Self::pv_name), [`ProvisionError::InBackground`] while one may still
+    /// appear (a create in flight), or [`ProvisionError::Ignored`] when none exists.
+    ///
+    /// A driver that creates an asset anyway stays correct (its PV is released and the
+    /// asset deleted), but makes an asset only to delete it, and one more asset that a
+    /// controller stopped at the wrong moment cannot find again. No Go counterpart.
+    pub cleanup: bool,
 }
 
 impl ProvisionOptions {
@@ -47,7 +58,15 @@ impl ProvisionOptions {
             pv_name: pv_name.into(),
             claim,
             selected_node_name,
+            cleanup: false,
         }
+    }
+
+    /// The same options for a cleanup ([`cleanup`](Self::cleanup)): find, do not create.
+    #[must_use]
+    pub fn for_cleanup(mut self) -> Self {
+        self.cleanup = true;
+        self
     }
 }
 

@@ -33,6 +33,10 @@ use crate::{DeleteError, ProvisionError, ProvisionOptions, Provisioner};
 #[non_exhaustive]
 pub enum ProvisionStep {
     /// Create the asset and return its PV (also what happens when the script is empty).
+    /// For a cleanup ([`ProvisionOptions::cleanup`]) only an asset that exists (or that
+    /// an earlier [`InBackground`](Self::InBackground) answer said is being made) is
+    /// returned; with none, the call answers [`ProvisionError::Ignored`] and creates
+    /// nothing, as the contract asks.
     Succeed,
     /// Return [`ProvisionError::InBackground`].
     InBackground,
@@ -81,6 +85,9 @@ struct State {
     saved_script: VecDeque<DeleteStep>,
     saved_calls: Vec<PersistentVolume>,
     assets: BTreeSet<String>,
+    /// Assets an [`ProvisionStep::InBackground`] answer said are being made: a cleanup's
+    /// lookup finds them (the backend finishes them).
+    in_background: BTreeSet<String>,
 }
 
 /// The gate of [`ProvisionStep::Block`] calls.
@@ -214,7 +221,21 @@ impl Provisioner for FakeProvisioner {
                 .provision_script
                 .pop_front()
                 .unwrap_or(ProvisionStep::Succeed);
+            // A cleanup looks for the asset and creates none (ProvisionOptions::cleanup).
+            if step == ProvisionStep::InBackground {
+                state.in_background.insert(options.pv_name.clone());
+            }
+            if options.cleanup
+                && step == ProvisionStep::Succeed
+                && !state.assets.contains(&options.pv_name)
+                && !state.in_background.contains(&options.pv_name)
+            {
+                return Err(ProvisionError::Ignored {
+                    reason: format!("fake: no asset {} to clean up", options.pv_name),
+                });
+            }
             if matches!(step, ProvisionStep::Succeed | ProvisionStep::Block) {
+                state.in_background.remove(&options.pv_name);
                 state.assets.insert(options.pv_name.clone());
             }
             step

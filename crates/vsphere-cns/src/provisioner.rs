@@ -632,6 +632,13 @@ impl Provisioner for CnsProvisioner {
             info!(error = %pending, "not creating: an earlier create may still land");
             return Err(ProvisionError::InBackground(Box::new(pending)));
         }
+        // A cleanup records a volume that exists; it never creates one.
+        if options.cleanup {
+            info!("cleanup: no cns volume of this name exists, and none is created");
+            return Err(ProvisionError::Ignored {
+                reason: format!("no cns volume named {name:?} exists to clean up"),
+            });
+        }
         let spec = VolumeCreateSpec {
             name: name.clone(),
             volume_type: VolumeType::Block,

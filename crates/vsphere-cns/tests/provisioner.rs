@@ -533,3 +533,21 @@ async fn a_volume_of_the_same_name_in_another_cluster_is_neither_reused_nor_remo
     assert_eq!(left[0].id.as_str(), handle(&theirs));
     sim.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_cleanup_hands_over_the_volume_that_exists_and_never_creates_one() {
+    let sim = sim().await;
+    let provisioner = provisioner(&sim).await;
+    let cleanup = default_options().for_cleanup();
+    let answer = provisioner.provision(&cleanup).await;
+    assert!(
+        matches!(answer, Err(ProvisionError::Ignored { .. })),
+        "no volume: nothing to record, got {answer:?}"
+    );
+    assert!(sim.volumes().is_empty(), "a cleanup created a volume");
+
+    let made = provisioner.provision(&default_options()).await.unwrap();
+    let found = provisioner.provision(&cleanup).await.unwrap();
+    assert_eq!(handle(&found), handle(&made));
+    assert_eq!(sim.volumes().len(), 1);
+}

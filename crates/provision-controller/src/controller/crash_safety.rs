@@ -413,7 +413,8 @@ pub(crate) async fn clean_up(
         pv_name.clone(),
         Arc::clone(claim),
         annotations::selected_node(claim).map(str::to_owned),
-    );
+    )
+    .for_cleanup();
     tracing::info!(pv = %pv_name, claim_gone, "the claim will not get our PV the normal way; looking for its asset");
     let limit = ctx.config.provision_timeout;
     let in_background = || {

@@ -224,7 +224,10 @@ async fn store_blocking(
         }
         match ctx
             .driver_slots
-            .deleting(ctx.config.provision_timeout, ctx.provisioner.delete(&volume))
+            .deleting(
+                ctx.config.provision_timeout,
+                ctx.provisioner.delete(&volume),
+            )
             .await
         {
             Ok(Ok(()) | Err(DeleteError::Ignored { .. })) => {

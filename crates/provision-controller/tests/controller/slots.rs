@@ -15,7 +15,8 @@ fn threads(n: u16) -> NonZeroU16 {
 
 #[tokio::test]
 async fn no_more_driver_calls_run_at_once_than_threads_even_with_many_sync_workers() {
-    let fake = FakeProvisioner::new().script_provision(std::iter::repeat_n(ProvisionStep::Block, 6));
+    let fake =
+        FakeProvisioner::new().script_provision(std::iter::repeat_n(ProvisionStep::Block, 6));
     let config = quick().threads(threads(2)).sync_workers(threads(16));
     let env = Env::start(config, fake.clone()).await;
     env.create_class(fast_class()).await;
@@ -52,15 +53,20 @@ async fn a_slow_pv_save_does_not_hold_the_driver_slot() {
     env.create_class(fast_class()).await;
     env.create_claim(claim("first")).await;
     env.create_claim(claim("second")).await;
-    eventually("both claims' driver calls, before any PV is saved", || async {
-        (env.fake.provision_calls().len() == 2).then_some(())
-    })
+    eventually(
+        "both claims' driver calls, before any PV is saved",
+        || async { (env.fake.provision_calls().len() == 2).then_some(()) },
+    )
     .await;
     let saved = env.volumes().list(&Default::default()).await.unwrap();
     assert!(
         saved.items.is_empty(),
         "the driver calls were meant to overlap the first save: {:?}",
-        saved.items.iter().map(|v| v.metadata.name.clone()).collect::<Vec<_>>()
+        saved
+            .items
+            .iter()
+            .map(|v| v.metadata.name.clone())
+            .collect::<Vec<_>>()
     );
     env.bound_volume("first").await;
     env.bound_volume("second").await;

@@ -55,6 +55,8 @@ async fn a_claim_that_vanished_while_provisioning_in_the_background_gets_a_pv_fo
     assert!(h.ctx.is_in_progress("u1"));
     assert_eq!(fake.provision_calls().len(), 1);
 
+    // The backend finishes the asset.
+    fake.add_asset("pvc-u1");
     let second = claim::sync_claim(&h.ctx, "u1").await;
     assert!(second.is_ok(), "{second:?}");
     assert_eq!(fake.provision_calls().len(), 2, "found by name");
@@ -79,9 +81,46 @@ async fn a_claim_that_vanished_while_provisioning_in_the_background_gets_a_pv_fo
     );
 }
 
+// Chaos seeds 10132 and 10230: the cleanup of a vanished claim whose create never
+// landed created a volume only to record it, and the replica stopped before its PV was
+// saved: a volume nothing recorded. A cleanup now creates nothing.
+#[tokio::test]
+async fn the_cleanup_of_a_vanished_claim_whose_asset_never_appeared_creates_none_and_saves_no_pv() {
+    let fake = FakeProvisioner::new();
+    let (sim, h) = sim_harness(Config::default(), fake.clone(), true).await;
+    // A claim whose provisioning was left in progress (a timed-out call, say), then
+    // stripped and deleted; the backend's create never made the asset.
+    let class = h.ctx.caches.class("fast");
+    h.ctx
+        .set_in_progress("u1", Some(InProgress::new(Arc::new(the_claim()), class)));
+
+    let cleaned = claim::sync_claim(&h.ctx, "u1").await;
+    assert!(cleaned.is_ok(), "{cleaned:?}");
+    let calls = fake.provision_calls();
+    assert_eq!(calls.len(), 1);
+    assert!(calls[0].cleanup, "the cleanup's lookup, not a provisioning");
+    assert!(
+        fake.assets().is_empty(),
+        "the cleanup created an asset: {:?}",
+        fake.assets()
+    );
+    assert!(
+        sim_volume(&sim, "pvc-u1").await.is_none(),
+        "no PV for no asset"
+    );
+    assert!(!h.ctx.is_in_progress("u1"), "the entry ends");
+    assert_eq!(
+        claim_requests(&sim),
+        [],
+        "the vanished claim is never written"
+    );
+}
+
 #[tokio::test]
 async fn a_deleted_claim_the_qualifier_refuses_is_not_cleaned_up_by_this_controller() {
     let fake = FakeProvisioner::new();
+    // The provisioning that put the finalizer there created the asset.
+    fake.add_asset("pvc-u1");
     let (sim, mut h) = sim_harness(Config::default(), fake.clone(), true).await;
     h.put_claim(
         pvc("c")
@@ -150,6 +189,7 @@ async fn a_cleanup_the_qualifier_refuses_is_asked_again_after_the_resync_period(
 #[tokio::test]
 async fn a_cleanup_after_a_restart_uses_the_class_recorded_on_the_claim() {
     let fake = FakeProvisioner::new();
+    fake.add_asset("pvc-u1");
     // No class in the cache: it was deleted.
     let (sim, mut h) = sim_harness(Config::default(), fake.clone(), false).await;
     let mut started = class("fast")
