@@ -295,6 +295,11 @@ pub(crate) struct Context {
     /// slot of `provision` only around the driver's provision calls, volume workers one of
     /// `delete` only around its delete calls, so API round trips never hold one.
     pub(crate) driver_slots: DriverSlots,
+    /// Claim UID -> when this process first looked for the asset of a claim that will not
+    /// get our PV the normal way ([`crash_safety::clean_up`]): "no asset" is believed only
+    /// once the driver's late-asset window has passed since (a create sent before, by any
+    /// replica, lands within it). Removed when the cleanup ends.
+    pub(crate) cleanups: Mutex<HashMap<String, tokio::time::Instant>>,
 }
 
 /// Bounds on concurrent driver calls, one per flow (Go: `Threadiness` claim workers and
@@ -472,6 +477,7 @@ impl Context {
             own_writes: Mutex::default(),
             late: late::LateAssets::default(),
             driver_slots: DriverSlots::new(usize::from(config.threads.get())),
+            cleanups: Mutex::default(),
             config,
         }
     }
@@ -499,6 +505,34 @@ impl Context {
 
     /// Remembers (`Some`) or forgets (`None`) that the claim's provisioning may run in the
     /// background. An entry without a class keeps the class remembered before, if any.
+    /// How much longer a cleanup of claim `uid` that found no asset must wait before it
+    /// believes that none exists: `window` (the driver's late-asset window) counted from
+    /// this process's first look (recorded now if this is it); `None` once it has passed.
+    pub(crate) fn cleanup_wait(
+        &self,
+        uid: &str,
+        window: std::time::Duration,
+    ) -> Option<std::time::Duration> {
+        let now = tokio::time::Instant::now();
+        let first = *self
+            .cleanups
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(uid.to_owned())
+            .or_insert(now);
+        window
+            .checked_sub(now.saturating_duration_since(first))
+            .filter(|left| !left.is_zero())
+    }
+
+    /// Forgets the first look of claim `uid`'s cleanup (it ended).
+    pub(crate) fn forget_cleanup(&self, uid: &str) {
+        self.cleanups
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(uid);
+    }
+
     pub(crate) fn set_in_progress(&self, uid: &str, entry: Option<InProgress>) {
         let n = {
             let mut map = self.in_progress();

@@ -45,6 +45,13 @@ pub(crate) enum OpError {
     /// (another controller may own it); the worker asks again after `wait`.
     #[error("the qualifier refuses the cleanup of claim {claim}; asking again in {wait:?}")]
     Refused { claim: String, wait: Duration },
+    /// Not a failure: a cleanup found no asset for the claim, but a create sent for it
+    /// before it was deleted or bound elsewhere (by this or another replica) may still
+    /// land within the driver's late-asset window; the worker looks again after `wait`.
+    #[error(
+        "no asset of claim {claim} found yet, and a create sent before may still land; looking again in {wait:?}"
+    )]
+    Settling { claim: String, wait: Duration },
     #[error("persistentvolume {name} already existed and is gone now")]
     VolumeGone { name: String },
 }

@@ -480,8 +480,21 @@ pub(crate) async fn clean_up(
         }
         ctx.caches.mark_saved(&name);
     } else {
+        // A create sent before (by this or another replica, which may have stopped since
+        // and forgotten it) may still land: "none" is believed once it can no longer.
+        if let Some(wait) = ctx
+            .provisioner
+            .late_asset_window()
+            .and_then(|window| ctx.cleanup_wait(&uid, window))
+        {
+            return Err(OpError::Settling {
+                claim: claim_key(claim),
+                wait,
+            });
+        }
         tracing::info!(pv = %pv_name, "the driver holds no asset for the claim");
     }
+    ctx.forget_cleanup(&uid);
     ctx.set_in_progress(&uid, None);
     // Saved now, or nothing exists: a PV waiting in the background saver is not needed.
     ctx.saver.forget_pending(ctx, &pv_name);

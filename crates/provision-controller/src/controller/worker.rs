@@ -52,6 +52,7 @@ fn settle_claim(ctx: &Context, uid: &str, result: Result<(), OpError>) {
         Ok(()) => {
             ctx.claim_queue.forget(uid);
             ctx.set_in_progress(uid, None);
+            ctx.forget_cleanup(uid);
         }
         // Waiting after an infeasible answer is no failure: queued again once the
         // wait is over (or at once when the claim's class is re-created).
@@ -60,6 +61,12 @@ fn settle_claim(ctx: &Context, uid: &str, result: Result<(), OpError>) {
             ctx.claim_queue.add_after(uid.to_owned(), wait);
         }
         // A cleanup the qualifier refuses now: asked again slowly, not counted.
+        // A cleanup that found no asset yet, while a create may still land: looked at
+        // again once it can no longer, not counted.
+        Err(err @ OpError::Settling { wait, .. }) => {
+            tracing::info!(claim_uid = %uid, error = %err, "cleanup waits for creates that may still land");
+            ctx.claim_queue.add_after(uid.to_owned(), wait);
+        }
         Err(err @ OpError::Refused { wait, .. }) => {
             tracing::debug!(claim_uid = %uid, error = %err, "cleanup refused; retry delayed");
             ctx.claim_queue.add_after(uid.to_owned(), wait);

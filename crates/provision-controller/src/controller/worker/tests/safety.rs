@@ -116,6 +116,70 @@ async fn the_cleanup_of_a_vanished_claim_whose_asset_never_appeared_creates_none
     );
 }
 
+// Chaos seed 20163: a replica's create timed out (it may still land), the claim was
+// deleted, the replica stopped; the next one looked for the asset, found none yet, let the
+// claim go, and the create landed: a volume nothing records. "None" is believed only once
+// the driver's late-asset window has passed since the first look.
+#[tokio::test]
+async fn a_cleanup_that_finds_no_asset_waits_the_late_asset_window_before_it_lets_the_claim_go() {
+    let window = Duration::from_millis(400);
+    let fake = FakeProvisioner::new().with_late_asset_window(window);
+    let (sim, mut h) = sim_harness(Config::default(), fake.clone(), true).await;
+    let deleting = || {
+        pvc("c")
+            .uid("u1")
+            .storage_class("fast")
+            .provisioner(ME)
+            .finalizer(FINALIZER_PROVISIONING)
+            .annotation(ANN_PROVISIONING_OWNER, ME)
+            .deleting()
+            .build()
+    };
+    h.put_claim(deleting());
+    let first = claim::sync_claim(&h.ctx, "u1").await;
+    match first {
+        Err(crate::controller::calls::OpError::Settling { wait, .. }) => {
+            assert!(wait <= window, "{wait:?}");
+        }
+        other => panic!("no asset yet must not end the cleanup: {other:?}"),
+    }
+    assert_eq!(claim_requests(&sim), [], "the finalizer stays meanwhile");
+    assert!(sim_volume(&sim, "pvc-u1").await.is_none());
+
+    // The other replica's create lands within the window: the next look records it.
+    fake.add_asset("pvc-u1");
+    tokio::time::sleep(window).await;
+    let second = claim::sync_claim(&h.ctx, "u1").await;
+    assert!(second.is_ok(), "{second:?}");
+    assert!(
+        sim_volume(&sim, "pvc-u1").await.is_some(),
+        "the late asset gets a PV"
+    );
+    assert!(fake.provision_calls().iter().all(|c| c.cleanup));
+
+    // Another claim whose create never lands: let go once the window has passed.
+    let fake = FakeProvisioner::new().with_late_asset_window(window);
+    let (sim, mut h) = sim_harness(Config::default(), fake.clone(), true).await;
+    h.put_claim(deleting());
+    let first = claim::sync_claim(&h.ctx, "u1").await;
+    assert!(
+        matches!(
+            first,
+            Err(crate::controller::calls::OpError::Settling { .. })
+        ),
+        "{first:?}"
+    );
+    tokio::time::sleep(window).await;
+    let second = claim::sync_claim(&h.ctx, "u1").await;
+    assert!(second.is_ok(), "{second:?}");
+    assert!(
+        sim_volume(&sim, "pvc-u1").await.is_none(),
+        "no asset, no PV"
+    );
+    assert!(fake.assets().is_empty());
+    assert_eq!(claim_requests(&sim).len(), 1, "the finalizer removal");
+}
+
 #[tokio::test]
 async fn a_deleted_claim_the_qualifier_refuses_is_not_cleaned_up_by_this_controller() {
     let fake = FakeProvisioner::new();
