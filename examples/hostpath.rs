@@ -74,7 +74,7 @@ async fn main() -> anyhow::Result<()> {
     classes.create(&post, &class).await?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let controller = ProvisionController::new(client, NAME, HostPath(base.clone()))
-        .with_config(Config::default().leader_election(None))
+        .config(Config::default().leader_election(None))
         .run(async { stopped.await.unwrap_or_default() });
     let controller = tokio::spawn(controller);
     let claim: PersistentVolumeClaim = serde_json::from_value(json!({

@@ -64,7 +64,7 @@ async fn a_claim_is_provisioned_and_reclaimed_on_caches_the_caller_runs() {
         .leader_election(None)
         .resync_period(Duration::from_secs(5));
     let controller = ProvisionController::new(client.clone(), NAME, fake.clone())
-        .with_config(config)
+        .config(config)
         .claims_cache(shared(Api::all(client.clone()), &mut caller_tasks))
         .volumes_cache(shared(Api::all(client.clone()), &mut caller_tasks))
         .classes_cache(shared(Api::all(client.clone()), &mut caller_tasks));
@@ -152,7 +152,7 @@ async fn with_the_production_defaults_a_replica_leads_serves_probes_and_releases
     let kube_config = kube_client::Config::new(sim.url().parse().unwrap());
     let fake = FakeProvisioner::new();
     let controller = ProvisionController::new(client.clone(), NAME, fake.clone())
-        .with_config(config)
+        .config(config)
         .leader_election_client(
             provision_controller::leader::dedicated_client(&kube_config).unwrap(),
         );

@@ -67,8 +67,8 @@ impl Env {
         let config = Config::default()
             .leader_election(None)
             .resync_period(Duration::from_secs(2));
-        let controller = ProvisionController::new(self.client.clone(), CSI_DRIVER, provisioner)
-            .with_config(config);
+        let controller =
+            ProvisionController::new(self.client.clone(), CSI_DRIVER, provisioner).config(config);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let run = tokio::spawn(async move {
             controller

@@ -106,7 +106,7 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
             labels: names.labels(),
         },
     )
-    .with_config(config);
+    .config(config);
     let (stop, stopped) = oneshot::channel::<()>();
     let running = env.controller.spawn(controller.run(async {
         let _ = stopped.await;

@@ -43,8 +43,8 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
         driver: names.provisioner.clone(),
         labels: names.labels(),
     };
-    let controller = ProvisionController::new(client, names.provisioner.clone(), provisioner)
-        .with_config(config);
+    let controller =
+        ProvisionController::new(client, names.provisioner.clone(), provisioner).config(config);
     let (stop, stopped) = oneshot::channel::<()>();
     let running = env.controller.spawn(controller.run(async {
         let _ = stopped.await;

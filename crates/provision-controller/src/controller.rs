@@ -127,8 +127,9 @@ impl ProvisionController {
     }
 
     /// Replaces the configuration.
+    #[doc(alias = "with_config")]
     #[must_use]
-    pub fn with_config(mut self, config: Config) -> Self {
+    pub fn config(mut self, config: Config) -> Self {
         self.config = config;
         self
     }
@@ -167,7 +168,7 @@ impl ProvisionController {
     /// let calls = Counter::<u64>::default();
     /// registry.lock().unwrap().register("driver_calls", "Calls to the backend", calls.clone());
     /// let controller = ProvisionController::new(client, "example.com/nfs", FakeProvisioner::new())
-    ///     .with_config(Config::default().metrics_port(8080))
+    ///     .config(Config::default().metrics_port(8080))
     ///     .metrics_registry(registry); // /metrics serves driver_calls_total and the controller's
     /// # }
     /// ```
@@ -792,7 +793,7 @@ mod tests {
             "example.com/fake",
             crate::testing::FakeProvisioner::new(),
         )
-        .with_config(config);
+        .config(config);
         let err = controller.run(std::future::pending()).await.unwrap_err();
         assert!(matches!(
             err,
@@ -810,7 +811,7 @@ mod tests {
             "example.com/fake",
             crate::testing::FakeProvisioner::new(),
         )
-        .with_config(Config::default().leader_election(None));
+        .config(Config::default().leader_election(None));
         let run = tokio::time::timeout(std::time::Duration::from_secs(5), controller.run(async {}));
         run.await.expect("run returns").expect("a clean stop");
     }

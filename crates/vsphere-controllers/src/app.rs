@@ -184,7 +184,7 @@ pub fn start_controllers(
         settings.provisioner_name.clone(),
         provisioner,
     )
-    .with_config(config)
+    .config(config)
     .health(health);
     let metadata_config = settings
         .metadata_config

@@ -103,8 +103,7 @@ impl Env {
         build: impl FnOnce(ProvisionController) -> ProvisionController,
     ) -> Self {
         let client = sim.client();
-        let controller =
-            build(ProvisionController::new(client.clone(), ME, driver).with_config(config));
+        let controller = build(ProvisionController::new(client.clone(), ME, driver).config(config));
         let (stop, stopped) = oneshot::channel();
         let run = tokio::spawn(controller.run(async {
             let _ = stopped.await;

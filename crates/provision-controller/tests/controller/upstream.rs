@@ -171,7 +171,7 @@ async fn the_controller_runs_on_caches_the_caller_already_has() {
     let classes = caller_cache::<StorageClass>(&client, &mut tasks);
     let fake = FakeProvisioner::new();
     let controller = ProvisionController::new(client.clone(), ME, fake.clone())
-        .with_config(quick())
+        .config(quick())
         .claims_cache(claims)
         .volumes_cache(volumes)
         .classes_cache(classes);

@@ -123,7 +123,7 @@ impl Replica {
         };
         let kube_config = kube_client::Config::new(sim.url().parse().unwrap());
         let controller = ProvisionController::new(sim.client(), ME, driver)
-            .with_config(config)
+            .config(config)
             .leader_election_client(dedicated_client(&kube_config).unwrap());
         let (stop, stopped) = oneshot::channel();
         let run = tokio::spawn(controller.run(async {

@@ -40,7 +40,7 @@ async fn elected_namespace(
     let namespace = from_lookup.leader_election.unwrap().namespace;
     let timings = election("a").namespace(namespace);
     let controller = ProvisionController::new(client, ME, fake())
-        .with_config(config(Some(timings)))
+        .config(config(Some(timings)))
         .leader_election_client(dedicated_client(&kube_config).unwrap());
     let (stop, stopped) = oneshot::channel::<()>();
     let run = tokio::spawn(controller.run(async {

@@ -197,7 +197,7 @@ async fn the_registry_passed_to_metrics_registry_is_the_one_served() {
         .register("driver_calls", "Calls to the backend", before.clone());
     let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let controller = ProvisionController::new(sim.client(), ME, FakeProvisioner::new())
-        .with_config(
+        .config(
             config(None)
                 .metrics_address(addr.ip())
                 .metrics_port(addr.port()),
