@@ -121,6 +121,13 @@ async fn claim_action(shared: &Shared, claim: usize, action: &Action) {
             }
             describe(&result)
         }
+        // A switch to Retain is the user's "keep it" before the claim is deleted; one after
+        // the deletion races the reclaim of a PV already being released (a claim deleted
+        // mid-provisioning stays bound, Terminating, until its cleanup ends), for which no
+        // promise holds: such a switch is not made.
+        Action::RetainVolume if record(shared, claim).deleted => {
+            "skipped: the claim was deleted".to_owned()
+        }
         Action::RetainVolume => match bound_volume(shared, &name).await {
             None => "skipped: the claim is not bound".to_owned(),
             Some(volume) => {

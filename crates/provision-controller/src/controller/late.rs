@@ -146,11 +146,30 @@ struct Owed {
 #[derive(Default)]
 pub(crate) struct LateAssets {
     pending: Mutex<HashMap<String, Entry>>,
+    /// PVs this process deleted before their late-asset window ended, by name: a create of
+    /// their name sent before (by another replica, whose memory of it this one lacks) may
+    /// still land, so the driver is asked once more, when the window ends, to release what
+    /// it holds for the name besides the PV's own (deleted) asset.
+    afterlife: Mutex<HashMap<String, Afterlife>>,
+}
+
+/// A PV deleted before its window ended ([`LateAssets::afterlife`]).
+#[derive(Clone)]
+struct Afterlife {
+    volume: PersistentVolume,
+    due: Timestamp,
+    failures: u32,
 }
 
 impl LateAssets {
     fn pending(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
         self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn afterlife(&self) -> MutexGuard<'_, HashMap<String, Afterlife>> {
+        self.afterlife
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -415,6 +434,7 @@ pub(crate) async fn sweep(ctx: &Context, name: &str, volume: Option<&PersistentV
         // arrival in the cache queues it again.
         if !ctx.caches.volume_exists(name) {
             ctx.late.pending().remove(name);
+            sweep_deleted(ctx, name).await;
         }
         return;
     };
@@ -523,6 +543,93 @@ pub(crate) async fn sweep(ctx: &Context, name: &str, volume: Option<&PersistentV
     if volume_saved(ctx, volume).await && recorded.is_some_and(|due| due <= started) {
         clear_recorded(ctx, volume).await;
     }
+}
+
+/// Records that this process deleted `volume` (a PV we provisioned, its asset deleted by
+/// the driver) before its late-asset window ended: the volume queue brings its name back
+/// when the window ends, and [`sweep_deleted`] asks the driver once more. The window's end
+/// is the later of the one recorded on the PV ([`ANN_LATE_ASSET_SWEEP`]) and the one
+/// counted from its creation. Nothing for a driver without a window, or a window over.
+pub(crate) fn deleted(ctx: &Context, volume: &PersistentVolume) {
+    let Some(window) = ctx.provisioner.late_asset_window().filter(|w| !w.is_zero()) else {
+        return;
+    };
+    let Some(name) = volume.metadata.name.clone() else {
+        return;
+    };
+    if !provisioned_by_us(volume, ctx.names()) {
+        return;
+    }
+    let recorded = volume
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANN_LATE_ASSET_SWEEP))
+        .and_then(|v| v.parse::<Timestamp>().ok());
+    let computed = created_end(volume).map(|c| after(c, window));
+    let Some(due) = recorded.into_iter().chain(computed).max() else {
+        return;
+    };
+    let now = Timestamp::now();
+    let Ok(wait) = Duration::try_from(due.duration_since(now)) else {
+        return;
+    };
+    if wait.is_zero() {
+        return;
+    }
+    tracing::debug!(pv = %name, ?wait, "deleted before its late-asset window ended: the driver is asked once more when it ends");
+    ctx.late.afterlife().insert(
+        name.clone(),
+        Afterlife {
+            volume: volume.clone(),
+            due,
+            failures: 0,
+        },
+    );
+    ctx.volume_queue.add_after(name, wait);
+}
+
+/// The last sweep of a PV this process deleted before its window ended ([`deleted`]):
+/// once the window is over, the driver's [`Provisioner::volume_saved`] with the deleted PV
+/// (every asset of its name but the PV's own, already deleted, is a leftover), retried
+/// with backoff until it succeeds. Before, the name is queued again for the window's end.
+async fn sweep_deleted(ctx: &Context, name: &str) {
+    let Some(entry) = ctx.late.afterlife().get(name).cloned() else {
+        return;
+    };
+    let now = Timestamp::now();
+    if let Ok(wait) = Duration::try_from(entry.due.duration_since(now))
+        && !wait.is_zero()
+    {
+        ctx.volume_queue.add_after(name.to_owned(), wait);
+        return;
+    }
+    let result = ctx
+        .driver_slots
+        .deleting(
+            ctx.config.provision_timeout,
+            ctx.provisioner.volume_saved(&entry.volume),
+        )
+        .await;
+    let error = match result {
+        Ok(Ok(()) | Err(DeleteError::Ignored { .. })) => {
+            tracing::info!(
+                pv = name,
+                "late-asset window of a deleted volume ended: its leftovers were released"
+            );
+            ctx.late.afterlife().remove(name);
+            return;
+        }
+        Ok(Err(DeleteError::Failed(e))) => chain(&*e),
+        Err(e) => chain(&e.into_op("volume_saved")),
+    };
+    let failures = entry.failures.saturating_add(1);
+    let retry_in = retry_delay(failures, ctx.config.resync_period);
+    if let Some(e) = ctx.late.afterlife().get_mut(name) {
+        e.failures = failures;
+    }
+    tracing::warn!(pv = name, failures, ?retry_in, %error, "the driver failed to release the leftovers of a deleted volume; asked again");
+    ctx.volume_queue.add_after(name.to_owned(), retry_in);
 }
 
 /// Removes [`ANN_LATE_ASSET_SWEEP`] from `volume` once its last sweep was made: a merge

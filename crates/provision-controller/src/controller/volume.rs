@@ -285,6 +285,8 @@ async fn delete_volume(ctx: &Context, volume: &PersistentVolume) -> Result<bool,
         }
     }
     tracing::info!("persistentvolume deleted");
+    // A create of its name that another replica sent may still land.
+    late::deleted(ctx, volume);
     Ok(true)
 }
 

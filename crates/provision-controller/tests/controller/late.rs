@@ -220,3 +220,40 @@ async fn without_a_window_volumes_are_not_swept_again() {
     assert_eq!(driver.calls(&name).len(), 1, "only at the save");
     env.stop().await;
 }
+
+// Chaos seed 30341 (no leader election): a replica's create timed out and landed after the
+// other replica had deleted the claim's PV; nothing swept the name again. A PV this
+// controller deletes before its window ended is swept once more when the window ends.
+#[tokio::test]
+async fn a_volume_deleted_before_its_window_ended_is_swept_once_more_when_it_ends() {
+    let driver = Timed::new(Some(Duration::from_secs(4)));
+    let env = Env::start_driver(quick(), driver.fake.clone(), driver.clone(), |c| c).await;
+    env.create_class(fast_class()).await;
+    env.create_claim(claim("data")).await;
+    let volume = env.bound_volume("data").await;
+    let name = volume.metadata.name.clone().unwrap();
+    // Swept at the save; then the claim goes and the PV is reclaimed inside the window.
+    driver.wait_calls(&name, 1).await;
+    env.delete_claim("data").await;
+    env.volume_gone(&name).await;
+    assert!(
+        env.fake.delete_calls().contains(&name),
+        "{:?}",
+        env.fake.delete_calls()
+    );
+    let deleted_at = Timestamp::now();
+    let window_end = created(&volume) + Duration::from_secs(4);
+    assert!(
+        deleted_at < window_end,
+        "the test needs the delete inside the window"
+    );
+
+    let calls = driver.wait_calls(&name, 2).await;
+    assert!(
+        calls[1] >= window_end,
+        "the sweep after the deletion waits for the window's end: {calls:?}, window ends {window_end}"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(driver.calls(&name).len(), 2, "once, and never again");
+    env.stop().await;
+}
