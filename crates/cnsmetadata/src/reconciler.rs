@@ -232,7 +232,10 @@ impl Context {
 /// when the object is being deleted, then drop the finalizer), and persist the per-volume
 /// status. Resets the object's retry delay on success.
 ///
-/// Every entity pushed is first recorded in the annotation [`PUSHED_ANNOTATION`]; entities
+/// Every entity pushed is first recorded in the annotation [`PUSHED_ANNOTATION`], marked
+/// as sent and not yet answered (the status write after the push clears the mark), so
+/// that a replica deleting the object meanwhile waits until the push can no longer land
+/// and removes the entity once more; entities
 /// an earlier spec pushed and the current one no longer describes are removed, and a
 /// deletion removes every recorded entity, whatever the spec has become. A deletion never
 /// waits on the spec (valid or not) or on supervisor claims and volumes (missing,
@@ -487,18 +490,39 @@ async fn update(
             }
         }
     }
-    let intent = record::union(recorded, desired);
+    // Every push is recorded, marked as sent and not yet answered, before it goes out: a
+    // replica that deletes the object meanwhile (the other one, without leader election,
+    // or the next leader while this one, cut off from the API server, still sends) keeps
+    // the finalizer until the push can no longer land, then removes the entity once more.
+    // The status write below clears the mark of each push answered.
+    let sent = record::timestamp(now);
+    let sending: Vec<PushedEntry> = desired.iter().map(|e| e.unanswered_since(now)).collect();
+    // The mark each entry holds once recorded (the later of its earlier one and this).
+    let recorded_mark = |e: &PushedEntry| {
+        recorded
+            .iter()
+            .find(|r| r.key() == e.key())
+            .and_then(|r| r.unanswered.clone())
+    };
+    let written_mark = |e: &PushedEntry| later(recorded_mark(e).as_ref(), Some(&sent));
+    let intent = record::union(recorded, &sending);
     let written;
     let mut current = object;
     if !record::same(&intent, recorded) {
         let result = write(object, ctx, "record pushed entities", |o| {
             let fresh = record::read(o).ok().flatten().unwrap_or_default();
-            record::store(o, record::union(&fresh, desired));
+            record::store(o, record::union(&fresh, &sending));
         })
         .await?;
         match result {
             Written::Updated(fresh) => written = fresh,
             Written::Abandoned => return Ok(Action::await_change()),
+        }
+        if written.metadata.deletion_timestamp.is_some() {
+            // Deleted meanwhile: the deletion's reconcile removes what is recorded
+            // (waiting out the marks just written); nothing is pushed now.
+            debug!("the object is being deleted; nothing to push");
+            return Ok(Action::await_change());
         }
         current = &written;
     }
@@ -545,10 +569,11 @@ async fn update(
             (Some(entry), _) => {
                 let pushed = push(ctx, entry, false).await;
                 let earlier = marked(entry);
-                let recorded_mark = recorded
-                    .iter()
-                    .find(|r| r.key() == entry.key())
-                    .and_then(|r| r.unanswered.clone());
+                // The mark of this push, as recorded before it was sent.
+                let answered = written_mark(entry).map(|mark| PushedEntry {
+                    unanswered: Some(mark),
+                    ..entry.clone()
+                });
                 match (&pushed, earlier.landing(ctx.now(), settle)) {
                     (
                         Err(Failed {
@@ -557,26 +582,21 @@ async fn update(
                         }),
                         _,
                     ) => {
+                        // No answer: the record keeps the mark (the later send time).
                         let entry = entry.unanswered_since(*sent);
                         ctx.remember_unanswered(&key, entry.clone());
                         edit.mark.push(entry);
                     }
                     (_, Settle::Wait(left)) => {
                         // An earlier push may still land, maybe with an older spec: this
-                        // one is sent again then. The record keeps the mark.
+                        // one is sent again then. The record goes back to that push's mark.
                         next_wake = Some(next_wake.map_or(left, |w| w.min(left)));
-                        if earlier.unanswered != recorded_mark {
-                            edit.mark.push(earlier);
-                        }
+                        edit.answered.extend(answered);
+                        edit.mark.push(earlier);
                     }
-                    (Ok(()), _) if recorded_mark.is_some() => {
-                        // No earlier push can land anymore, and this one was answered.
-                        edit.answered.push(PushedEntry {
-                            unanswered: recorded_mark,
-                            ..entry.clone()
-                        });
-                    }
-                    _ => {}
+                    // Answered (done, or failed with an answer), and no earlier push can
+                    // land anymore: the mark goes.
+                    _ => edit.answered.extend(answered),
                 }
                 match pushed {
                     Ok(()) => VolumeStatus::updated(volume),

@@ -277,7 +277,9 @@ pub(crate) struct Edit {
     /// Tombstones whose removal was sent again: dropped (a live entry with the same key,
     /// recorded meanwhile, stays).
     pub(crate) forget: Vec<PushedEntry>,
-    /// Entries removed for good (the object is being deleted): dropped, live or not.
+    /// Entries removed for good (the object is being deleted): dropped, live or not,
+    /// unless the record's entry got another mark of a push without answer meanwhile (a
+    /// push another replica sent since may still land).
     pub(crate) drop: Vec<PushedEntry>,
     /// Entries with the time of a push that got no answer (`unanswered`): the record's
     /// entry keeps the later of its mark and this one; an entry the record lacks is added.
@@ -305,7 +307,12 @@ impl Edit {
             |list: &[PushedEntry], entry: &PushedEntry| list.iter().any(|e| e.key() == entry.key());
         let mut entries: Vec<PushedEntry> = base
             .iter()
-            .filter(|e| !has(&self.drop, e))
+            .filter(|e| {
+                !self
+                    .drop
+                    .iter()
+                    .any(|d| d.key() == e.key() && d.unanswered == e.unanswered)
+            })
             .filter(|e| !(e.is_tombstone() && has(&self.forget, e)))
             .map(|e| {
                 let mut entry = e.clone();
@@ -485,6 +492,12 @@ mod tests {
             ..Edit::default()
         };
         assert!(drop.apply(&after).is_empty());
+        // An entry marked with a push sent since the deletion read it stays.
+        let pushed_since = b.unanswered_since(at(50));
+        assert_eq!(
+            drop.apply(&[after[0].clone(), pushed_since.clone()]),
+            vec![pushed_since]
+        );
         assert!(Edit::default().is_empty());
         assert!(!forget.is_empty());
     }

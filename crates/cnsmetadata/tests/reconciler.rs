@@ -297,6 +297,8 @@ async fn status_write_conflict_is_retried_on_a_fresh_copy() {
     step(&h, &d, "tenant", "gc-1-data").await.unwrap();
     h.sim.add_fault(
         FaultRule::new(Verb::Update, "cnsvolumemetadatas")
+            // The first replace records the push about to be sent; the status write follows.
+            .after(1)
             .times(1)
             .status(409, "Conflict"),
     );
@@ -316,7 +318,10 @@ async fn status_write_conflict_is_retried_on_a_fresh_copy() {
         .into_iter()
         .filter(|r| r.verb == "update")
         .count();
-    assert_eq!(updates, 2, "one conflicting and one successful replace");
+    assert_eq!(
+        updates, 3,
+        "the record of the push, then one conflicting and one successful status replace"
+    );
 }
 
 /// The `UpdateFailed` warnings about the finalizer of `namespace/name`, newest last.

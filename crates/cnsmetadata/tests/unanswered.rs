@@ -124,12 +124,19 @@ async fn the_replica_remembers_a_push_without_answer_when_the_status_write_fails
     let h = harness().await;
     let d = finalized(&h).await;
     h.backend.fail_next(1, Failure::Unanswered);
-    h.sim
-        .add_fault(FaultRule::new(Verb::Update, "cnsvolumemetadatas").times(5));
+    // The record of the push is written; the status write after it fails.
+    h.sim.add_fault(
+        FaultRule::new(Verb::Update, "cnsvolumemetadatas")
+            .after(1)
+            .times(5),
+    );
     let error = step(&h, &d, "tenant", "gc-1-data").await.unwrap_err();
     assert!(matches!(error, ReconcileError::Write { .. }), "{error}");
     h.sim.clear_faults();
-    assert!(!marked(&h, "gc-1-data").await, "the status write failed");
+    assert!(
+        marked(&h, "gc-1-data").await,
+        "the mark written before the push stays: the status write failed"
+    );
     deletion_waits_for_the_push(&h, &d).await;
 }
 
@@ -177,4 +184,71 @@ async fn a_failure_with_an_answer_never_holds_the_deletion() {
         Action::await_change()
     );
     assert!(h.get("tenant", "gc-1-data").await.is_none());
+}
+
+/// Chaos seeds 30031, 30287, 30378, 40762 and 40810: one replica's push is on its way to
+/// CNS (the replica cut off from the API server as the other took over, or both running
+/// without leader election) while the other replica deletes the object. The deleting
+/// replica must see that push in the record, marked before it was sent: without the mark
+/// it removed the entity and the finalizer at once, and the push, landing after, left the
+/// entity on CNS for good.
+#[tokio::test(start_paused = true)]
+async fn a_push_in_flight_on_another_replica_holds_the_deletion_until_it_cannot_land() {
+    let h = harness().await;
+    let sending = finalized(&h).await;
+    let deleting = h.direct(settling_config()).await;
+    // The sending replica's push gets no answer (its own timeout gives up after 10 s).
+    h.backend.fail_next(1, Failure::LandsLate);
+    let calls = h.backend.calls().len();
+    let (pushed, deleted) = tokio::join!(step(&h, &sending, "tenant", "gc-1-data"), async {
+        while h.backend.calls().len() == calls {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            marked(&h, "gc-1-data").await,
+            "the push in flight is marked in the record"
+        );
+        h.delete("tenant", "gc-1-data").await;
+        step(&h, &deleting, "tenant", "gc-1-data").await
+    });
+    assert!(pushed.is_err(), "the push got no answer");
+    assert_ne!(
+        deleted.unwrap(),
+        Action::await_change(),
+        "the deletion waits for the push in flight"
+    );
+    let object = h.get("tenant", "gc-1-data").await.expect("still there");
+    assert_eq!(object.metadata.finalizers, Some(vec![FINALIZER.to_owned()]));
+
+    // The push lands after the removal.
+    assert_eq!(h.backend.land_late(), 1);
+    assert_eq!(on_cns(&h), [data(&[("app", "db")])]);
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(
+        step(&h, &deleting, "tenant", "gc-1-data").await.unwrap(),
+        Action::await_change()
+    );
+    assert!(h.get("tenant", "gc-1-data").await.is_none(), "finalized");
+    assert!(on_cns(&h).is_empty(), "removed again: {:?}", on_cns(&h));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answered_push_leaves_no_mark_and_the_deletion_goes_at_once() {
+    let h = harness().await;
+    let d = finalized(&h).await;
+    assert_eq!(
+        step(&h, &d, "tenant", "gc-1-data").await.unwrap(),
+        Action::await_change()
+    );
+    assert!(
+        !marked(&h, "gc-1-data").await,
+        "the status write cleared the mark"
+    );
+    h.delete("tenant", "gc-1-data").await;
+    assert_eq!(
+        step(&h, &d, "tenant", "gc-1-data").await.unwrap(),
+        Action::await_change()
+    );
+    assert!(h.get("tenant", "gc-1-data").await.is_none());
+    assert!(on_cns(&h).is_empty());
 }

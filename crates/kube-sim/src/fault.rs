@@ -119,6 +119,8 @@ pub struct FaultRule {
     probability_ppm: u32,
     /// The state of the rule's random sequence (SplitMix64).
     draw: u64,
+    /// Matching requests still to let through before the rule starts firing.
+    after: u32,
 }
 
 impl FaultRule {
@@ -133,6 +135,7 @@ impl FaultRule {
             name: None,
             namespace: None,
             times: Times::Remaining(1),
+            after: 0,
             status: Some((500, "InternalError".to_string())),
             message: None,
             latency: Duration::ZERO,
@@ -170,6 +173,15 @@ impl FaultRule {
     #[must_use]
     pub fn times(mut self, n: u32) -> Self {
         self.times = Times::Remaining(n);
+        self
+    }
+
+    /// Lets the first `n` matching requests through untouched; the rule fires from the
+    /// next one on (e.g. the second write of an object, when the first must succeed).
+    /// Default 0.
+    #[must_use]
+    pub fn after(mut self, n: u32) -> Self {
+        self.after = n;
         self
     }
 
@@ -258,6 +270,10 @@ impl FaultRule {
 
     /// Draws whether the rule fires for one matching request.
     fn draw(&mut self) -> bool {
+        if self.after > 0 {
+            self.after -= 1;
+            return false;
+        }
         if self.probability_ppm >= PPM {
             return true;
         }
@@ -391,6 +407,21 @@ mod tests {
         assert!(take(&mut rules, &key(Verb::Create, Some("pv-1")), now).is_some());
         assert!(take(&mut rules, &key(Verb::Create, Some("pv-1")), now).is_some());
         assert!(take(&mut rules, &key(Verb::Create, Some("pv-1")), now).is_none());
+        assert!(rules.is_empty());
+    }
+
+    #[test]
+    fn a_rule_with_after_lets_the_first_matches_through() {
+        let mut rules = vec![
+            FaultRule::new(Verb::Create, "persistentvolumes")
+                .after(2)
+                .times(1),
+        ];
+        let now = Instant::now();
+        assert!(take(&mut rules, &key(Verb::Get, None), now).is_none());
+        assert!(take(&mut rules, &key(Verb::Create, None), now).is_none());
+        assert!(take(&mut rules, &key(Verb::Create, None), now).is_none());
+        assert!(take(&mut rules, &key(Verb::Create, None), now).is_some());
         assert!(rules.is_empty());
     }
 
