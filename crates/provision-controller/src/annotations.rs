@@ -1,5 +1,8 @@
 //! Annotation and finalizer names the controller reads and writes, with typed getters
-//! (and, for the crate, the `namespace/name` a claim is named by in logs and events).
+//! (and, for the crate, the `namespace/name` a claim is named by in logs and events, and
+//! `ClaimView`: all of this read off a claim once, when its sync starts).
+
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 
@@ -142,6 +145,15 @@ pub fn has_finalizer(volume: &PersistentVolume, finalizer: &str) -> bool {
         .is_some_and(|f| f.iter().any(|x| x == finalizer))
 }
 
+/// Whether the claim carries [`FINALIZER_PROVISIONING`].
+pub(crate) fn has_provisioning_finalizer(claim: &PersistentVolumeClaim) -> bool {
+    claim
+        .metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|x| x == FINALIZER_PROVISIONING))
+}
+
 /// The claim as `namespace/name`, for logs, events and errors.
 pub(crate) fn claim_key(claim: &PersistentVolumeClaim) -> String {
     format!(
@@ -149,6 +161,55 @@ pub(crate) fn claim_key(claim: &PersistentVolumeClaim) -> String {
         claim.metadata.namespace.as_deref().unwrap_or_default(),
         claim.metadata.name.as_deref().unwrap_or_default()
     )
+}
+
+/// A claim as the claim flow reads it: the object, with what the flow decides by read
+/// off it once, when the claim's sync starts (the getters above, the crash-safety
+/// finalizer and its annotations). Every step of a claim's way takes what it needs from
+/// here instead of reading the claim again.
+#[derive(Clone, Debug)]
+pub(crate) struct ClaimView {
+    /// The claim itself: for the driver's options, events and writes.
+    pub(crate) claim: Arc<PersistentVolumeClaim>,
+    /// `namespace/name`, for logs, events and errors ([`claim_key`]).
+    pub(crate) key: String,
+    /// `metadata.uid`, or `""`.
+    pub(crate) uid: String,
+    /// The storage class name ([`claim_class`]).
+    pub(crate) class_name: String,
+    /// The provisioner the claim asks for ([`storage_provisioner`]).
+    pub(crate) storage_provisioner: Option<String>,
+    /// The node the scheduler chose ([`selected_node`]).
+    pub(crate) selected_node: Option<String>,
+    /// Whether [`ANN_SELECTED_NODE`] itself is there ([`has_selected_node`]).
+    pub(crate) has_selected_node: bool,
+    /// Whether it asks for `volumeMode: Block` ([`is_block`]).
+    pub(crate) is_block: bool,
+    /// Whether the claim carries [`FINALIZER_PROVISIONING`].
+    pub(crate) has_intent: bool,
+    /// Who put that finalizer there ([`provisioning_owner`]).
+    pub(crate) owner: Option<String>,
+    /// The class snapshot written with it, as JSON ([`provisioning_class`]).
+    pub(crate) recorded_class: Option<String>,
+}
+
+impl ClaimView {
+    /// Reads the claim once.
+    pub(crate) fn new(claim: Arc<PersistentVolumeClaim>) -> Self {
+        Self {
+            key: claim_key(&claim),
+            uid: claim.metadata.uid.clone().unwrap_or_default(),
+            class_name: claim_class(&claim).to_owned(),
+            storage_provisioner: storage_provisioner(&claim).map(str::to_owned),
+            selected_node: selected_node(&claim).map(str::to_owned),
+            has_selected_node: has_selected_node(&claim),
+            is_block: is_block(&claim),
+            has_intent: has_provisioning_finalizer(&claim),
+            owner: provisioning_owner(&claim).map(str::to_owned),
+            recorded_class: provisioning_class(&claim).map(str::to_owned),
+            claim,
+        }
+    }
 }
 
 #[cfg(test)]

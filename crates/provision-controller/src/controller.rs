@@ -297,9 +297,9 @@ pub(crate) struct Context {
     /// `delete` only around its delete calls, so API round trips never hold one.
     pub(crate) driver_slots: DriverSlots,
     /// Claim UID -> when this process first looked for the asset of a claim that will not
-    /// get our PV the normal way ([`crash_safety::clean_up`]): "no asset" is believed only
-    /// once the driver's late-asset window has passed since (a create sent before, by any
-    /// replica, lands within it). Removed when the cleanup ends.
+    /// get our PV the normal way (the cleanup of [`crash_safety::before_provisioning`]):
+    /// "no asset" is believed only once the driver's late-asset window has passed since (a
+    /// create sent before, by any replica, lands within it). Removed when the cleanup ends.
     pub(crate) cleanups: Mutex<HashMap<String, tokio::time::Instant>>,
 }
 
@@ -368,6 +368,18 @@ impl InProgress {
     pub(crate) fn new(claim: Arc<PersistentVolumeClaim>, class: Option<Arc<StorageClass>>) -> Self {
         Self { claim, class }
     }
+}
+
+/// Go's `ProvisioningState` after an attempt: what the controller must remember of the
+/// claim in [`Context::in_progress`] ([`Context::remember`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum State {
+    /// Work may continue in the backend: keep driving the claim even once it is deleted.
+    InBackground,
+    /// Nothing runs in the backend.
+    Finished,
+    /// Keep whatever was remembered.
+    NoChange,
 }
 
 /// When the driver called a claim infeasible, and the UID of the claim's class then.
@@ -504,8 +516,6 @@ impl Context {
         self.in_progress().contains_key(uid)
     }
 
-    /// Remembers (`Some`) or forgets (`None`) that the claim's provisioning may run in the
-    /// background. An entry without a class keeps the class remembered before, if any.
     /// How much longer a cleanup of claim `uid` that found no asset must wait before it
     /// believes that none exists: `window` (the driver's late-asset window) counted from
     /// this process's first look (recorded now if this is it); `None` once it has passed.
@@ -534,6 +544,8 @@ impl Context {
             .remove(uid);
     }
 
+    /// Remembers (`Some`) or forgets (`None`) that the claim's provisioning may run in the
+    /// background. An entry without a class keeps the class remembered before, if any.
     pub(crate) fn set_in_progress(&self, uid: &str, entry: Option<InProgress>) {
         let n = {
             let mut map = self.in_progress();
@@ -552,6 +564,25 @@ impl Context {
         };
         if let Some(m) = &self.metrics {
             m.set_claims_in_progress(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Records what a claim's sync left behind (`state`): the claim and `class`, the class
+    /// its provisioning runs with, while it may run in the background; nothing once it
+    /// finished. The one place a sync changes [`Context::in_progress`].
+    pub(crate) fn remember(
+        &self,
+        uid: &str,
+        state: State,
+        claim: &Arc<PersistentVolumeClaim>,
+        class: Option<Arc<StorageClass>>,
+    ) {
+        match state {
+            State::InBackground => {
+                self.set_in_progress(uid, Some(InProgress::new(Arc::clone(claim), class)));
+            }
+            State::Finished => self.set_in_progress(uid, None),
+            State::NoChange => {}
         }
     }
 
@@ -620,7 +651,7 @@ impl Context {
             return;
         };
         let write = own.entry(uid.to_owned()).or_default();
-        write.intent = crash_safety::has_intent(claim);
+        write.intent = crate::annotations::has_provisioning_finalizer(claim);
         if let Some(at) = write.early.iter().position(|e| e == rv) {
             // Its event came before its answer: the cache shows it already.
             write.early.remove(at);

@@ -2,9 +2,10 @@
 //! `provision_claim` (I/O). Go: `syncClaim`, `shouldProvision`, `canProvision`,
 //! `provisionClaimOperation`, `provisionVolumeErrorHandling`, `rescheduleProvisioning`.
 //!
-//! A claim's way starts here (the claim worker calls [`sync_claim`]): the crash-safety
-//! plan and finalizer (`crash_safety`), the driver, the PV object (`volume_object`), its
-//! saving (`save`).
+//! A claim's way starts here (the claim worker calls [`sync_claim`]): the claim is read
+//! once ([`ClaimView`]), then the crash-safety step (`crash_safety`), the driver, the PV
+//! object (`volume_object`), its saving (`save`); at the end, what the claim must
+//! remember (`Context::remember`).
 
 use std::sync::Arc;
 
@@ -13,16 +14,15 @@ use kube_client::{Api, api::PostParams};
 use tokio::time::Instant;
 
 use super::{
-    Context, InProgress,
+    Context, InProgress, State,
     calls::{self, OpError, api, chain},
-    crash_safety,
+    crash_safety::{self, Step},
     names::Names,
-    save::State,
     volume_object::{claim_reference, decorate, ensure_name},
 };
 use crate::{
     ProvisionError, ProvisionOptions,
-    annotations::{self, ANN_SELECTED_NODE, claim_key},
+    annotations::{self, ANN_SELECTED_NODE, ClaimView},
     events,
 };
 
@@ -43,29 +43,30 @@ type Attempt = Result<Outcome, (State, OpError)>;
 /// [`OpError::ClassNotFound`] when the claim names us but its class is missing: the
 /// claim is retried, since the class may be created later.
 pub(crate) fn should_provision(
-    claim: &PersistentVolumeClaim,
+    claim: &ClaimView,
     names: Names<'_>,
     class_of: impl Fn(&str) -> Option<Arc<StorageClass>>,
 ) -> Result<bool, OpError> {
-    if is_bound(claim) {
+    if is_bound(&claim.claim) {
         return Ok(false);
     }
-    let Some(provisioner) = annotations::storage_provisioner(claim) else {
+    let Some(provisioner) = claim.storage_provisioner.as_deref() else {
         return Ok(false);
     };
     if !names.knows(provisioner) {
         return Ok(false);
     }
-    let class_name = annotations::claim_class(claim);
+    let class_name = &claim.class_name;
     let class = class_of(class_name).ok_or_else(|| OpError::ClassNotFound {
-        name: class_name.to_owned(),
+        name: class_name.clone(),
     })?;
     if class.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer") {
         // The scheduler's choice is required; we remove it ourselves to reschedule.
-        return Ok(
-            annotations::selected_node(claim).is_some_and(|n| !n.is_empty())
-                && annotations::has_selected_node(claim),
-        );
+        return Ok(claim
+            .selected_node
+            .as_deref()
+            .is_some_and(|n| !n.is_empty())
+            && claim.has_selected_node);
     }
     Ok(true)
 }
@@ -83,11 +84,11 @@ fn is_bound(claim: &PersistentVolumeClaim) -> bool {
 /// # Errors
 /// The message for the `ProvisioningFailed` event.
 pub(crate) fn can_provision(
-    claim: &PersistentVolumeClaim,
+    claim: &ClaimView,
     supports_block: bool,
     provisioner: &str,
 ) -> Result<(), String> {
-    if annotations::is_block(claim) && !supports_block {
+    if claim.is_block && !supports_block {
         return Err(format!(
             "{provisioner} does not support block volume provisioning"
         ));
@@ -103,157 +104,109 @@ fn data_source_kind(claim: &PersistentVolumeClaim) -> &str {
         .map_or("", |d| d.kind.as_str())
 }
 
-/// Whether the claim still asks us for a volume: its storage-provisioner annotation names
-/// us, and so does its class when it is cached.
-fn wanted(ctx: &Context, claim: &PersistentVolumeClaim) -> bool {
-    let names = ctx.names();
-    annotations::storage_provisioner(claim).is_some_and(|p| names.knows(p))
-        && ctx
-            .caches
-            .class(annotations::claim_class(claim))
-            .is_none_or(|c| names.knows(&c.provisioner))
-}
-
-/// What the claim's crash-safety finalizer asks for (see [`crash_safety::plan`]).
-pub(crate) fn intent_plan(ctx: &Context, claim: &PersistentVolumeClaim) -> crash_safety::Plan {
-    let owned = crash_safety::owns_intent(claim, ctx.names());
-    if !owned {
-        return crash_safety::Plan::Continue;
-    }
-    let pv_name = ctx.config.volume_namer.name(claim);
-    let facts = crash_safety::Facts {
-        owned,
-        pv_name: &pv_name,
-        volume_exists: ctx.caches.volume_exists(&pv_name),
-        wanted: wanted(ctx, claim),
-    };
-    crash_safety::plan(claim, facts)
-}
-
-/// The class to provision (or clean up) the claim with: the class its provisioning
-/// started with, as remembered in memory (`entry`) or recorded on the claim with our
-/// crash-safety finalizer (see [`crash_safety::recorded_class`]), else its class as cached now.
-/// A claim in progress must not depend on a class that may have been deleted or changed
-/// since its asset was asked for.
-fn provisioning_class(
-    ctx: &Context,
-    claim: &PersistentVolumeClaim,
-    entry: Option<&InProgress>,
-) -> Option<Arc<StorageClass>> {
-    entry
-        .and_then(|e| e.class.clone())
-        .or_else(|| {
-            crash_safety::owns_intent(claim, ctx.names())
-                .then(|| crash_safety::recorded_class(claim))
-                .flatten()
-        })
-        .or_else(|| ctx.caches.class(annotations::claim_class(claim)))
-}
-
 /// Processes the claim with this UID; an error requeues it (Go `syncClaimHandler` + `syncClaim`).
 pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> {
     let entry = ctx.in_progress_entry(uid);
-    let claim = match (ctx.caches.claim_by_uid(uid), &entry) {
-        (Some(claim), _) => claim,
-        // The claim object vanished (its finalizers stripped by hand) while its
-        // provisioning runs in the background: with crash-safe provisioning nothing would
-        // record its asset, so it is cleaned up now.
-        (None, Some(entry)) if ctx.config.crash_safe_provisioning => {
-            tracing::info!(pvc = %claim_key(&entry.claim), "claim vanished while its provisioning runs in the background; cleaning up");
-            let class = provisioning_class(ctx, &entry.claim, Some(entry));
-            return Box::pin(crash_safety::clean_up(ctx, &entry.claim, class, true)).await;
-        }
-        (None, Some(entry)) => Arc::clone(&entry.claim),
-        (None, None) => {
-            tracing::debug!(claim_uid = uid, "claim in work queue no longer exists");
-            return Ok(());
-        }
+    let Some((claim, gone)) = find_claim(ctx, uid, entry.as_ref()) else {
+        tracing::debug!(claim_uid = uid, "claim in work queue no longer exists");
+        return Ok(());
     };
-    match intent_plan(ctx, &claim) {
-        crash_safety::Plan::Continue => {}
-        crash_safety::Plan::Remove => {
-            if ctx.wrote_intent_removed(uid) {
-                // The cache has not caught up with our removal yet.
-                return Ok(());
+    let (state, class, result) =
+        match crash_safety::before_provisioning(ctx, &claim, entry.as_ref(), gone).await {
+            Step::Done {
+                state,
+                class,
+                result,
+            } => (state, class, result),
+            Step::Provision { class } => {
+                let (state, result) = provision(ctx, uid, &claim, class.clone()).await;
+                (state, class, result)
             }
-            return crash_safety::set_claim_intent(ctx, &claim, crash_safety::Intent::Remove).await;
-        }
-        crash_safety::Plan::CleanUp => {
-            if ctx.wrote_intent_removed(uid) {
-                return Ok(());
-            }
-            let class = provisioning_class(ctx, &claim, entry.as_ref());
-            return Box::pin(crash_safety::clean_up(ctx, &claim, class, false)).await;
-        }
-    }
-    let class_name = annotations::claim_class(&claim).to_owned();
-    let source = data_source_kind(&claim).to_owned();
+        };
+    ctx.remember(uid, state, &claim.claim, class);
+    result
+}
+
+/// The claim with this UID, read once: the cached one, else the copy kept while its
+/// provisioning runs in the background (`entry`). With crash-safe provisioning such a
+/// copy means the claim vanished (its finalizers stripped by hand), and `true` says so:
+/// nothing would record its asset, so it is cleaned up.
+fn find_claim(ctx: &Context, uid: &str, entry: Option<&InProgress>) -> Option<(ClaimView, bool)> {
+    let (claim, gone) = match (ctx.caches.claim_by_uid(uid), entry) {
+        (Some(claim), _) => (claim, false),
+        (None, Some(entry)) => (Arc::clone(&entry.claim), ctx.config.crash_safe_provisioning),
+        (None, None) => return None,
+    };
+    Some((ClaimView::new(claim), gone))
+}
+
+/// The normal flow of a claim's sync, after the crash-safety step: whether to provision
+/// it, then one attempt with `class` (the class its provisioning started with), with its
+/// metrics. Returns, with the result, what the claim must remember.
+async fn provision(
+    ctx: &Context,
+    uid: &str,
+    claim: &ClaimView,
+    class: Option<Arc<StorageClass>>,
+) -> (State, Result<(), OpError>) {
+    let source = data_source_kind(&claim.claim).to_owned();
     // A claim whose provisioning may run in the background is driven until the driver
     // answers, whatever the claim, its class or the qualifier say now: forgetting it
     // would leak the asset being created (Go forgets it here).
     let in_progress = ctx.is_in_progress(uid);
-    let class = provisioning_class(ctx, &claim, entry.as_ref());
     if !in_progress && let Some(wait) = ctx.infeasible_wait(uid, class.as_deref()) {
-        return Err(OpError::Delayed {
+        let delayed = OpError::Delayed {
             uid: uid.to_owned(),
             wait,
-        });
+        };
+        return (State::NoChange, Err(delayed));
     }
     let should = if in_progress {
-        tracing::debug!(pvc = %claim_key(&claim), "provisioning runs in the background; driving it on");
+        tracing::debug!(pvc = %claim.key, "provisioning runs in the background; driving it on");
         Ok(true)
     } else {
         // The qualifier is asked only about claims that are ours (same answers as Go,
         // which asks it first, without calling a possibly costly qualifier for every claim).
-        match should_provision(&claim, ctx.names(), |_| class.clone()) {
+        match should_provision(claim, ctx.names(), |_| class.clone()) {
             Ok(false) => Ok(false),
-            decision if ctx.qualified(&claim).await => decision,
+            decision if ctx.qualified(&claim.claim).await => decision,
             _ => Ok(false),
         }
     };
     match should {
         Err(err) => {
             if let Some(m) = &ctx.metrics {
-                m.provision_failed(&class_name, &source, std::time::Duration::ZERO);
+                m.provision_failed(&claim.class_name, &source, std::time::Duration::ZERO);
             }
-            return Err(err);
+            return (State::NoChange, Err(err));
         }
-        Ok(false) => return Ok(()),
+        Ok(false) => return (State::NoChange, Ok(())),
         Ok(true) => {}
     }
     let start = Instant::now();
-    // Boxed, as the cleanups above: the flows are large futures, and inline they make
-    // each poll's stack frames large enough to overflow a thread's stack in debug builds.
-    let attempt = Box::pin(provision_claim(ctx, &claim, in_progress, class.clone())).await;
+    // Boxed, as the cleanups: the flows are large futures, and inline they make each
+    // poll's stack frames large enough to overflow a thread's stack in debug builds.
+    let attempt = Box::pin(provision_claim(ctx, claim, in_progress, class)).await;
     let elapsed = start.elapsed();
     match attempt {
         Ok(Outcome::Provisioned) => {
             if let Some(m) = &ctx.metrics {
-                m.provision_succeeded(&class_name, &source, elapsed);
+                m.provision_succeeded(&claim.class_name, &source, elapsed);
             }
-            ctx.set_in_progress(uid, None);
-            Ok(())
+            (State::Finished, Ok(()))
         }
         Ok(Outcome::Stopped(why)) => {
-            tracing::info!(pvc = %claim_key(&claim), why, "stopped provisioning");
+            tracing::info!(pvc = %claim.key, why, "stopped provisioning");
             if let Some(m) = &ctx.metrics {
-                m.provision_stopped(&class_name, &source);
+                m.provision_stopped(&claim.class_name, &source);
             }
-            ctx.set_in_progress(uid, None);
-            Ok(())
+            (State::Finished, Ok(()))
         }
         Err((state, err)) => {
             if let Some(m) = &ctx.metrics {
-                m.provision_failed(&class_name, &source, elapsed);
+                m.provision_failed(&claim.class_name, &source, elapsed);
             }
-            match state {
-                State::Finished => ctx.set_in_progress(uid, None),
-                State::InBackground => {
-                    ctx.set_in_progress(uid, Some(InProgress::new(Arc::clone(&claim), class)));
-                }
-                State::NoChange => {}
-            }
-            Err(err)
+            (state, Err(err))
         }
     }
 }
@@ -267,16 +220,16 @@ pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> 
 ///
 /// The selected node is passed to the driver by name and never read (Go v13): a node
 /// that is gone is the driver's to judge (it may answer `Reschedule`).
-#[tracing::instrument(skip_all, fields(pvc = %claim_key(claim)))]
+#[tracing::instrument(skip_all, fields(pvc = %claim.key))]
 async fn provision_claim(
     ctx: &Context,
-    claim: &Arc<PersistentVolumeClaim>,
+    claim: &ClaimView,
     in_progress: bool,
     class: Option<Arc<StorageClass>>,
 ) -> Attempt {
     let limit = ctx.config.provision_timeout;
-    let class_name = annotations::claim_class(claim).to_owned();
-    let pv_name = ctx.config.volume_namer.name(claim);
+    let class_name = claim.class_name.clone();
+    let pv_name = ctx.config.volume_namer.name(&claim.claim);
     // Saved, or waiting in the background saver (Go adds it to its volume cache).
     if ctx.caches.volume_exists(&pv_name) || ctx.saver.is_pending(&pv_name) {
         return Ok(Outcome::Stopped("persistentvolume already exists"));
@@ -286,7 +239,7 @@ async fn provision_claim(
     if let Err(message) = can_provision(claim, ctx.provisioner.supports_block(), &ctx.name) {
         tracing::error!(%message, "cannot provision claim");
         ctx.events
-            .warning(&**claim, events::PROVISIONING_FAILED, message)
+            .warning(&*claim.claim, events::PROVISIONING_FAILED, message)
             .await;
         return Ok(Outcome::Stopped("provisioner cannot serve the claim"));
     }
@@ -302,29 +255,28 @@ async fn provision_claim(
         tracing::warn!(provisioner = %class.provisioner, "the claim's class now names another provisioner; driving the provisioning that runs in the background to its end");
     }
 
-    let selected_node = annotations::selected_node(claim).map(str::to_owned);
     let options = ProvisionOptions::new(
         Arc::clone(&class),
         pv_name,
-        Arc::clone(claim),
-        selected_node,
+        Arc::clone(&claim.claim),
+        claim.selected_node.clone(),
     );
     let note = format!(
         "External provisioner is provisioning volume for claim {:?}",
-        claim_key(claim)
+        claim.key
     );
     ctx.events
-        .normal(&**claim, events::PROVISIONING, note)
+        .normal(&*claim.claim, events::PROVISIONING, note)
         .await;
 
     let crash_safe = ctx.config.crash_safe_provisioning;
-    let uid = claim.metadata.uid.as_deref().unwrap_or_default();
+    let uid = &claim.uid;
     // A cached claim that shows our finalizer may predate our own removal of it.
-    if crash_safe && (!crash_safety::has_intent(claim) || ctx.wrote_intent_removed(uid)) {
-        if claim.metadata.deletion_timestamp.is_some() {
+    if crash_safe && (!claim.has_intent || ctx.wrote_intent_removed(uid)) {
+        if claim.claim.metadata.deletion_timestamp.is_some() {
             return Ok(Outcome::Stopped("claim is being deleted"));
         }
-        crash_safety::set_claim_intent(ctx, claim, crash_safety::Intent::Add(&class))
+        crash_safety::set_claim_intent(ctx, &claim.claim, crash_safety::Intent::Add(&class))
             .await
             .map_err(|e| (State::NoChange, e))?;
     }
@@ -334,28 +286,26 @@ async fn provision_claim(
         .driver_slots
         .provisioning(limit, ctx.provisioner.provision(&options))
         .await;
+    // A final answer: the driver holds no asset for the claim, nothing to record.
+    if crash_safe && matches!(&answer, Ok(Err(e)) if crash_safety::holds_no_asset(e)) {
+        crash_safety::drop_intent(ctx, claim).await;
+    }
     let mut volume = match answer {
         Ok(Ok(volume)) => volume,
         Ok(Err(ProvisionError::Ignored { reason })) => {
             tracing::info!(%reason, "volume provision ignored");
-            if crash_safe {
-                crash_safety::drop_intent(ctx, claim).await;
-            }
             return Ok(Outcome::Stopped("provisioner ignored the claim"));
         }
         Ok(Err(ProvisionError::Infeasible(source))) => {
             // Go v13: a slow retry, and this event instead of the usual one.
             tracing::info!(error = %chain(&*source), "infeasible volume provisioning request; retries will be delayed");
-            if crash_safe {
-                crash_safety::drop_intent(ctx, claim).await;
-            }
             ctx.mark_infeasible(uid, Some(&class));
             let note = format!(
                 "Volume provisioning failed with infeasible error. Retries will be delayed. {}",
                 chain(&*source)
             );
             ctx.events
-                .warning(&**claim, events::PROVISIONING_FAILED, note)
+                .warning(&*claim.claim, events::PROVISIONING_FAILED, note)
                 .await;
             let err = OpError::Provision {
                 class: class_name,
@@ -370,10 +320,6 @@ async fn provision_claim(
                 ProvisionError::Reschedule(_) => (State::Finished, true),
                 _ => (State::Finished, false),
             };
-            if crash_safe && state == State::Finished {
-                // The driver holds no asset for the claim: nothing to record.
-                crash_safety::drop_intent(ctx, claim).await;
-            }
             let err = OpError::Provision {
                 class: class_name,
                 source,
@@ -401,7 +347,7 @@ async fn provision_claim(
     // does not (its claim keeps the crash-safety finalizer until the saver is done).
     if saved {
         ctx.caches.mark_saved(&name);
-        if crash_safe || crash_safety::has_intent(claim) {
+        if crash_safe || claim.has_intent {
             crash_safety::drop_intent(ctx, claim).await;
         }
     }
@@ -411,15 +357,15 @@ async fn provision_claim(
 /// Go `provisionVolumeErrorHandling`: the event, then a reschedule when asked for.
 async fn error_handling(
     ctx: &Context,
-    claim: &PersistentVolumeClaim,
+    claim: &ClaimView,
     state: State,
     reschedule: bool,
     err: OpError,
 ) -> Attempt {
     ctx.events
-        .warning(claim, events::PROVISIONING_FAILED, chain(&err))
+        .warning(&*claim.claim, events::PROVISIONING_FAILED, chain(&err))
         .await;
-    if reschedule && annotations::has_selected_node(claim) {
+    if reschedule && claim.has_selected_node {
         return match reschedule_claim(ctx, claim).await {
             Ok(()) => {
                 tracing::info!(reason = %chain(&err), "volume rescheduled");
@@ -439,7 +385,8 @@ async fn error_handling(
 /// The claim is read fresh (our copy may predate our own finalizer write) and written
 /// with an update, which fails with a conflict when it changed meanwhile; when the
 /// scheduler already chose another node than the one we tried, nothing is removed.
-async fn reschedule_claim(ctx: &Context, claim: &PersistentVolumeClaim) -> Result<(), OpError> {
+async fn reschedule_claim(ctx: &Context, view: &ClaimView) -> Result<(), OpError> {
+    let claim = &view.claim;
     let namespace = claim.metadata.namespace.as_deref().unwrap_or("default");
     let name = claim.metadata.name.clone().unwrap_or_default();
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
@@ -447,14 +394,14 @@ async fn reschedule_claim(ctx: &Context, claim: &PersistentVolumeClaim) -> Resul
     let what = || {
         format!(
             "delete annotation {ANN_SELECTED_NODE} of claim {}",
-            claim_key(claim)
+            view.key
         )
     };
     let Some(mut updated) = api(limit, what, claims.get_opt(&name)).await? else {
         return Ok(());
     };
     if updated.metadata.uid != claim.metadata.uid
-        || annotations::selected_node(&updated) != annotations::selected_node(claim)
+        || annotations::selected_node(&updated) != view.selected_node.as_deref()
     {
         return Ok(());
     }
@@ -484,7 +431,7 @@ mod tests {
             primary: ME,
             additional: &additional,
         };
-        should_provision(&claim, names, |name| {
+        should_provision(&ClaimView::new(Arc::new(claim)), names, |name| {
             classes
                 .iter()
                 .find(|c| c.metadata.name.as_deref() == Some(name))
@@ -579,8 +526,8 @@ mod tests {
 
     #[test]
     fn can_provision_decisions() {
-        let block = pvc("c").block().build();
-        let fs = pvc("c").build();
+        let block = ClaimView::new(Arc::new(pvc("c").block().build()));
+        let fs = ClaimView::new(Arc::new(pvc("c").build()));
         assert_eq!(can_provision(&fs, false, ME), Ok(()));
         assert_eq!(can_provision(&block, true, ME), Ok(()));
         assert_eq!(

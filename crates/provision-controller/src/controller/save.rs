@@ -1,7 +1,6 @@
 //! Saving provisioned PVs (Go `volume_store.go`) as [`Config::pv_save`](crate::Config)
 //! says: blocking with retries and cleanup, or a background queue that retries forever
-//! (whose saves remove the claim's crash-safety finalizer). Also [`State`]: what a claim
-//! must remember after a failed attempt.
+//! (whose saves remove the claim's crash-safety finalizer).
 //!
 //! In a claim's way: the last step of a provisioning attempt (`claim`), after the PV was
 //! built (`volume_object`, which also creates it).
@@ -15,23 +14,12 @@ use std::{
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 
 use super::{
-    Context,
+    Context, State,
     calls::{OpError, chain, get_volume},
     crash_safety,
     volume_object::{create, reuse_existing},
 };
-use crate::{DeleteError, annotations::claim_key, events, queue::WorkQueue, retry::PvSaveStrategy};
-
-/// Go's `ProvisioningState` after a failed attempt: what the controller must remember.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum State {
-    /// Work may continue in the backend: keep driving the claim even once it is deleted.
-    InBackground,
-    /// Nothing runs in the backend.
-    Finished,
-    /// Keep whatever was remembered.
-    NoChange,
-}
+use crate::{DeleteError, annotations::ClaimView, events, queue::WorkQueue, retry::PvSaveStrategy};
 
 /// The configured strategy, ready to run.
 pub(crate) enum Saver {
@@ -115,7 +103,7 @@ impl Saver {
     pub(crate) async fn store(
         &self,
         ctx: &Context,
-        claim: &PersistentVolumeClaim,
+        claim: &ClaimView,
         volume: PersistentVolume,
     ) -> Result<bool, (State, OpError)> {
         match self {
@@ -124,9 +112,9 @@ impl Saver {
                 .map(|()| true),
             Self::Background(bg) => {
                 let name = volume.metadata.name.clone().unwrap_or_default();
-                match create(ctx, &volume, Some(claim)).await {
+                match create(ctx, &volume, Some(&claim.claim)).await {
                     Ok(_) => {
-                        succeeded(ctx, claim, &name).await;
+                        succeeded(ctx, &claim.claim, &name).await;
                         return Ok(true);
                     }
                     Err(err) => {
@@ -162,7 +150,7 @@ async fn succeeded(ctx: &Context, claim: &PersistentVolumeClaim, name: &str) {
 async fn store_blocking(
     ctx: &Context,
     pauses: &[Duration],
-    claim: &PersistentVolumeClaim,
+    claim: &ClaimView,
     volume: PersistentVolume,
 ) -> Result<(), (State, OpError)> {
     let name = volume.metadata.name.clone().unwrap_or_default();
@@ -171,9 +159,9 @@ async fn store_blocking(
         if attempt > 0 {
             tokio::time::sleep(pauses[attempt - 1]).await;
         }
-        match create(ctx, &volume, Some(claim)).await {
+        match create(ctx, &volume, Some(&claim.claim)).await {
             Ok(_) => {
-                succeeded(ctx, claim, &name).await;
+                succeeded(ctx, &claim.claim, &name).await;
                 return Ok(());
             }
             Err(err) => {
@@ -214,12 +202,12 @@ async fn store_blocking(
         if attempt == 0 {
             let note = format!(
                 "Error creating provisioned PV object for claim {}: {}. Deleting the volume.",
-                claim_key(claim),
+                claim.key,
                 chain(&save_error)
             );
-            tracing::error!(pvc = %claim_key(claim), error = %chain(&save_error), "saving the PV failed; deleting the volume");
+            tracing::error!(pvc = %claim.key, error = %chain(&save_error), "saving the PV failed; deleting the volume");
             ctx.events
-                .warning(claim, events::PROVISIONING_FAILED, note)
+                .warning(&*claim.claim, events::PROVISIONING_FAILED, note)
                 .await;
         }
         match ctx
@@ -242,11 +230,11 @@ async fn store_blocking(
     if let Some(err) = delete_error {
         let note = format!(
             "Error cleaning provisioned volume for claim {}: {err}. Please delete manually.",
-            claim_key(claim)
+            claim.key
         );
-        tracing::error!(pvc = %claim_key(claim), pv = %name, error = %err, "cleaning up the provisioned volume failed; delete it manually");
+        tracing::error!(pvc = %claim.key, pv = %name, error = %err, "cleaning up the provisioned volume failed; delete it manually");
         ctx.events
-            .warning(claim, events::PROVISIONING_CLEANUP_FAILED, note)
+            .warning(&*claim.claim, events::PROVISIONING_CLEANUP_FAILED, note)
             .await;
     }
     Err((State::Finished, save_error))
@@ -259,14 +247,14 @@ async fn store_blocking(
 /// The read failed: whether a PV exists is unknown.
 async fn saved_meanwhile(
     ctx: &Context,
-    claim: &PersistentVolumeClaim,
+    claim: &ClaimView,
     volume: &PersistentVolume,
 ) -> Result<bool, OpError> {
     let name = volume.metadata.name.as_deref().unwrap_or_default();
     match get_volume(&ctx.client, ctx.config.provision_timeout, name).await? {
         Some(saved) => {
-            reuse_existing(ctx, Some(claim), volume, &saved).await;
-            succeeded(ctx, claim, name).await;
+            reuse_existing(ctx, Some(&claim.claim), volume, &saved).await;
+            succeeded(ctx, &claim.claim, name).await;
             Ok(true)
         }
         None => Ok(false),
@@ -277,7 +265,7 @@ async fn saved_meanwhile(
 /// PV failed too); returns what the claim must remember: the asset may exist without a PV.
 async fn keep_asset(
     ctx: &Context,
-    claim: &PersistentVolumeClaim,
+    claim: &ClaimView,
     name: &str,
     save_error: OpError,
     get_error: Option<OpError>,
@@ -288,12 +276,12 @@ async fn keep_asset(
     };
     let note = format!(
         "Error creating provisioned PV object for claim {}: {}. Keeping the volume: {why}.",
-        claim_key(claim),
+        claim.key,
         chain(&save_error),
     );
-    tracing::error!(pvc = %claim_key(claim), pv = name, error = %chain(&save_error), %why, "saving the PV failed; keeping the volume");
+    tracing::error!(pvc = %claim.key, pv = name, error = %chain(&save_error), %why, "saving the PV failed; keeping the volume");
     ctx.events
-        .warning(claim, events::PROVISIONING_FAILED, note)
+        .warning(&*claim.claim, events::PROVISIONING_FAILED, note)
         .await;
     (State::InBackground, save_error)
 }

@@ -20,7 +20,7 @@ use super::{
 };
 use crate::{
     DeleteError,
-    annotations::{self, ANN_LATE_ASSET_SWEEP, ANN_PROVISIONED_BY, FINALIZER_PV, claim_key},
+    annotations::{ANN_LATE_ASSET_SWEEP, ANN_PROVISIONED_BY, ClaimView, FINALIZER_PV, claim_key},
     events,
 };
 
@@ -29,7 +29,7 @@ use crate::{
 /// driver with late assets, [`ANN_LATE_ASSET_SWEEP`] (when its late-asset window ends).
 pub(crate) fn decorate(
     ctx: &Context,
-    claim: &PersistentVolumeClaim,
+    claim: &ClaimView,
     class: &StorageClass,
     volume: &mut PersistentVolume,
 ) {
@@ -37,7 +37,7 @@ pub(crate) fn decorate(
     if let Ok(claim_ref) = claim_reference(claim) {
         spec.claim_ref = Some(claim_ref);
     }
-    spec.storage_class_name = Some(annotations::claim_class(claim).to_owned());
+    spec.storage_class_name = Some(claim.class_name.clone());
     let reclaim_delete = spec.persistent_volume_reclaim_policy.as_deref() == Some("Delete");
     if ctx.config.add_finalizer && reclaim_delete {
         let finalizers = volume.metadata.finalizers.get_or_insert_with(Vec::new);
@@ -70,29 +70,31 @@ pub(crate) fn decorate(
 
 /// Gives a nameless PV from the driver the name it must have (`pv_name`); a PV with
 /// another name is kept as it is (Go does not check), with a warning.
-pub(crate) fn ensure_name(
-    volume: &mut PersistentVolume,
-    pv_name: &str,
-    claim: &PersistentVolumeClaim,
-) {
+pub(crate) fn ensure_name(volume: &mut PersistentVolume, pv_name: &str, claim: &ClaimView) {
     match volume.metadata.name.as_deref() {
         None | Some("") => {
-            tracing::warn!(pvc = %claim_key(claim), pv = pv_name, "the provisioner returned a PV without a name; naming it");
+            tracing::warn!(pvc = %claim.key, pv = pv_name, "the provisioner returned a PV without a name; naming it");
             volume.metadata.name = Some(pv_name.to_owned());
         }
         Some(name) if name != pv_name => {
-            tracing::warn!(pvc = %claim_key(claim), pv = name, expected = pv_name, "the provisioner returned a PV with another name than asked for");
+            tracing::warn!(pvc = %claim.key, pv = name, expected = pv_name, "the provisioner returned a PV with another name than asked for");
         }
         Some(_) => {}
     }
 }
 
-pub(crate) fn claim_reference(claim: &PersistentVolumeClaim) -> Result<ObjectReference, OpError> {
-    if claim.metadata.uid.as_deref().is_none_or(str::is_empty) {
+/// The claimRef of the claim's PV.
+///
+/// # Errors
+/// [`OpError::NoUid`]: only a claimRef with the claim's uid gets the PV released once the
+/// claim is gone.
+pub(crate) fn claim_reference(view: &ClaimView) -> Result<ObjectReference, OpError> {
+    if view.uid.is_empty() {
         return Err(OpError::NoUid {
-            claim: claim_key(claim),
+            claim: view.key.clone(),
         });
     }
+    let claim = &view.claim;
     Ok(ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("PersistentVolumeClaim".into()),
@@ -234,9 +236,14 @@ mod tests {
     use super::*;
     use crate::testing::pvc;
 
+    /// The claim as its sync reads it.
+    fn view(claim: PersistentVolumeClaim) -> ClaimView {
+        ClaimView::new(std::sync::Arc::new(claim))
+    }
+
     #[test]
     fn a_nameless_volume_gets_the_name_it_must_have() {
-        let claim = pvc("c").uid("u1").build();
+        let claim = view(pvc("c").uid("u1").build());
         let mut nameless = PersistentVolume::default();
         ensure_name(&mut nameless, "pvc-u1", &claim);
         assert_eq!(nameless.metadata.name.as_deref(), Some("pvc-u1"));
@@ -252,7 +259,7 @@ mod tests {
 
     #[test]
     fn claim_reference_names_the_claim_and_needs_a_uid() {
-        let claim = pvc("c").namespace("ns").uid("u1").build();
+        let claim = view(pvc("c").namespace("ns").uid("u1").build());
         let r = claim_reference(&claim).unwrap();
         assert_eq!(
             (
@@ -268,9 +275,9 @@ mod tests {
                 Some("u1")
             )
         );
-        assert!(claim_reference(&pvc("c").build()).is_err());
+        assert!(claim_reference(&view(pvc("c").build())).is_err());
         assert!(
-            claim_reference(&pvc("c").uid("").build()).is_err(),
+            claim_reference(&view(pvc("c").uid("").build())).is_err(),
             "an empty uid is no uid"
         );
     }

@@ -10,7 +10,7 @@ use std::{future::Future, sync::Arc};
 use tracing::Instrument;
 
 use super::{Context, calls, calls::OpError, claim, crash_safety, volume};
-use crate::queue::WorkQueue;
+use crate::{annotations::ClaimView, queue::WorkQueue};
 
 /// One worker of a flow: takes keys from `queue` until it shuts down; for each, runs
 /// `sync` (a panic anywhere in it, in a hook or a bug, fails that key only: the worker
@@ -99,7 +99,7 @@ fn cleaning_up(ctx: &Context, uid: &str) -> bool {
     };
     // The plan calls the volume-name hook, whose panic must not end the worker.
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        claim::intent_plan(ctx, &claim) == crash_safety::Plan::CleanUp
+        crash_safety::intent_plan(ctx, &ClaimView::new(claim)) == crash_safety::Plan::CleanUp
     }))
     .unwrap_or(false)
 }
