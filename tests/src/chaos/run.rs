@@ -44,6 +44,8 @@ struct Activity {
     /// API requests but lists, watches and lease traffic, by `verb resource`, and CNS
     /// calls, by `cns <method>`.
     counts: BTreeMap<String, u64>,
+    /// The same API requests, by `verb resource/name` (for those that name an object).
+    objects: BTreeMap<String, u64>,
     /// CNS calls already counted.
     cns_seen: usize,
 }
@@ -62,6 +64,12 @@ impl Activity {
                 .counts
                 .entry(format!("{} {}", r.verb, r.resource))
                 .or_default() += 1;
+            if let Some(name) = &r.name {
+                *self
+                    .objects
+                    .entry(format!("{} {}/{name}", r.verb, r.resource))
+                    .or_default() += 1;
+            }
         }
         let calls = world.shared.cns.requests();
         for call in calls.iter().skip(self.cns_seen) {
@@ -99,12 +107,25 @@ impl Activity {
             .take(4)
             .map(|(n, k)| format!("{n} {k}"))
             .collect();
+        let mut objects: Vec<(u64, &str)> = self
+            .objects
+            .iter()
+            .map(|(k, n)| (n - earlier.objects.get(k).copied().unwrap_or(0), k.as_str()))
+            .filter(|(n, _)| *n > 1)
+            .collect();
+        objects.sort_unstable_by(|a, b| b.cmp(a));
+        let objects: Vec<String> = objects
+            .iter()
+            .take(4)
+            .map(|(n, k)| format!("{n} {k}"))
+            .collect();
         #[allow(clippy::cast_precision_loss)] // counts far below 2^52
         Rates {
             api: api as f64 / secs,
             events: events as f64 / secs,
             cns: cns as f64 / secs,
             top: top.join(", "),
+            objects: objects.join(", "),
         }
     }
 }
@@ -115,6 +136,8 @@ struct Rates {
     events: f64,
     cns: f64,
     top: String,
+    /// The objects requested most often (more than once), with their counts.
+    objects: String,
 }
 
 impl Rates {
@@ -367,6 +390,7 @@ async fn settle(world: &mut World, phase: Phase) -> anyhow::Result<Findings> {
                 events,
                 cns,
                 top,
+                objects,
             } = &rates;
             let counts = format!(
                 "{api:.1} API requests/s (not counting leases, lists and events), {events:.1} \
@@ -375,7 +399,8 @@ async fn settle(world: &mut World, phase: Phase) -> anyhow::Result<Findings> {
             );
             if rates.busy() {
                 findings.violation(format!(
-                    "the controllers stay busy while nothing changes: {counts}"
+                    "the controllers stay busy while nothing changes: {counts}; most \
+                     requested: {objects}"
                 ));
             }
             shared.log(format!(

@@ -313,7 +313,8 @@ const CNS_METHODS: &[&str] = &[
 
 /// Storage requests; the last one is more than CNS can give.
 const SIZES: &[&str] = &["1Gi", "1500Mi", "2G", "512Mi"];
-const BAD_SIZE: &str = "4Ei";
+/// A storage request more than CNS can give: the driver refuses such claims.
+pub const BAD_SIZE: &str = "4Ei";
 
 /// A time in `[from, to]` milliseconds.
 fn ms(rng: &mut StdRng, from: u64, to: u64) -> Duration {
