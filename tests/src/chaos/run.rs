@@ -11,9 +11,10 @@ use tokio::time::Instant;
 
 use super::actions::{global_action, run_chain};
 use super::checks::{Findings, Phase, Snapshot, check};
+use super::names;
 use super::panics::PanicLog;
 use super::report::SeedReport;
-use super::schedule::{Schedule, Step};
+use super::schedule::{BAD_SIZE, Schedule, Step};
 use super::world::{World, cns_methods, is_not_found, retry};
 
 /// How long nothing may change before the checks run.
@@ -83,8 +84,30 @@ impl Activity {
 
     /// Per second since `earlier`, over `elapsed`: API requests but events, event
     /// writes, CNS calls; and the busiest kinds.
-    fn rates_since(&self, earlier: &Self, elapsed: Duration) -> Rates {
+    ///
+    /// Requests on the claims in `refused` (and their events) are left out: the driver
+    /// refuses those claims, and retrying them at the backoff's maximum for as long as
+    /// they exist is what the controller must do (Go too); the compressed backoff of the
+    /// suite (1 s) makes a handful of them look like a loop.
+    fn rates_since(&self, earlier: &Self, elapsed: Duration, refused: &[String]) -> Rates {
         let secs = elapsed.as_secs_f64().max(0.001);
+        let refused_claim = |key: &str| {
+            refused.iter().any(|name| {
+                key.ends_with(&format!(" persistentvolumeclaims/{name}"))
+                    || key.contains(&format!(" events/{name}."))
+            })
+        };
+        let (mut expected_api, mut expected_events) = (0, 0);
+        for (key, n) in &self.objects {
+            let n = n - earlier.objects.get(key).copied().unwrap_or(0);
+            if refused_claim(key) {
+                if key.contains(" events/") {
+                    expected_events += n;
+                } else {
+                    expected_api += n;
+                }
+            }
+        }
         let mut busiest: Vec<(u64, &str)> = self
             .counts
             .iter()
@@ -99,9 +122,10 @@ impl Activity {
                 .map(|(n, _)| n)
                 .sum()
         };
-        let events = sum(&|k| k.ends_with(" events"));
+        let events = sum(&|k| k.ends_with(" events")).saturating_sub(expected_events);
         let cns = sum(&|k| k.starts_with("cns "));
-        let api = sum(&|k| !k.ends_with(" events") && !k.starts_with("cns "));
+        let api = sum(&|k| !k.ends_with(" events") && !k.starts_with("cns "))
+            .saturating_sub(expected_api);
         let top: Vec<String> = busiest
             .iter()
             .take(4)
@@ -111,7 +135,7 @@ impl Activity {
             .objects
             .iter()
             .map(|(k, n)| (n - earlier.objects.get(k).copied().unwrap_or(0), k.as_str()))
-            .filter(|(n, _)| *n > 1)
+            .filter(|(n, k)| *n > 1 && !refused_claim(k))
             .collect();
         objects.sort_unstable_by(|a, b| b.cmp(a));
         let objects: Vec<String> = objects
@@ -366,7 +390,10 @@ async fn settle(world: &mut World, phase: Phase) -> anyhow::Result<Findings> {
             .any(|v| v.starts_with("cnsvolumemetadata") || v.starts_with("deleted cnsvolume"));
         // A burst (a resync, the end of a late-asset window) averages out over a longer
         // window; a retry loop does not.
-        let busy = activity.rates_since(&activity_since, stable).busy();
+        let refused = refused_claims(&snapshot);
+        let busy = activity
+            .rates_since(&activity_since, stable, &refused)
+            .busy();
         let passed = findings.violations.is_empty() && (!busy || stable >= BUSY_WINDOW);
         let done = passed || over || (stable >= LONG_QUIET && !metadata);
         if done {
@@ -384,7 +411,7 @@ async fn settle(world: &mut World, phase: Phase) -> anyhow::Result<Findings> {
                     longest.as_secs_f64()
                 ));
             }
-            let rates = activity.rates_since(&activity_since, stable);
+            let rates = activity.rates_since(&activity_since, stable, &refused);
             let Rates {
                 api,
                 events,
@@ -411,4 +438,28 @@ async fn settle(world: &mut World, phase: Phase) -> anyhow::Result<Findings> {
             return Ok(findings);
         }
     }
+}
+
+/// The unbound claims of the snapshot the driver refuses: of the class with a parameter it
+/// does not know, or asking for more than CNS can give.
+fn refused_claims(snapshot: &Snapshot) -> Vec<String> {
+    snapshot
+        .claims
+        .iter()
+        .filter(|(_, claim)| {
+            let spec = claim.spec.as_ref();
+            let bound = spec
+                .and_then(|s| s.volume_name.as_deref())
+                .is_some_and(|v| !v.is_empty());
+            let bad_class = spec.and_then(|s| s.storage_class_name.as_deref())
+                == Some(names::CLASS_BAD_PARAMETER);
+            let bad_size = spec
+                .and_then(|s| s.resources.as_ref())
+                .and_then(|r| r.requests.as_ref())
+                .and_then(|r| r.get("storage"))
+                .is_some_and(|q| q.0 == BAD_SIZE);
+            !bound && (bad_class || bad_size)
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
 }
