@@ -343,8 +343,7 @@ pub(crate) fn recorded_due(
     if volume.metadata.deletion_timestamp.is_some() || !provisioned_by_us(volume, names) {
         return None;
     }
-    let recorded = value.parse::<Timestamp>().ok();
-    if recorded.is_none() {
+    if value.parse::<Timestamp>().is_err() {
         tracing::debug!(
             pv = volume.metadata.name.as_deref().unwrap_or_default(),
             annotation = ANN_LATE_ASSET_SWEEP,
@@ -352,12 +351,21 @@ pub(crate) fn recorded_due(
             "the recorded end of the late-asset window is no time; counting it from the volume's creation"
         );
     }
+    Some(window_end(volume, window).unwrap_or(now))
+}
+
+/// When the late-asset window of `volume` ends: the later of the end recorded in
+/// [`ANN_LATE_ASSET_SWEEP`] (when it is a time) and the end counted from the volume's
+/// creation; `None` when neither is known.
+fn window_end(volume: &PersistentVolume, window: Duration) -> Option<Timestamp> {
+    let recorded = volume
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANN_LATE_ASSET_SWEEP))
+        .and_then(|v| v.parse::<Timestamp>().ok());
     let computed = created_end(volume).map(|c| after(c, window));
-    match (recorded, computed) {
-        (Some(r), Some(c)) => Some(r.max(c)),
-        (Some(t), None) | (None, Some(t)) => Some(t),
-        (None, None) => Some(now),
-    }
+    recorded.into_iter().chain(computed).max()
 }
 
 /// What to do for `volume` at `now` (pure), with the late-asset `window` and the takeover
@@ -560,14 +568,7 @@ pub(crate) fn deleted(ctx: &Context, volume: &PersistentVolume) {
     if !provisioned_by_us(volume, ctx.names()) {
         return;
     }
-    let recorded = volume
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ANN_LATE_ASSET_SWEEP))
-        .and_then(|v| v.parse::<Timestamp>().ok());
-    let computed = created_end(volume).map(|c| after(c, window));
-    let Some(due) = recorded.into_iter().chain(computed).max() else {
+    let Some(due) = window_end(volume, window) else {
         return;
     };
     let now = Timestamp::now();
