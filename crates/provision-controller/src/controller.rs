@@ -763,19 +763,13 @@ impl Context {
     /// works) each replica's finalizer writes would otherwise queue the claim at once on
     /// the other, and a claim the driver keeps refusing would be retried in a loop past
     /// its backoff. A hand-stripped finalizer (owner annotation left, finalizer gone) is
-    /// a change. The first event of a claim is one too, and so is its deletion (the claim
-    /// gone from the cache, perhaps with nothing but our finalizer stripped): a claim that
-    /// vanished while its provisioning runs is cleaned up at once.
+    /// a change. The first event of a claim is one too.
     pub(crate) fn claim_changed(&self, uid: &str, claim: &PersistentVolumeClaim) -> bool {
+        let fingerprint = trigger_fingerprint(claim);
         let mut seen = self
             .claim_triggers
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if self.caches.claim_by_uid(uid).is_none() {
-            seen.remove(uid);
-            return true;
-        }
-        let fingerprint = trigger_fingerprint(claim);
         seen.insert(uid.to_owned(), fingerprint) != Some(fingerprint)
     }
 
