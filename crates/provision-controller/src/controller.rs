@@ -289,9 +289,6 @@ pub(crate) struct Context {
     /// Claim UID -> our own finalizer writes not yet seen in the cache, whose watch events
     /// are not queued again (they would only repeat the sync that wrote them).
     pub(crate) own_writes: Mutex<HashMap<String, OwnWrite>>,
-    /// Claim UID -> [`trigger_fingerprint`] of its last watch event
-    /// ([`Context::claim_changed`]); claims no longer cached are pruned at each resync.
-    pub(crate) claim_triggers: Mutex<HashMap<String, u64>>,
     /// PVs whose driver hears of them again: when their late-asset window ends
     /// ([`Provisioner::late_asset_window`]), or after a failed [`Provisioner::volume_saved`].
     pub(crate) late: late::LateAssets,
@@ -407,17 +404,10 @@ pub(crate) struct OwnWrite {
     /// Resource versions of watch events that came while a write was in flight and were
     /// not known to be ours: ours if an answer names them, else queued once every write
     /// in flight is answered.
-    early: Vec<Early>,
+    early: Vec<String>,
     /// More early events came than are kept: the claim is queued once every write in
     /// flight is answered.
     early_overflow: bool,
-}
-
-/// A watch event that came while a write of ours was in flight.
-struct Early {
-    resource_version: String,
-    /// It changed more than crash-safety bookkeeping ([`Context::claim_changed`]).
-    changed: bool,
 }
 
 impl OwnWrite {
@@ -498,7 +488,6 @@ impl Context {
             metrics,
             accepting: AtomicBool::new(false),
             own_writes: Mutex::default(),
-            claim_triggers: Mutex::default(),
             late: late::LateAssets::default(),
             driver_slots: DriverSlots::new(usize::from(config.threads.get())),
             cleanups: Mutex::default(),
@@ -663,7 +652,7 @@ impl Context {
         };
         let write = own.entry(uid.to_owned()).or_default();
         write.intent = crate::annotations::has_provisioning_finalizer(claim);
-        if let Some(at) = write.early.iter().position(|e| &e.resource_version == rv) {
+        if let Some(at) = write.early.iter().position(|e| e == rv) {
             // Its event came before its answer: the cache shows it already.
             write.early.remove(at);
             return;
@@ -700,8 +689,7 @@ impl Context {
                 return;
             };
             write.in_flight = write.in_flight.saturating_sub(1);
-            let foreign = write.in_flight == 0
-                && (write.early.iter().any(|e| e.changed) || write.early_overflow);
+            let foreign = write.in_flight == 0 && (!write.early.is_empty() || write.early_overflow);
             if write.in_flight == 0 {
                 write.early.clear();
                 write.early_overflow = false;
@@ -719,15 +707,7 @@ impl Context {
     /// Whether this watch event need not queue the claim: it shows one of our own writes
     /// not seen yet (consumed, with any earlier one: events come in order), or it came
     /// while a write of ours is in flight (decided when that write is answered).
-    #[cfg(test)]
     fn is_own_write(&self, uid: &str, claim: &PersistentVolumeClaim) -> bool {
-        self.is_own_write_of(uid, claim, true)
-    }
-
-    /// [`is_own_write`](Self::is_own_write) of an event that `changed` the claim
-    /// ([`claim_changed`](Self::claim_changed)): an early event that did not is never
-    /// what queues the claim once the writes in flight are answered.
-    fn is_own_write_of(&self, uid: &str, claim: &PersistentVolumeClaim, changed: bool) -> bool {
         let mut own = self.own_writes();
         let Some(write) = own.get_mut(uid) else {
             return false;
@@ -748,29 +728,9 @@ impl Context {
         if write.early.len() >= OwnWrite::KEPT {
             write.early_overflow = true;
         } else {
-            write.early.push(Early {
-                resource_version: rv.to_owned(),
-                changed,
-            });
+            write.early.push(rv.to_owned());
         }
         true
-    }
-
-    /// Whether this watch event of the claim `uid` changed more than the crash-safety
-    /// bookkeeping (our finalizer and its owner and class annotations, which every
-    /// replica's attempt writes and removes) since the claim's last event: only such an
-    /// event queues the claim. Without leader election (or while a cut-off replica still
-    /// works) each replica's finalizer writes would otherwise queue the claim at once on
-    /// the other, and a claim the driver keeps refusing would be retried in a loop past
-    /// its backoff. A hand-stripped finalizer (owner annotation left, finalizer gone) is
-    /// a change. The first event of a claim is one too.
-    pub(crate) fn claim_changed(&self, uid: &str, claim: &PersistentVolumeClaim) -> bool {
-        let fingerprint = trigger_fingerprint(claim);
-        let mut seen = self
-            .claim_triggers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        seen.insert(uid.to_owned(), fingerprint) != Some(fingerprint)
     }
 
     /// Whether our last write of the claim, not yet seen in the cache, left it without our
@@ -790,10 +750,6 @@ impl Context {
             w.resource_versions.clear();
             w.in_flight > 0
         });
-        self.claim_triggers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .retain(|uid, _| self.caches.claim_by_uid(uid).is_some());
         let delay = self.config.infeasible_retry_delay;
         self.infeasible().retain(|_, e| e.since.elapsed() < delay);
         let claims = self.caches.claims.state();
@@ -845,93 +801,9 @@ impl Context {
     }
 }
 
-/// A hash of what a claim's watch event must change to queue the claim: the claim
-/// without its resource version, managed fields, our crash-safety finalizer and that
-/// finalizer's owner and class annotations, plus whether the finalizer was stripped while
-/// its owner annotation stayed ([`Context::claim_changed`]).
-fn trigger_fingerprint(claim: &PersistentVolumeClaim) -> u64 {
-    use std::hash::{Hash, Hasher};
-
-    use crate::annotations::{ANN_PROVISIONING_CLASS, ANN_PROVISIONING_OWNER};
-
-    let mut relevant = claim.clone();
-    let meta = &mut relevant.metadata;
-    meta.resource_version = None;
-    meta.managed_fields = None;
-    let finalized = crate::annotations::has_provisioning_finalizer(claim);
-    if let Some(finalizers) = &mut meta.finalizers {
-        finalizers.retain(|f| f != crate::annotations::FINALIZER_PROVISIONING);
-    }
-    let mut owned = false;
-    if let Some(annotations) = &mut meta.annotations {
-        owned = annotations.remove(ANN_PROVISIONING_OWNER).is_some();
-        annotations.remove(ANN_PROVISIONING_CLASS);
-    }
-    // Absent and empty read alike (the API server drops an emptied list or map).
-    if meta.finalizers.as_ref().is_some_and(Vec::is_empty) {
-        meta.finalizers = None;
-    }
-    if meta
-        .annotations
-        .as_ref()
-        .is_some_and(std::collections::BTreeMap::is_empty)
-    {
-        meta.annotations = None;
-    }
-    let stripped = owned && !finalized;
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    // Serializing a claim cannot fail (string keys only); an empty text hashes alike.
-    serde_json::to_vec(&relevant)
-        .unwrap_or_default()
-        .hash(&mut hasher);
-    stripped.hash(&mut hasher);
-    hasher.finish()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_more_than_crash_safety_bookkeeping_changes_the_trigger_fingerprint() {
-        use crate::annotations::{
-            ANN_PROVISIONING_CLASS, ANN_PROVISIONING_OWNER, FINALIZER_PROVISIONING,
-        };
-        let mut claim = crate::testing::pvc("data").storage_class("fast").build();
-        claim.metadata.resource_version = Some("1".into());
-        let base = trigger_fingerprint(&claim);
-        let mut bookkept = claim.clone();
-        bookkept.metadata.resource_version = Some("2".into());
-        bookkept.metadata.finalizers = Some(vec![FINALIZER_PROVISIONING.into()]);
-        bookkept.metadata.annotations = Some(
-            [
-                (ANN_PROVISIONING_OWNER.to_owned(), "me".to_owned()),
-                (ANN_PROVISIONING_CLASS.to_owned(), "{}".to_owned()),
-            ]
-            .into(),
-        );
-        assert_eq!(
-            trigger_fingerprint(&bookkept),
-            base,
-            "a replica's finalizer write"
-        );
-        let mut stripped = bookkept.clone();
-        stripped.metadata.finalizers = None;
-        assert_ne!(
-            trigger_fingerprint(&stripped),
-            base,
-            "stripped by hand, owner left"
-        );
-        let mut labelled = claim.clone();
-        labelled.metadata.labels = Some([("app".to_owned(), "db".to_owned())].into());
-        assert_ne!(trigger_fingerprint(&labelled), base);
-        let mut deleting = crate::testing::pvc("data")
-            .storage_class("fast")
-            .deleting()
-            .build();
-        deleting.metadata.resource_version = Some("1".into());
-        assert_ne!(trigger_fingerprint(&deleting), base);
-    }
 
     fn assert_send<T: Send>(t: T) -> T {
         t

@@ -370,13 +370,10 @@ fn spawn_feeders(
     let feed = Arc::clone(ctx);
     tasks.spawn(claims.for_each(move |claim| {
         match feed.caches.index_claim(&claim) {
-            Some(uid) => {
-                let changed = feed.claim_changed(&uid, &claim);
-                let own = feed.is_own_write_of(&uid, &claim, changed);
-                if feed.accepting() && changed && !own {
-                    feed.claim_queue.add(uid);
-                }
+            Some(uid) if feed.accepting() && !feed.is_own_write(&uid, &claim) => {
+                feed.claim_queue.add(uid);
             }
+            Some(_) => {}
             None => tracing::warn!(pvc = %crate::annotations::claim_key(&claim), "claim without a uid; skipped"),
         }
         async {}
