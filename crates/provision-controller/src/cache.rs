@@ -153,10 +153,33 @@ impl VolumeStore {
     }
 }
 
-/// The volume cache and the names of the volumes it changes.
+/// The volume cache and the volumes it changes.
 pub(crate) struct VolumeCache {
     pub(crate) store: VolumeStore,
-    pub(crate) changes: BoxStream<'static, String>,
+    pub(crate) changes: BoxStream<'static, VolumeChange>,
+}
+
+/// A volume the cache changed, as the watch saw it (for a deletion: its last state).
+pub(crate) enum VolumeChange {
+    Compact(Arc<CompactVolume>),
+    Full(Arc<PersistentVolume>),
+}
+
+impl VolumeChange {
+    pub(crate) fn name(&self) -> String {
+        match self {
+            Self::Compact(v) => v.name_any(),
+            Self::Full(v) => v.name_any(),
+        }
+    }
+
+    /// The volume as the watch saw it; `None` when a compact entry cannot be rebuilt.
+    pub(crate) fn volume(&self) -> Option<Arc<PersistentVolume>> {
+        match self {
+            Self::Compact(v) => compact::rebuild(v),
+            Self::Full(v) => Some(Arc::clone(v)),
+        }
+    }
 }
 
 impl VolumeCache {
@@ -165,7 +188,7 @@ impl VolumeCache {
         let cache = watch::<CompactVolume>(Api::all(client.clone()));
         Self {
             store: VolumeStore::Compact(cache.store),
-            changes: cache.changes.map(|v| v.name_any()).boxed(),
+            changes: cache.changes.map(VolumeChange::Compact).boxed(),
         }
     }
 }
@@ -174,7 +197,7 @@ impl From<SharedCache<PersistentVolume>> for VolumeCache {
     fn from(cache: SharedCache<PersistentVolume>) -> Self {
         Self {
             store: VolumeStore::Shared(cache.store),
-            changes: cache.changes.map(|v| v.name_any()).boxed(),
+            changes: cache.changes.map(VolumeChange::Full).boxed(),
         }
     }
 }

@@ -764,6 +764,11 @@ impl Context {
         for volume in volumes {
             self.volume_queue.add(volume);
         }
+        // Deleted PVs whose last sweep is owed (recorded while standing by, too); one not
+        // due yet is queued again for its time.
+        for name in late::afterlife_names(self) {
+            self.volume_queue.add(name);
+        }
         (claims.len(), queued_volumes)
     }
 

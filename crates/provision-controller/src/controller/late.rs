@@ -40,6 +40,12 @@
 //!   down, or both replicas down or cut off at once, for that long. Its late asset, if one
 //!   landed after the last sweep that was made, is released only by the driver's delete
 //!   of the PV (a Delete PV); a Retain PV keeps it.
+//! - A PV of ours deleted before its window ended gets its last sweep too (the driver's
+//!   `volume_saved` with the deleted PV, once the window is over): every process whose
+//!   watch sees it go records it, not only the one that deleted it, and a standby makes
+//!   the sweep once it leads, so the deleting process may stop before the window ends.
+//!   Out of reach: every process that saw the deletion gone before the window ends, or a
+//!   deletion no watch event told of (it fell inside a relist).
 //! - A sweep that fails (after a save, at a first sync, or when the window ends) is owed:
 //!   the PV is queued again after a backoff (1 s doubling, capped at the resync period)
 //!   and swept again at that sync, until the driver answers without failing. It runs in
@@ -553,11 +559,14 @@ pub(crate) async fn sweep(ctx: &Context, name: &str, volume: Option<&PersistentV
     }
 }
 
-/// Records that this process deleted `volume` (a PV we provisioned, its asset deleted by
-/// the driver) before its late-asset window ended: the volume queue brings its name back
-/// when the window ends, and [`sweep_deleted`] asks the driver once more. The window's end
-/// is the later of the one recorded on the PV ([`ANN_LATE_ASSET_SWEEP`]) and the one
-/// counted from its creation. Nothing for a driver without a window, or a window over.
+/// Records that `volume` (a PV we provisioned) was deleted before its late-asset window
+/// ended: the volume queue brings its name back when the window ends, and
+/// [`sweep_deleted`] asks the driver once more. Called by the process that deleted it
+/// (after the driver deleted its asset) and by every process whose watch sees it go
+/// (the volume feeder), leader or standby: the one that deleted it may stop before the
+/// window ends, and its memory with it. The window's end is the later of the one recorded
+/// on the PV ([`ANN_LATE_ASSET_SWEEP`]) and the one counted from its creation. Nothing for a
+/// driver without a window, or a window over; a name recorded already keeps its record.
 pub(crate) fn deleted(ctx: &Context, volume: &PersistentVolume) {
     let Some(window) = ctx.provisioner.late_asset_window().filter(|w| !w.is_zero()) else {
         return;
@@ -578,16 +587,35 @@ pub(crate) fn deleted(ctx: &Context, volume: &PersistentVolume) {
     if wait.is_zero() {
         return;
     }
-    tracing::debug!(pv = %name, ?wait, "deleted before its late-asset window ended: the driver is asked once more when it ends");
-    ctx.late.afterlife().insert(
-        name.clone(),
-        Afterlife {
-            volume: volume.clone(),
-            due,
-            failures: 0,
-        },
-    );
-    ctx.volume_queue.add_after(name, wait);
+    {
+        let mut afterlife = ctx.late.afterlife();
+        // A standby never sweeps: what it recorded is dropped once the leader's sweep has
+        // long been due, so its record stays bounded by the PVs deleted while young.
+        afterlife.retain(|_, e| {
+            Duration::try_from(now.duration_since(e.due)).map_or(true, |late| late <= window)
+        });
+        if afterlife.contains_key(&name) {
+            return;
+        }
+        tracing::debug!(pv = %name, ?wait, "deleted before its late-asset window ended: the driver is asked once more when it ends");
+        afterlife.insert(
+            name.clone(),
+            Afterlife {
+                volume: volume.clone(),
+                due,
+                failures: 0,
+            },
+        );
+    }
+    // A standby queues it when it starts leading (`Context::queue_everything`).
+    if ctx.accepting() {
+        ctx.volume_queue.add_after(name, wait);
+    }
+}
+
+/// The names of the deleted PVs whose last sweep is still to be made ([`deleted`]).
+pub(crate) fn afterlife_names(ctx: &Context) -> Vec<String> {
+    ctx.late.afterlife().keys().cloned().collect()
 }
 
 /// The last sweep of a PV this process deleted before its window ended ([`deleted`]):

@@ -364,7 +364,7 @@ fn spawn_feeders(
         'static,
         Arc<k8s_openapi::api::core::v1::PersistentVolumeClaim>,
     >,
-    volumes: futures::stream::BoxStream<'static, String>,
+    volumes: futures::stream::BoxStream<'static, crate::cache::VolumeChange>,
     classes: futures::stream::BoxStream<'static, Arc<k8s_openapi::api::storage::v1::StorageClass>>,
 ) {
     let feed = Arc::clone(ctx);
@@ -379,8 +379,16 @@ fn spawn_feeders(
         async {}
     }));
     let feed = Arc::clone(ctx);
-    tasks.spawn(volumes.for_each(move |name| {
+    tasks.spawn(volumes.for_each(move |change| {
+        let name = change.name();
         feed.caches.volume_seen(&name);
+        // Gone from the cache: deleted. Whoever deleted it, a create of its name may still
+        // land (every replica records it, standbys too: the one that deleted it may stop).
+        if !feed.caches.volumes.contains(&name)
+            && let Some(volume) = change.volume()
+        {
+            super::late::deleted(&feed, &volume);
+        }
         if feed.accepting() {
             feed.volume_queue.add(name);
         }

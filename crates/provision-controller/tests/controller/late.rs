@@ -257,3 +257,42 @@ async fn a_volume_deleted_before_its_window_ended_is_swept_once_more_when_it_end
     assert_eq!(driver.calls(&name).len(), 2, "once, and never again");
     env.stop().await;
 }
+
+// Chaos seed 60133 (no leader election): the replica that deleted a young PV stopped
+// before its window ended, and a create of its name landed later. Every replica whose
+// watch sees a PV of ours go inside its window makes the last sweep, not only the one
+// that deleted it.
+#[tokio::test]
+async fn a_volume_deleted_by_someone_else_before_its_window_ended_is_swept_once_more_when_it_ends()
+{
+    let sim = Env::sim().await;
+    let window = Duration::from_secs(4);
+    let driver = Timed::new(Some(window));
+    let env = start(sim, &driver).await;
+    let volume = create_pv(&env.sim, "pvc-other", ME).await;
+    driver.wait_calls("pvc-other", 1).await;
+    // Not this controller's delete: a PV without a claim carries no finalizer of ours.
+    env.volumes()
+        .delete("pvc-other", &Default::default())
+        .await
+        .unwrap();
+    env.volume_gone("pvc-other").await;
+    let window_end = created(&volume) + window;
+    assert!(
+        Timestamp::now() < window_end,
+        "the test needs the delete inside the window"
+    );
+    assert!(
+        !env.fake.delete_calls().contains(&"pvc-other".to_owned()),
+        "the driver did not delete it"
+    );
+
+    let calls = driver.wait_calls("pvc-other", 2).await;
+    assert!(
+        calls[1] >= window_end,
+        "the sweep after the deletion waits for the window's end: {calls:?}, window ends {window_end}"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(driver.calls("pvc-other").len(), 2, "once, and never again");
+    env.stop().await;
+}

@@ -6,6 +6,7 @@
 
 mod crash;
 mod failover;
+mod late;
 mod namespace;
 mod probes;
 mod stripped;
