@@ -1,67 +1,20 @@
 //! A PV deleted inside its late-asset window, across a failover: the last sweep of its
 //! name is made by the replica that leads when the window ends, whoever deleted it.
 
-use std::{
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::time::Duration;
 
-use k8s_openapi::{api::core::v1::PersistentVolume, jiff::Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube_client::api::{DeleteParams, PostParams};
-use provision_controller::{
-    DeleteError, ProvisionError, ProvisionOptions, Provisioner,
-    testing::{FakeProvisioner, pv},
-};
+use provision_controller::testing::{FakeProvisioner, pv};
 
 use crate::{ME, Replica, config, election, eventually, sim, volumes, wait_holder};
 
-/// The fake with a late-asset window, recording every `volume_saved` call (PV name and
-/// wall-clock time).
-#[derive(Clone)]
-struct Windowed {
-    fake: FakeProvisioner,
-    window: Duration,
-    saved: Arc<Mutex<Vec<(String, Timestamp)>>>,
-}
-
-impl Windowed {
-    fn new(window: Duration) -> Self {
-        Self {
-            fake: FakeProvisioner::new(),
-            window,
-            saved: Arc::default(),
-        }
-    }
-
-    fn calls(&self, name: &str) -> Vec<Timestamp> {
-        let saved = self.saved.lock().unwrap();
-        saved
-            .iter()
-            .filter(|(n, _)| n == name)
-            .map(|(_, t)| *t)
-            .collect()
-    }
-}
-
-#[async_trait::async_trait]
-impl Provisioner for Windowed {
-    async fn provision(
-        &self,
-        options: &ProvisionOptions,
-    ) -> Result<PersistentVolume, ProvisionError> {
-        self.fake.provision(options).await
-    }
-    async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError> {
-        self.fake.delete(volume).await
-    }
-    async fn volume_saved(&self, saved: &PersistentVolume) -> Result<(), DeleteError> {
-        let name = saved.metadata.name.clone().unwrap_or_default();
-        self.saved.lock().unwrap().push((name, Timestamp::now()));
-        self.fake.volume_saved(saved).await
-    }
-    fn late_asset_window(&self) -> Option<Duration> {
-        Some(self.window)
-    }
+/// How often `fake` was handed the PV `name` by `volume_saved`.
+fn sweeps(fake: &FakeProvisioner, name: &str) -> usize {
+    fake.volume_saved_calls()
+        .iter()
+        .filter(|v| v.metadata.name.as_deref() == Some(name))
+        .count()
 }
 
 // Chaos seeds 50035 and 60133: a PV was deleted inside its window, the replica that
@@ -71,24 +24,12 @@ impl Provisioner for Windowed {
 #[tokio::test]
 async fn a_pv_deleted_inside_its_window_is_swept_at_its_end_by_the_standby_that_took_over() {
     let sim = sim().await;
-    let window = Duration::from_secs(6);
-    let a_driver = Windowed::new(window);
-    let a = Replica::start_driver(
-        &sim,
-        a_driver.fake.clone(),
-        a_driver.clone(),
-        config(Some(election("a"))),
-        false,
-    );
+    let window = Duration::from_secs(8);
+    let a_fake = FakeProvisioner::new().with_late_asset_window(window);
+    let a = Replica::start(&sim, a_fake.clone(), config(Some(election("a"))), false);
     wait_holder(&sim, "a").await;
-    let b_driver = Windowed::new(window);
-    let b = Replica::start_driver(
-        &sim,
-        b_driver.fake.clone(),
-        b_driver.clone(),
-        config(Some(election("b"))),
-        false,
-    );
+    let b_fake = FakeProvisioner::new().with_late_asset_window(window);
+    let b = Replica::start(&sim, b_fake.clone(), config(Some(election("b"))), false);
 
     // A young PV of ours (no claim: nothing else happens to it); the leader sweeps it at
     // its first sync.
@@ -99,7 +40,7 @@ async fn a_pv_deleted_inside_its_window_is_swept_at_its_end_by_the_standby_that_
         .unwrap();
     let created_at = created.metadata.creation_timestamp.as_ref().unwrap().0;
     eventually("the leader's first sweep", || async {
-        (!a_driver.calls(name).is_empty()).then_some(())
+        (sweeps(&a_fake, name) > 0).then_some(())
     })
     .await;
     // Give the standby's watch time to see the PV before it goes.
@@ -124,16 +65,22 @@ async fn a_pv_deleted_inside_its_window_is_swept_at_its_end_by_the_standby_that_
         "the test needs the takeover inside the window"
     );
 
-    let calls = eventually("the standby's last sweep of the deleted PV", || async {
-        let calls = b_driver.calls(name);
-        (!calls.is_empty()).then_some(calls)
+    // Not before the window's end...
+    let before_end = Duration::try_from(window_end.duration_since(Timestamp::now()))
+        .unwrap_or_default()
+        .saturating_sub(Duration::from_millis(500));
+    tokio::time::sleep(before_end).await;
+    assert_eq!(
+        sweeps(&b_fake, name),
+        0,
+        "the sweep waits for the window's end"
+    );
+    // ...but once it has passed.
+    eventually("the standby's last sweep of the deleted PV", || async {
+        (sweeps(&b_fake, name) > 0).then_some(())
     })
     .await;
-    assert!(
-        calls[0] >= window_end,
-        "the sweep waits for the window's end: {calls:?}, window ends {window_end}"
-    );
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(b_driver.calls(name).len(), 1, "once, and never again");
+    assert_eq!(sweeps(&b_fake, name), 1, "once, and never again");
     b.stop().await.unwrap();
 }
