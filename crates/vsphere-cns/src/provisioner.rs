@@ -185,7 +185,9 @@ pub enum ProvisionerError {
 ///   answered after the PV was saved and the sweep ran) stays until the PV is deleted with
 ///   reclaim policy `Delete`; under `Retain` it stays, as the PV's own volume does. One
 ///   sent by another replica (or by an earlier life of this one) that lands after the PV
-///   was deleted stays too: only the replica that sent a create knows it may still land.
+///   was deleted, but within the settle window, goes with the controller's last sweep of
+///   the deleted PV when the window ends (`volume_saved` with the deleted PV; see
+///   [`Provisioner::late_asset_window`]), made by a replica that saw the deletion.
 /// - **Errors say what runs in the background.** A timeout or a broken connection after the
 ///   create was sent is [`ProvisionError::InBackground`] (the controller keeps retrying,
 ///   and the lookup then finds the volume); a failure before anything was sent is
