@@ -25,6 +25,10 @@ pub(crate) enum OpError {
     ClassNotFound { name: String },
     #[error("claim {claim} is gone or being deleted")]
     ClaimGone { claim: String },
+    /// Our finalizer was added to a claim being deleted (a server that accepts it): the
+    /// claim is retried, and its next sync cleans up and removes the finalizer.
+    #[error("claim {claim} is being deleted, and got our finalizer all the same")]
+    AddedToDeletedClaim { claim: String },
     #[error("claim {claim} has no uid")]
     NoUid { claim: String },
     #[error("failed to provision volume with StorageClass {class:?}")]

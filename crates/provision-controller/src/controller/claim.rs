@@ -276,9 +276,19 @@ async fn provision_claim(
         if claim.claim.metadata.deletion_timestamp.is_some() {
             return Ok(Outcome::Stopped("claim is being deleted"));
         }
-        crash_safety::set_claim_intent(ctx, &claim.claim, crash_safety::Intent::Add(&class))
+        match crash_safety::set_claim_intent(ctx, &claim.claim, crash_safety::Intent::Add(&class))
             .await
-            .map_err(|e| (State::NoChange, e))?;
+        {
+            Ok(()) => {}
+            // The cache is behind (a watch that waits out its backoff after an outage may
+            // show a deleted claim for half a minute): nothing was asked of the driver, so
+            // nothing is owed; the cache tells when it catches up (or a resync asks
+            // again). Retrying with backoff would patch a gone claim once a second.
+            Err(OpError::ClaimGone { .. }) if !in_progress => {
+                return Ok(Outcome::Stopped("claim is gone or being deleted"));
+            }
+            Err(e) => return Err((State::NoChange, e)),
+        }
     }
 
     // Only the driver call holds a driver slot: the API writes around it do not.

@@ -351,8 +351,9 @@ pub(crate) enum Intent<'a> {
 ///
 /// Removing from a claim that is gone succeeds; a 409 counts as gone only when a read
 /// shows another claim under the name (or none), else it is an error and retried. Adding
-/// fails when the claim is gone or being deleted (the API server refuses new finalizers
-/// then).
+/// fails with [`OpError::ClaimGone`] when the claim is gone or being deleted (the API
+/// server refuses new finalizers then), and with [`OpError::AddedToDeletedClaim`] when a
+/// server added it to a claim being deleted all the same.
 pub(crate) async fn set_intent(
     ctx: &Context,
     namespace: &str,
@@ -390,7 +391,9 @@ pub(crate) async fn set_intent(
             if present && is_deleting(&claim) {
                 // A server that accepts it anyway: the next sync of the deleted claim
                 // cleans up and removes the finalizer.
-                return Err(gone());
+                return Err(OpError::AddedToDeletedClaim {
+                    claim: format!("{namespace}/{name}"),
+                });
             }
             tracing::debug!(pvc = %format!("{namespace}/{name}"), present, "crash-safety finalizer updated");
             Ok(())
