@@ -278,6 +278,9 @@ pub(crate) struct Context {
     /// Claims the driver called infeasible, by UID (Go `slowSet`): not provisioned again
     /// before [`Config::infeasible_retry_delay`] unless their class was re-created.
     pub(crate) infeasible: Mutex<HashMap<String, Infeasible>>,
+    /// Claim UID -> the resourceVersion the cache showed when the API server answered
+    /// that the claim is gone ([`Context::mark_gone`]).
+    reported_gone: Mutex<HashMap<String, Option<String>>>,
     pub(crate) events: Events,
     pub(crate) metrics: Option<ControllerMetrics>,
     pub(crate) claim_queue: Arc<WorkQueue>,
@@ -484,6 +487,7 @@ impl Context {
             caches,
             in_progress: Mutex::default(),
             infeasible: Mutex::default(),
+            reported_gone: Mutex::default(),
             events,
             metrics,
             accepting: AtomicBool::new(false),
@@ -590,6 +594,34 @@ impl Context {
         self.infeasible
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records that the API server answered that `claim` (as cached) is gone or being
+    /// deleted, before anything was asked of the driver for it.
+    pub(crate) fn mark_gone(&self, uid: &str, claim: &PersistentVolumeClaim) {
+        self.reported_gone
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(uid.to_owned(), claim.metadata.resource_version.clone());
+    }
+
+    /// Whether the cache still shows `claim` as it was when the API server reported it
+    /// gone ([`mark_gone`](Self::mark_gone)): a cache behind its watch (one waiting out
+    /// its backoff after an outage shows deleted claims for up to half a minute) is not
+    /// worked on again until it moves. A newer version forgets the record.
+    pub(crate) fn reported_gone(&self, uid: &str, claim: &PersistentVolumeClaim) -> bool {
+        let mut gone = self
+            .reported_gone
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match gone.get(uid) {
+            Some(version) if *version == claim.metadata.resource_version => true,
+            Some(_) => {
+                gone.remove(uid);
+                false
+            }
+            None => false,
+        }
     }
 
     /// Records that the driver called the claim infeasible with `class`; an earlier record
@@ -752,6 +784,10 @@ impl Context {
         });
         let delay = self.config.infeasible_retry_delay;
         self.infeasible().retain(|_, e| e.since.elapsed() < delay);
+        self.reported_gone
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|uid, _| self.caches.claim_by_uid(uid).is_some());
         let claims = self.caches.claims.state();
         let volumes = self.caches.volumes.names();
         self.late.retain(|name| self.caches.volume_exists(name));

@@ -154,6 +154,10 @@ async fn provision(
     // answers, whatever the claim, its class or the qualifier say now: forgetting it
     // would leak the asset being created (Go forgets it here).
     let in_progress = ctx.is_in_progress(uid);
+    if !in_progress && ctx.reported_gone(uid, &claim.claim) {
+        tracing::debug!(pvc = %claim.key, "the API server reported the claim gone; waiting for the cache to catch up");
+        return (State::NoChange, Ok(()));
+    }
     if !in_progress && let Some(wait) = ctx.infeasible_wait(uid, class.as_deref()) {
         let delayed = OpError::Delayed {
             uid: uid.to_owned(),
@@ -282,9 +286,11 @@ async fn provision_claim(
             Ok(()) => {}
             // The cache is behind (a watch that waits out its backoff after an outage may
             // show a deleted claim for half a minute): nothing was asked of the driver, so
-            // nothing is owed; the cache tells when it catches up (or a resync asks
-            // again). Retrying with backoff would patch a gone claim once a second.
+            // nothing is owed. Not tried again until the cache shows the claim changed
+            // (or gone): retrying with backoff, or at each resync, would patch a gone
+            // claim over and over.
             Err(OpError::ClaimGone { .. }) if !in_progress => {
+                ctx.mark_gone(uid, &claim.claim);
                 return Ok(Outcome::Stopped("claim is gone or being deleted"));
             }
             Err(e) => return Err((State::NoChange, e)),
