@@ -141,6 +141,7 @@ pub struct Running {
     stop: watch::Sender<bool>,
     tasks: JoinSet<(&'static str, anyhow::Result<()>)>,
     deadline: Duration,
+    health: Health,
 }
 
 /// Starts the provision controller and the `CnsVolumeMetadata` reconciler under one
@@ -177,6 +178,7 @@ pub fn start_controllers(
             .metrics_port(address.port());
     }
     let health = Health::new();
+    let role = health.clone();
     // The one election: the provision controller drives it, the reconciler follows it.
     let leading = health.leading();
     let controller = provision_controller::ProvisionController::new(
@@ -221,10 +223,19 @@ pub fn start_controllers(
         stop,
         tasks,
         deadline: settings.stop_deadline(),
+        health: role,
     }
 }
 
 impl Running {
+    /// The provision controller's health as its probes serve it: whether its caches
+    /// synced, and its role ([`Health::role`]: starting, standing by, leading, stopping).
+    /// The role turns from leading to stopping the moment the lease is lost, before
+    /// [`run_until`](Self::run_until) returns.
+    pub fn health(&self) -> &Health {
+        &self.health
+    }
+
     /// How long [`run_until`](Self::run_until) waits for the controllers to stop:
     /// [`Settings::stop_deadline`] of the settings they were started with.
     pub fn stop_deadline(&self) -> Duration {

@@ -7,11 +7,12 @@
 //! `run_until` drain. A replica whose controllers fail (a lost lease) exits, and the
 //! harness restarts it, as a kubelet would.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context as _;
 use kube_client::client::ClientBuilder;
+use provision_controller::http::{Health, Role};
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -52,6 +53,10 @@ enum State {
         exit: oneshot::Receiver<anyhow::Result<()>>,
         stopping: Option<Instant>,
         then_start: bool,
+        /// The controllers' health, once they started.
+        health: Arc<OnceLock<Health>>,
+        /// Whether it was seen leading since it last stopped leading.
+        led: bool,
     },
 }
 
@@ -130,10 +135,12 @@ impl Replica {
         let (exited, exit) = oneshot::channel();
         let spec = self.spec.clone();
         let partition = self.partition.clone();
+        let health = Arc::new(OnceLock::new());
+        let slot = Arc::clone(&health);
         let span = tracing::info_span!("replica", n = self.index, start = self.starts);
         runtime.spawn(
             async move {
-                let result = run(spec, partition, stopped).await;
+                let result = run(spec, partition, stopped, slot).await;
                 let _ = exited.send(result);
             }
             .instrument(span),
@@ -144,6 +151,8 @@ impl Replica {
             exit,
             stopping: None,
             then_start: false,
+            health,
+            led: false,
         };
         Ok(())
     }
@@ -194,48 +203,68 @@ impl Replica {
                 exit,
                 stopping,
                 then_start,
+                health,
+                led,
                 ..
-            } => match exit.try_recv() {
-                Ok(result) => {
-                    let graceful = stopping.is_some();
-                    let restart = !graceful || *then_start;
-                    let line = match (&result, graceful) {
-                        (Ok(()), true) => format!("replica {index} stopped"),
-                        (Err(e), true) => format!("replica {index} stopped with an error: {e:#}"),
-                        (Ok(()), false) => format!("replica {index} exited"),
-                        (Err(e), false) => format!("replica {index} exited: {e:#}"),
-                    };
-                    self.kill();
-                    if restart {
-                        self.state = State::Down {
-                            restart_at: Some(now + RESTART_DELAY),
-                        };
+            } => {
+                // Losing the lease ends its workers at once (their memory goes with
+                // them), before the process exits: that moment is the disruption.
+                if let Some(health) = health.get() {
+                    let leading = health.role() == Role::Leading;
+                    if leading {
+                        *led = true;
+                    } else if *led {
+                        *led = false;
+                        return Ok(Some(format!(
+                            "replica {index} stopped leading ({:?})",
+                            health.role()
+                        )));
                     }
-                    Ok(Some(line))
                 }
-                Err(oneshot::error::TryRecvError::Empty) => match stopping {
-                    Some(since) if now.duration_since(*since) > STOP_GRACE => {
-                        let restart = *then_start;
+                match exit.try_recv() {
+                    Ok(result) => {
+                        let graceful = stopping.is_some();
+                        let restart = !graceful || *then_start;
+                        let line = match (&result, graceful) {
+                            (Ok(()), true) => format!("replica {index} stopped"),
+                            (Err(e), true) => {
+                                format!("replica {index} stopped with an error: {e:#}")
+                            }
+                            (Ok(()), false) => format!("replica {index} exited"),
+                            (Err(e), false) => format!("replica {index} exited: {e:#}"),
+                        };
                         self.kill();
                         if restart {
                             self.state = State::Down {
                                 restart_at: Some(now + RESTART_DELAY),
                             };
                         }
-                        Ok(Some(format!(
-                            "replica {index} did not stop within {STOP_GRACE:?}: killed"
-                        )))
+                        Ok(Some(line))
                     }
-                    _ => Ok(None),
-                },
-                Err(oneshot::error::TryRecvError::Closed) => {
-                    self.kill();
-                    self.state = State::Down {
-                        restart_at: Some(now + RESTART_DELAY),
-                    };
-                    Ok(Some(format!("replica {index} vanished (task panicked?)")))
+                    Err(oneshot::error::TryRecvError::Empty) => match stopping {
+                        Some(since) if now.duration_since(*since) > STOP_GRACE => {
+                            let restart = *then_start;
+                            self.kill();
+                            if restart {
+                                self.state = State::Down {
+                                    restart_at: Some(now + RESTART_DELAY),
+                                };
+                            }
+                            Ok(Some(format!(
+                                "replica {index} did not stop within {STOP_GRACE:?}: killed"
+                            )))
+                        }
+                        _ => Ok(None),
+                    },
+                    Err(oneshot::error::TryRecvError::Closed) => {
+                        self.kill();
+                        self.state = State::Down {
+                            restart_at: Some(now + RESTART_DELAY),
+                        };
+                        Ok(Some(format!("replica {index} vanished (task panicked?)")))
+                    }
                 }
-            },
+            }
         }
     }
 }
@@ -251,6 +280,7 @@ async fn run(
     spec: Arc<ReplicaSpec>,
     partition: Partition,
     stopped: oneshot::Receiver<()>,
+    health: Arc<OnceLock<Health>>,
 ) -> anyhow::Result<()> {
     let kube = ClientBuilder::try_from(spec.kube.clone())
         .context("cannot build the kube client")?
@@ -265,6 +295,7 @@ async fn run(
     let backend = CnsMetadataBackend::new(cns);
     let running =
         vsphere_controllers::start_controllers(kube, provisioner, backend, &spec.settings);
+    let _ = health.set(running.health().clone());
     running
         .run_until(async {
             let _ = stopped.await;

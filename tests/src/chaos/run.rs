@@ -235,7 +235,10 @@ fn poll_replicas(world: &mut World) -> anyhow::Result<()> {
     let now = Instant::now();
     for replica in &mut world.replicas {
         if let Some(line) = replica.poll(now)? {
-            if line.contains("exited") || line.contains("vanished") {
+            if line.contains("exited")
+                || line.contains("vanished")
+                || line.contains("stopped leading")
+            {
                 world.shared.disrupted();
             }
             world.shared.log(format!("* {line}"));

@@ -89,7 +89,7 @@ pub struct Records {
     pub metadata: BTreeMap<String, MetadataRecord>,
     /// CNS volumes the harness inserted (ID → why).
     pub inserted: BTreeMap<String, String>,
-    /// When a replica was disrupted (killed, stopped, partitioned, exited).
+    /// When a replica was disrupted (killed, stopped, partitioned, exited, stopped leading).
     pub disruptions: Vec<Duration>,
     /// The log, with times from the start.
     pub log: Vec<(Duration, String)>,
