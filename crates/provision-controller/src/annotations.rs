@@ -59,6 +59,15 @@ pub const ANN_PROVISIONING_CLASS: &str =
 /// once the driver answered without failing. No Go counterpart.
 pub const ANN_LATE_ASSET_SWEEP: &str = "external-provisioner.volume.kubernetes.io/late-asset-sweep";
 
+/// On a PV that crash-safe provisioning saved only to record an asset its claim will not
+/// use (the claim was deleted, bound to another PV, or asks another provisioner now):
+/// `"true"`. Such a PV is released at once; when it is reclaimed inside its late-asset
+/// window it stays (Released, with our finalizer when it has one) until the window ends,
+/// and its name is deleted again then, so a create of its name that another replica (or
+/// an earlier life of this one) sent and that lands late goes too, whichever controller
+/// leads by then. No Go counterpart.
+pub const ANN_CLEANUP_RECORD: &str = "external-provisioner.volume.kubernetes.io/cleanup-record";
+
 fn annotation<'a>(
     meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
     key: &str,

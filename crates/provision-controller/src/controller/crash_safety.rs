@@ -68,7 +68,8 @@ use super::{
 use crate::{
     ProvisionError, ProvisionOptions,
     annotations::{
-        ANN_PROVISIONING_CLASS, ANN_PROVISIONING_OWNER, ClaimView, FINALIZER_PROVISIONING,
+        ANN_CLEANUP_RECORD, ANN_PROVISIONING_CLASS, ANN_PROVISIONING_OWNER, ClaimView,
+        FINALIZER_PROVISIONING,
     },
     events,
 };
@@ -581,6 +582,11 @@ async fn clean_up(
             .get_or_insert_with(Default::default)
             .persistent_volume_reclaim_policy = Some(policy.to_owned());
         volume_object::decorate(ctx, claim, &class, &mut volume);
+        volume
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(ANN_CLEANUP_RECORD.to_owned(), "true".to_owned());
         let name = volume.metadata.name.clone().unwrap_or_default();
         tracing::info!(pv = %name, "saving a PV that records the asset; it is reclaimed once released");
         let events_claim = (!claim_gone).then_some(&*claim.claim);

@@ -45,7 +45,10 @@
 //!   watch sees it go records it, not only the one that deleted it, and a standby makes
 //!   the sweep once it leads, so the deleting process may stop before the window ends.
 //!   Out of reach: every process that saw the deletion gone before the window ends, or a
-//!   deletion no watch event told of (it fell inside a relist).
+//!   deletion no watch event told of (it fell inside a relist). A PV that only records
+//!   an asset its claim will not use ([`ANN_CLEANUP_RECORD`](crate::annotations::ANN_CLEANUP_RECORD))
+//!   is not deleted inside its window at all: it stays until the window ends
+//!   ([`window_left`]), so the cluster keeps the record.
 //! - A sweep that fails (after a save, at a first sync, or when the window ends) is owed:
 //!   the PV is queued again after a backoff (1 s doubling, capped at the resync period)
 //!   and swept again at that sync, until the driver answers without failing. It runs in
@@ -157,6 +160,9 @@ pub(crate) struct LateAssets {
     /// still land, so the driver is asked once more, when the window ends, to release what
     /// it holds for the name besides the PV's own (deleted) asset.
     afterlife: Mutex<HashMap<String, Afterlife>>,
+    /// `name/uid` of PVs whose asset this process deleted while it keeps the PV until
+    /// its late-asset window ends (their deletion is counted once).
+    kept: Mutex<std::collections::HashSet<String>>,
 }
 
 /// A PV deleted before its window ended ([`LateAssets::afterlife`]).
@@ -174,6 +180,27 @@ impl LateAssets {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    fn kept_set(&self) -> MutexGuard<'_, std::collections::HashSet<String>> {
+        self.kept
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `volume`'s asset is deleted and the PV kept until its window ends.
+    pub(crate) fn keep(&self, volume: &PersistentVolume) {
+        self.kept_set().insert(kept_key(volume));
+    }
+
+    /// Whether this process deleted `volume`'s asset already and kept the PV.
+    pub(crate) fn was_kept(&self, volume: &PersistentVolume) -> bool {
+        self.kept_set().contains(&kept_key(volume))
+    }
+
+    /// `volume` is deleted.
+    pub(crate) fn forget_kept(&self, volume: &PersistentVolume) {
+        self.kept_set().remove(&kept_key(volume));
+    }
+
     fn afterlife(&self) -> MutexGuard<'_, HashMap<String, Afterlife>> {
         self.afterlife
             .lock()
@@ -184,6 +211,8 @@ impl LateAssets {
     /// sync never came, e.g. across a relist), and those of PVs swept for good that are now
     /// older than the window plus the grace (their pruning sync did not come).
     pub(crate) fn retain(&self, exists: impl Fn(&str) -> bool) {
+        self.kept_set()
+            .retain(|key| key.split_once('/').is_some_and(|(name, _)| exists(name)));
         let now = Timestamp::now();
         self.pending().retain(|name, entry| {
             let expired = matches!(entry.stage, Stage::Done { expires } if expires <= now);
@@ -358,6 +387,33 @@ pub(crate) fn recorded_due(
         );
     }
     Some(window_end(volume, window).unwrap_or(now))
+}
+
+/// The key of `volume` in [`LateAssets::kept`]: its name and UID.
+fn kept_key(volume: &PersistentVolume) -> String {
+    format!(
+        "{}/{}",
+        volume.metadata.name.as_deref().unwrap_or_default(),
+        volume.metadata.uid.as_deref().unwrap_or_default()
+    )
+}
+
+/// For a PV we provisioned for a driver with a late-asset window that has not ended yet:
+/// when it ends, and the time left until then.
+pub(crate) fn window_left(
+    ctx: &Context,
+    volume: &PersistentVolume,
+) -> Option<(Timestamp, Duration)> {
+    let window = ctx
+        .provisioner
+        .late_asset_window()
+        .filter(|w| !w.is_zero())?;
+    if !provisioned_by_us(volume, ctx.names()) {
+        return None;
+    }
+    let due = window_end(volume, window)?;
+    let wait = Duration::try_from(due.duration_since(Timestamp::now())).ok()?;
+    (!wait.is_zero()).then_some((due, wait))
 }
 
 /// When the late-asset window of `volume` ends: the later of the end recorded in
@@ -568,25 +624,14 @@ pub(crate) async fn sweep(ctx: &Context, name: &str, volume: Option<&PersistentV
 /// on the PV ([`ANN_LATE_ASSET_SWEEP`]) and the one counted from its creation. Nothing for a
 /// driver without a window, or a window over; a name recorded already keeps its record.
 pub(crate) fn deleted(ctx: &Context, volume: &PersistentVolume) {
-    let Some(window) = ctx.provisioner.late_asset_window().filter(|w| !w.is_zero()) else {
-        return;
-    };
     let Some(name) = volume.metadata.name.clone() else {
         return;
     };
-    if !provisioned_by_us(volume, ctx.names()) {
-        return;
-    }
-    let Some(due) = window_end(volume, window) else {
+    let Some((due, wait)) = window_left(ctx, volume) else {
         return;
     };
     let now = Timestamp::now();
-    let Ok(wait) = Duration::try_from(due.duration_since(now)) else {
-        return;
-    };
-    if wait.is_zero() {
-        return;
-    }
+    let window = ctx.provisioner.late_asset_window().unwrap_or_default();
     {
         let mut afterlife = ctx.late.afterlife();
         // A standby never sweeps: what it recorded is dropped once the leader's sweep has

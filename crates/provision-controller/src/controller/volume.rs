@@ -19,7 +19,7 @@ use super::{
 };
 use crate::{
     DeleteError,
-    annotations::{self, FINALIZER_PV},
+    annotations::{self, ANN_CLEANUP_RECORD, FINALIZER_PV},
     events,
 };
 
@@ -163,12 +163,20 @@ pub(crate) async fn sync_volume(ctx: &Context, name: &str) -> Result<(), OpError
         .and_then(|s| s.storage_class_name.clone())
         .unwrap_or_default();
     let start = Instant::now();
+    // A PV kept after its asset was deleted ([`Deletion::Kept`]) counts once, when its
+    // asset goes (in this process; a restart counts it again when it deletes the PV).
+    let counted = ctx.late.was_kept(&fresh);
     let result = delete_volume(ctx, &fresh).await;
     match (&result, &ctx.metrics) {
-        (Ok(true), Some(m)) => m.delete_succeeded(&class, start.elapsed()),
-        (Ok(false), Some(m)) => m.delete_stopped(&class),
+        (Ok(Deletion::Deleted | Deletion::Kept), Some(m)) if !counted => {
+            m.delete_succeeded(&class, start.elapsed());
+        }
+        (Ok(Deletion::Ignored), Some(m)) => m.delete_stopped(&class),
         (Err(_), Some(m)) => m.delete_failed(&class, start.elapsed()),
-        (_, None) => {}
+        _ => {}
+    }
+    if matches!(result, Ok(Deletion::Deleted)) {
+        ctx.late.forget_kept(&fresh);
     }
     result.map(|_| ())
 }
@@ -227,10 +235,21 @@ async fn patch_finalizer(
     .await
 }
 
-/// Deletes the asset, then the PV, then our finalizer (Go `deleteVolumeOperation`).
-/// `Ok(false)` when the driver ignored the volume.
+/// What [`delete_volume`] did.
+#[derive(Debug, PartialEq, Eq)]
+enum Deletion {
+    /// The asset, then the PV.
+    Deleted,
+    /// The asset; the PV stays until its late-asset window ends.
+    Kept,
+    /// Nothing: the driver ignored the volume.
+    Ignored,
+}
+
+/// Deletes the asset, then the PV, then our finalizer (Go `deleteVolumeOperation`); a PV
+/// whose late-asset window has not ended stays until it has.
 #[tracing::instrument(skip_all, fields(pv = volume.metadata.name.as_deref().unwrap_or_default()))]
-async fn delete_volume(ctx: &Context, volume: &PersistentVolume) -> Result<bool, OpError> {
+async fn delete_volume(ctx: &Context, volume: &PersistentVolume) -> Result<Deletion, OpError> {
     let limit = ctx.config.deletion_timeout;
     let name = volume.metadata.name.clone().unwrap_or_default();
     let answer = ctx
@@ -241,7 +260,7 @@ async fn delete_volume(ctx: &Context, volume: &PersistentVolume) -> Result<bool,
         Ok(Ok(())) => None,
         Ok(Err(DeleteError::Ignored { reason })) => {
             tracing::info!(%reason, "volume deletion ignored");
-            return Ok(false);
+            return Ok(Deletion::Ignored);
         }
         Ok(Err(DeleteError::Failed(source))) => Some(OpError::Delete(source)),
         Err(err @ (CallError::Timeout(_) | CallError::Panicked(_))) => Some(err.into_op("delete")),
@@ -254,6 +273,25 @@ async fn delete_volume(ctx: &Context, volume: &PersistentVolume) -> Result<bool,
         return Err(err);
     }
     tracing::info!("volume deleted");
+    // Until the PV's late-asset window ends, a create of its name that another replica
+    // sent (or this process, before a restart) may still land, and nothing but this PV
+    // records that the name must then be swept: a record in this process's memory would
+    // go with it. So the PV stays (Released) until the window ends; its sync then deletes
+    // again (the driver's delete releases what landed meanwhile) and removes the PV.
+    // Only a PV that records an asset its claim never used (crash-safety cleanup): a
+    // user's PV goes at once, and the replicas that see it go make its last sweep.
+    let cleanup_record = volume
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANN_CLEANUP_RECORD))
+        .is_some_and(|v| v == "true");
+    if cleanup_record && let Some((due, wait)) = late::window_left(ctx, volume) {
+        tracing::info!(?wait, %due, "the persistentvolume stays until its late-asset window ends, then its name is deleted again");
+        ctx.late.keep(volume);
+        ctx.volume_queue.add_after(name, wait);
+        return Ok(Deletion::Kept);
+    }
 
     let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
     // A PV re-created under the same name meanwhile is not ours to delete (409).
@@ -266,7 +304,9 @@ async fn delete_volume(ctx: &Context, volume: &PersistentVolume) -> Result<bool,
     };
     match call(limit, volumes.delete(&name, &params)).await {
         Ok(Ok(_)) => {}
-        Ok(Err(e)) if is_api(&e, |s| s.is_not_found() || s.is_conflict()) => return Ok(true),
+        Ok(Err(e)) if is_api(&e, |s| s.is_not_found() || s.is_conflict()) => {
+            return Ok(Deletion::Deleted);
+        }
         Ok(Err(source)) => {
             return Err(OpError::Api {
                 what: format!("delete persistentvolume {name}"),
@@ -287,7 +327,7 @@ async fn delete_volume(ctx: &Context, volume: &PersistentVolume) -> Result<bool,
     tracing::info!("persistentvolume deleted");
     // A create of its name that another replica sent may still land.
     late::deleted(ctx, volume);
-    Ok(true)
+    Ok(Deletion::Deleted)
 }
 
 #[cfg(test)]

@@ -11,10 +11,11 @@ use std::{
 };
 
 use k8s_openapi::{api::core::v1::PersistentVolume, jiff::Timestamp};
-use kube_client::api::PostParams;
+use kube_client::api::{Patch, PatchParams, PostParams};
 use kube_sim::KubeSim;
 use provision_controller::{
     DeleteError, ProvisionError, ProvisionOptions, Provisioner,
+    annotations::ANN_CLEANUP_RECORD,
     testing::{DeleteStep, FakeProvisioner, pv},
 };
 
@@ -224,37 +225,108 @@ async fn without_a_window_volumes_are_not_swept_again() {
 // Chaos seed 30341 (no leader election): a replica's create timed out and landed after the
 // other replica had deleted the claim's PV; nothing swept the name again. A PV this
 // controller deletes before its window ended is swept once more when the window ends.
-#[tokio::test]
-async fn a_volume_deleted_before_its_window_ended_is_swept_once_more_when_it_ends() {
-    let driver = Timed::new(Some(Duration::from_secs(4)));
-    let env = Env::start_driver(quick(), driver.fake.clone(), driver.clone(), |c| c).await;
+/// Marks `name` as a PV that crash-safe provisioning saved only to record an asset its
+/// claim will not use ([`ANN_CLEANUP_RECORD`]); the flows that save one are tested in
+/// crash_safe.rs.
+async fn mark_cleanup_record(env: &Env, name: &str) {
+    let patch = serde_json::json!({"metadata": {"annotations": {ANN_CLEANUP_RECORD: "true"}}});
+    env.volumes()
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+/// Releases the claim `data` of `env` inside the PV's 4 s window (the PV marked as a
+/// cleanup record) and waits until the driver deleted the asset; returns the PV and when
+/// its window ends.
+async fn released_inside_the_window(env: &Env, driver: &Timed) -> (PersistentVolume, Timestamp) {
     env.create_class(fast_class()).await;
     env.create_claim(claim("data")).await;
     let volume = env.bound_volume("data").await;
     let name = volume.metadata.name.clone().unwrap();
-    // Swept at the save; then the claim goes and the PV is reclaimed inside the window.
     driver.wait_calls(&name, 1).await;
+    mark_cleanup_record(env, &name).await;
     env.delete_claim("data").await;
-    env.volume_gone(&name).await;
-    assert!(
-        env.fake.delete_calls().contains(&name),
-        "{:?}",
-        env.fake.delete_calls()
-    );
-    let deleted_at = Timestamp::now();
+    eventually("the asset deleted", || async {
+        env.fake.delete_calls().contains(&name).then_some(())
+    })
+    .await;
     let window_end = created(&volume) + Duration::from_secs(4);
     assert!(
-        deleted_at < window_end,
+        Timestamp::now() < window_end,
         "the test needs the delete inside the window"
     );
+    assert!(
+        env.volumes().get_opt(&name).await.unwrap().is_some(),
+        "the PV stays until its window ends"
+    );
+    (volume, window_end)
+}
 
-    let calls = driver.wait_calls(&name, 2).await;
+/// Chaos seeds 90144, 90297: a claim was bound to a static PV while its create ran; the
+/// cleanup saved a PV for the asset found then, which was reclaimed at once; the create
+/// landed later, and both replicas were restarted before the window ended, so the record
+/// of the owed sweep in their memory was lost. A cleanup-record PV is itself the record:
+/// it stays until the window ends, and its name is deleted again then.
+#[tokio::test]
+async fn a_volume_released_inside_its_window_stays_until_the_window_ends_then_its_name_is_deleted_again()
+ {
+    let driver = Timed::new(Some(Duration::from_secs(4)));
+    let env = Env::start_driver(quick(), driver.fake.clone(), driver.clone(), |c| c).await;
+    let (volume, window_end) = released_inside_the_window(&env, &driver).await;
+    let name = volume.metadata.name.clone().unwrap();
+    // The create another replica sent lands now.
+    env.fake.add_asset(&name);
+    env.volume_gone(&name).await;
+    assert!(
+        Timestamp::now() >= window_end,
+        "the PV went before its window ended"
+    );
+    assert!(
+        !env.fake.assets().contains(&name),
+        "the asset that landed late went with the PV: {:?}",
+        env.fake.assets()
+    );
+    let calls = driver.calls(&name);
+    assert_eq!(
+        calls.len(),
+        2,
+        "swept at the save and at the window's end: {calls:?}"
+    );
     assert!(
         calls[1] >= window_end,
-        "the sweep after the deletion waits for the window's end: {calls:?}, window ends {window_end}"
+        "{calls:?}, window ends {window_end}"
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(driver.calls(&name).len(), 2, "once, and never again");
+    assert_eq!(driver.calls(&name).len(), 2, "and never again");
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_volume_kept_for_its_window_is_finished_by_the_next_controller_after_a_restart() {
+    let driver = Timed::new(Some(Duration::from_secs(4)));
+    let mut env = Env::start_driver(quick(), driver.fake.clone(), driver.clone(), |c| c).await;
+    let (volume, window_end) = released_inside_the_window(&env, &driver).await;
+    let name = volume.metadata.name.clone().unwrap();
+    // The process that kept the PV stops; the create another replica sent lands.
+    let next = Timed::new(Some(Duration::from_secs(4)));
+    env.restart(quick(), next.clone()).await;
+    next.fake.add_asset(&name);
+    env.volume_gone(&name).await;
+    assert!(
+        Timestamp::now() >= window_end,
+        "the PV went before its window ended"
+    );
+    assert!(
+        next.fake.delete_calls().contains(&name),
+        "the next controller deleted the name again: {:?}",
+        next.fake.delete_calls()
+    );
+    assert!(
+        !next.fake.assets().contains(&name),
+        "the asset that landed late went with the PV: {:?}",
+        next.fake.assets()
+    );
     env.stop().await;
 }
 
@@ -294,5 +366,25 @@ async fn a_volume_deleted_by_someone_else_before_its_window_ended_is_swept_once_
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(driver.calls("pvc-other").len(), 2, "once, and never again");
+    env.stop().await;
+}
+
+// A user's PV is not kept: it goes at once (the replicas that see it go make its last
+// sweep, tested above).
+#[tokio::test]
+async fn a_users_volume_released_inside_its_window_goes_at_once() {
+    let driver = Timed::new(Some(Duration::from_secs(6)));
+    let env = Env::start_driver(quick(), driver.fake.clone(), driver.clone(), |c| c).await;
+    env.create_class(fast_class()).await;
+    env.create_claim(claim("data")).await;
+    let volume = env.bound_volume("data").await;
+    let name = volume.metadata.name.clone().unwrap();
+    driver.wait_calls(&name, 1).await;
+    env.delete_claim("data").await;
+    env.volume_gone(&name).await;
+    assert!(
+        Timestamp::now() < created(&volume) + Duration::from_secs(6),
+        "the PV went before its window ended"
+    );
     env.stop().await;
 }

@@ -128,6 +128,28 @@ impl Env {
             .unwrap();
     }
 
+    /// Stops the controller (checking that `run` ended cleanly) and starts a new one on
+    /// `driver` against the same sim: a replica restarted, or the next leader.
+    pub(crate) async fn restart(
+        &mut self,
+        config: Config,
+        driver: impl provision_controller::Provisioner,
+    ) {
+        let _ = self.stop.take().unwrap().send(());
+        let run = self.run.take().unwrap();
+        tokio::time::timeout(Duration::from_secs(10), run)
+            .await
+            .expect("run returns after shutdown")
+            .unwrap()
+            .unwrap();
+        let controller = ProvisionController::new(self.client.clone(), ME, driver).config(config);
+        let (stop, stopped) = oneshot::channel();
+        self.run = Some(tokio::spawn(controller.run(async {
+            let _ = stopped.await;
+        })));
+        self.stop = Some(stop);
+    }
+
     pub(crate) fn claims(&self) -> Api<PersistentVolumeClaim> {
         Api::namespaced(self.client.clone(), "default")
     }

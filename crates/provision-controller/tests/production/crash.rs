@@ -4,8 +4,8 @@
 use kube_client::api::{Patch, PatchParams};
 use provision_controller::{
     annotations::{
-        ANN_BETA_STORAGE_PROVISIONER, ANN_PROVISIONING_CLASS, ANN_STORAGE_PROVISIONER,
-        FINALIZER_PROVISIONING,
+        ANN_BETA_STORAGE_PROVISIONER, ANN_CLEANUP_RECORD, ANN_PROVISIONING_CLASS,
+        ANN_STORAGE_PROVISIONER, FINALIZER_PROVISIONING,
     },
     testing::{FakeProvisioner, ProvisionStep, class, pv as pv_of},
 };
@@ -90,7 +90,18 @@ async fn deleted_claim_ends_without_asset(kill: bool) {
         2,
         "the stopped call, then the cleanup's"
     );
-    assert_eq!(fake.volume_saved_calls().len(), 1, "the cleanup's save");
+    let saved = fake.volume_saved_calls();
+    assert_eq!(saved.len(), 1, "the cleanup's save");
+    assert_eq!(
+        saved[0]
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANN_CLEANUP_RECORD))
+            .map(String::as_str),
+        Some("true"),
+        "the cleanup's PV says it only records the asset"
+    );
     second.stop().await.unwrap();
 }
 
