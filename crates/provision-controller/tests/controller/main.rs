@@ -119,6 +119,10 @@ impl Env {
 
     /// Stops the controller and checks that `run` ended cleanly.
     pub(crate) async fn stop(mut self) {
+        self.stop_run().await;
+    }
+
+    async fn stop_run(&mut self) {
         let _ = self.stop.take().unwrap().send(());
         let run = self.run.take().unwrap();
         tokio::time::timeout(Duration::from_secs(10), run)
@@ -135,13 +139,7 @@ impl Env {
         config: Config,
         driver: impl provision_controller::Provisioner,
     ) {
-        let _ = self.stop.take().unwrap().send(());
-        let run = self.run.take().unwrap();
-        tokio::time::timeout(Duration::from_secs(10), run)
-            .await
-            .expect("run returns after shutdown")
-            .unwrap()
-            .unwrap();
+        self.stop_run().await;
         let controller = ProvisionController::new(self.client.clone(), ME, driver).config(config);
         let (stop, stopped) = oneshot::channel();
         self.run = Some(tokio::spawn(controller.run(async {
