@@ -68,6 +68,11 @@ pub const ANN_LATE_ASSET_SWEEP: &str = "external-provisioner.volume.kubernetes.i
 /// leads by then. No Go counterpart.
 pub const ANN_CLEANUP_RECORD: &str = "external-provisioner.volume.kubernetes.io/cleanup-record";
 
+/// Whether `volume` is a cleanup record ([`ANN_CLEANUP_RECORD`] is `"true"`).
+pub(crate) fn is_cleanup_record(volume: &PersistentVolume) -> bool {
+    annotation(&volume.metadata, ANN_CLEANUP_RECORD) == Some("true")
+}
+
 fn annotation<'a>(
     meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
     key: &str,

@@ -191,6 +191,21 @@ impl Replica {
     /// When a restart cannot build its runtime.
     pub fn poll(&mut self, now: Instant) -> anyhow::Result<Option<String>> {
         let index = self.index;
+        // Losing the lease ends its workers at once (their memory goes with them), before
+        // the process exits: that moment is the disruption.
+        if let State::Up { health, led, .. } = &mut self.state
+            && let Some(health) = health.get()
+        {
+            if health.role() == Role::Leading {
+                *led = true;
+            } else if *led {
+                *led = false;
+                return Ok(Some(format!(
+                    "replica {index} stopped leading ({:?})",
+                    health.role()
+                )));
+            }
+        }
         match &mut self.state {
             State::Down {
                 restart_at: Some(at),
@@ -203,68 +218,50 @@ impl Replica {
                 exit,
                 stopping,
                 then_start,
-                health,
-                led,
                 ..
-            } => {
-                // Losing the lease ends its workers at once (their memory goes with
-                // them), before the process exits: that moment is the disruption.
-                if let Some(health) = health.get() {
-                    let leading = health.role() == Role::Leading;
-                    if leading {
-                        *led = true;
-                    } else if *led {
-                        *led = false;
-                        return Ok(Some(format!(
-                            "replica {index} stopped leading ({:?})",
-                            health.role()
-                        )));
-                    }
-                }
-                match exit.try_recv() {
-                    Ok(result) => {
-                        let graceful = stopping.is_some();
-                        let restart = !graceful || *then_start;
-                        let line = match (&result, graceful) {
-                            (Ok(()), true) => format!("replica {index} stopped"),
-                            (Err(e), true) => {
-                                format!("replica {index} stopped with an error: {e:#}")
-                            }
-                            (Ok(()), false) => format!("replica {index} exited"),
-                            (Err(e), false) => format!("replica {index} exited: {e:#}"),
+            } => match exit.try_recv() {
+                Ok(result) => {
+                    let graceful = stopping.is_some();
+                    let restart = !graceful || *then_start;
+                    let line = match (&result, graceful) {
+                        (Ok(()), true) => format!("replica {index} stopped"),
+                        (Err(e), true) => {
+                            format!("replica {index} stopped with an error: {e:#}")
+                        }
+                        (Ok(()), false) => format!("replica {index} exited"),
+                        (Err(e), false) => format!("replica {index} exited: {e:#}"),
+                    };
+                    self.kill();
+                    if restart {
+                        self.state = State::Down {
+                            restart_at: Some(now + RESTART_DELAY),
                         };
+                    }
+                    Ok(Some(line))
+                }
+                Err(oneshot::error::TryRecvError::Empty) => match stopping {
+                    Some(since) if now.duration_since(*since) > STOP_GRACE => {
+                        let restart = *then_start;
                         self.kill();
                         if restart {
                             self.state = State::Down {
                                 restart_at: Some(now + RESTART_DELAY),
                             };
                         }
-                        Ok(Some(line))
+                        Ok(Some(format!(
+                            "replica {index} did not stop within {STOP_GRACE:?}: killed"
+                        )))
                     }
-                    Err(oneshot::error::TryRecvError::Empty) => match stopping {
-                        Some(since) if now.duration_since(*since) > STOP_GRACE => {
-                            let restart = *then_start;
-                            self.kill();
-                            if restart {
-                                self.state = State::Down {
-                                    restart_at: Some(now + RESTART_DELAY),
-                                };
-                            }
-                            Ok(Some(format!(
-                                "replica {index} did not stop within {STOP_GRACE:?}: killed"
-                            )))
-                        }
-                        _ => Ok(None),
-                    },
-                    Err(oneshot::error::TryRecvError::Closed) => {
-                        self.kill();
-                        self.state = State::Down {
-                            restart_at: Some(now + RESTART_DELAY),
-                        };
-                        Ok(Some(format!("replica {index} vanished (task panicked?)")))
-                    }
+                    _ => Ok(None),
+                },
+                Err(oneshot::error::TryRecvError::Closed) => {
+                    self.kill();
+                    self.state = State::Down {
+                        restart_at: Some(now + RESTART_DELAY),
+                    };
+                    Ok(Some(format!("replica {index} vanished (task panicked?)")))
                 }
-            }
+            },
         }
     }
 }

@@ -160,9 +160,9 @@ pub(crate) struct LateAssets {
     /// still land, so the driver is asked once more, when the window ends, to release what
     /// it holds for the name besides the PV's own (deleted) asset.
     afterlife: Mutex<HashMap<String, Afterlife>>,
-    /// `name/uid` of PVs whose asset this process deleted while it keeps the PV until
+    /// Name and UID of PVs whose asset this process deleted while it keeps the PV until
     /// its late-asset window ends (their deletion is counted once).
-    kept: Mutex<std::collections::HashSet<String>>,
+    kept: Mutex<std::collections::HashSet<(String, String)>>,
 }
 
 /// A PV deleted before its window ended ([`LateAssets::afterlife`]).
@@ -180,7 +180,7 @@ impl LateAssets {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn kept_set(&self) -> MutexGuard<'_, std::collections::HashSet<String>> {
+    fn kept_set(&self) -> MutexGuard<'_, std::collections::HashSet<(String, String)>> {
         self.kept
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -211,8 +211,7 @@ impl LateAssets {
     /// sync never came, e.g. across a relist), and those of PVs swept for good that are now
     /// older than the window plus the grace (their pruning sync did not come).
     pub(crate) fn retain(&self, exists: impl Fn(&str) -> bool) {
-        self.kept_set()
-            .retain(|key| key.split_once('/').is_some_and(|(name, _)| exists(name)));
+        self.kept_set().retain(|(name, _)| exists(name));
         let now = Timestamp::now();
         self.pending().retain(|name, entry| {
             let expired = matches!(entry.stage, Stage::Done { expires } if expires <= now);
@@ -390,11 +389,10 @@ pub(crate) fn recorded_due(
 }
 
 /// The key of `volume` in [`LateAssets::kept`]: its name and UID.
-fn kept_key(volume: &PersistentVolume) -> String {
-    format!(
-        "{}/{}",
-        volume.metadata.name.as_deref().unwrap_or_default(),
-        volume.metadata.uid.as_deref().unwrap_or_default()
+fn kept_key(volume: &PersistentVolume) -> (String, String) {
+    (
+        volume.metadata.name.clone().unwrap_or_default(),
+        volume.metadata.uid.clone().unwrap_or_default(),
     )
 }
 

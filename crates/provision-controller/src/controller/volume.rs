@@ -19,7 +19,7 @@ use super::{
 };
 use crate::{
     DeleteError,
-    annotations::{self, ANN_CLEANUP_RECORD, FINALIZER_PV},
+    annotations::{self, FINALIZER_PV},
     events,
 };
 
@@ -280,13 +280,9 @@ async fn delete_volume(ctx: &Context, volume: &PersistentVolume) -> Result<Delet
     // again (the driver's delete releases what landed meanwhile) and removes the PV.
     // Only a PV that records an asset its claim never used (crash-safety cleanup): a
     // user's PV goes at once, and the replicas that see it go make its last sweep.
-    let cleanup_record = volume
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ANN_CLEANUP_RECORD))
-        .is_some_and(|v| v == "true");
-    if cleanup_record && let Some((due, wait)) = late::window_left(ctx, volume) {
+    if annotations::is_cleanup_record(volume)
+        && let Some((due, wait)) = late::window_left(ctx, volume)
+    {
         tracing::info!(?wait, %due, "the persistentvolume stays until its late-asset window ends, then its name is deleted again");
         ctx.late.keep(volume);
         ctx.volume_queue.add_after(name, wait);
