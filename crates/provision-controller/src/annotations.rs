@@ -68,6 +68,25 @@ pub const ANN_LATE_ASSET_SWEEP: &str = "external-provisioner.volume.kubernetes.i
 /// leads by then. No Go counterpart.
 pub const ANN_CLEANUP_RECORD: &str = "external-provisioner.volume.kubernetes.io/cleanup-record";
 
+/// On a PV we provisioned for a driver with late assets: `"true"` when a create of its
+/// name may have been sent by another process than the one that saved it, or with an
+/// outcome that process does not know: the claim carried the crash-safety finalizer (or
+/// what is left of it once stripped) before that process first worked on it (another
+/// replica, or an earlier life of this one, had started), or the driver answered
+/// `InBackground` (or timed out) for it first. Such a PV, reclaimed inside its late-asset
+/// window, stays (Released) until the window ends, as a cleanup record does
+/// ([`ANN_CLEANUP_RECORD`]), and its name is deleted again then, whichever controller
+/// leads by then: a create that lands late goes too even when every replica restarted
+/// meanwhile. A PV provisioned in one go by one process goes at once. No Go counterpart.
+pub const ANN_CREATES_MAY_LAND: &str = "external-provisioner.volume.kubernetes.io/creates-may-land";
+
+/// Whether `volume` is kept until its late-asset window ends when reclaimed inside it: a
+/// cleanup record ([`ANN_CLEANUP_RECORD`]) or a PV of a create that may land late
+/// ([`ANN_CREATES_MAY_LAND`]).
+pub(crate) fn kept_for_window(volume: &PersistentVolume) -> bool {
+    is_cleanup_record(volume) || annotation(&volume.metadata, ANN_CREATES_MAY_LAND) == Some("true")
+}
+
 /// Whether `volume` is a cleanup record ([`ANN_CLEANUP_RECORD`] is `"true"`).
 pub(crate) fn is_cleanup_record(volume: &PersistentVolume) -> bool {
     annotation(&volume.metadata, ANN_CLEANUP_RECORD) == Some("true")

@@ -281,6 +281,10 @@ pub(crate) struct Context {
     /// Claim UID -> the resourceVersion the cache showed when the API server answered
     /// that the claim is gone ([`Context::mark_gone`]).
     reported_gone: Mutex<HashMap<String, Option<String>>>,
+    /// Claims deleted while they showed a provisioning of ours started and not finished
+    /// (their finalizers stripped by hand), by UID: their last state as the watch saw it,
+    /// to be cleaned up from (see [`Context::record_vanished`]).
+    vanished: Mutex<HashMap<String, Vanished>>,
     pub(crate) events: Events,
     pub(crate) metrics: Option<ControllerMetrics>,
     pub(crate) claim_queue: Arc<WorkQueue>,
@@ -371,6 +375,13 @@ impl InProgress {
     pub(crate) fn new(claim: Arc<PersistentVolumeClaim>, class: Option<Arc<StorageClass>>) -> Self {
         Self { claim, class }
     }
+}
+
+/// A claim that vanished while a provisioning of ours had started
+/// ([`Context::record_vanished`]).
+pub(crate) struct Vanished {
+    claim: Arc<PersistentVolumeClaim>,
+    seen: tokio::time::Instant,
 }
 
 /// Go's `ProvisioningState` after an attempt: what the controller must remember of the
@@ -488,6 +499,7 @@ impl Context {
             in_progress: Mutex::default(),
             infeasible: Mutex::default(),
             reported_gone: Mutex::default(),
+            vanished: Mutex::default(),
             events,
             metrics,
             accepting: AtomicBool::new(false),
@@ -538,6 +550,53 @@ impl Context {
         window
             .checked_sub(now.saturating_duration_since(first))
             .filter(|left| !left.is_zero())
+    }
+
+    /// Records claim `uid`, seen deleted by the claim watch while it showed a provisioning
+    /// of ours started and not finished: its finalizers were stripped by hand, and the
+    /// process that ran the provisioning may stop before it cleans up (the copy it kept
+    /// goes with it). Every process records it, standbys too; the claim's sync then cleans
+    /// up from this copy (`claim::sync_claim`), here or in the process that leads next
+    /// (queued by [`Context::queue_everything`]). A record goes when its cleanup ended; a
+    /// standby's, and one nothing works on, once older than [`Context::vanished_bound`].
+    pub(crate) fn record_vanished(&self, uid: &str, claim: Arc<PersistentVolumeClaim>) {
+        let mut vanished = self.vanished();
+        if !self.accepting() {
+            let bound = self.vanished_bound();
+            vanished.retain(|_, v| v.seen.elapsed() <= bound);
+        }
+        vanished.entry(uid.to_owned()).or_insert_with(|| {
+            tracing::info!(pvc = %crate::annotations::claim_key(&claim), claim_uid = uid,
+                "claim deleted with its finalizers stripped while a provisioning of ours had started; its asset is looked for");
+            Vanished {
+                claim,
+                seen: tokio::time::Instant::now(),
+            }
+        });
+    }
+
+    /// The copy of claim `uid` recorded by [`Context::record_vanished`].
+    pub(crate) fn vanished_claim(&self, uid: &str) -> Option<Arc<PersistentVolumeClaim>> {
+        self.vanished().get(uid).map(|v| Arc::clone(&v.claim))
+    }
+
+    /// Forgets the record of vanished claim `uid` (its cleanup ended).
+    pub(crate) fn forget_vanished(&self, uid: &str) {
+        self.vanished().remove(uid);
+    }
+
+    /// How long a record of a vanished claim lasts when nothing works on it: the
+    /// late-asset window and the takeover grace ([`late::grace`]), plus a resync period.
+    /// The leader works on it within that time, or the process that leads next does.
+    fn vanished_bound(&self) -> std::time::Duration {
+        let window = self.provisioner.late_asset_window().unwrap_or_default();
+        late::grace(&self.config, window).saturating_add(self.config.resync_period)
+    }
+
+    fn vanished(&self) -> MutexGuard<'_, HashMap<String, Vanished>> {
+        self.vanished
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Forgets the first look of claim `uid`'s cleanup (it ended).
@@ -795,6 +854,19 @@ impl Context {
             if let Some(uid) = self.caches.index_claim(claim) {
                 self.claim_queue.add(uid);
             }
+        }
+        // Vanished claims still to be cleaned up (recorded while standing by, too); an old
+        // one that no retry holds is dropped.
+        let bound = self.vanished_bound();
+        let vanished: Vec<String> = {
+            let mut map = self.vanished();
+            map.retain(|uid, v| {
+                v.seen.elapsed() <= bound || self.claim_queue.num_requeues(uid) > 0
+            });
+            map.keys().cloned().collect()
+        };
+        for uid in vanished {
+            self.claim_queue.add(uid);
         }
         let queued_volumes = volumes.len();
         for volume in volumes {

@@ -187,7 +187,10 @@ pub enum ProvisionerError {
 ///   sent by another replica (or by an earlier life of this one) that lands after the PV
 ///   was deleted, but within the settle window, goes with the controller's last sweep of
 ///   the deleted PV when the window ends (`volume_saved` with the deleted PV; see
-///   [`Provisioner::late_asset_window`]), made by a replica that saw the deletion.
+///   [`Provisioner::late_asset_window`]), made by a replica that saw the deletion; a PV
+///   whose claim's provisioning another process may have worked on is kept until the
+///   window ends instead, and deleted again then (the controller's
+///   `external-provisioner.volume.kubernetes.io/creates-may-land`).
 /// - **Errors say what runs in the background.** A timeout or a broken connection after the
 ///   create was sent is [`ProvisionError::InBackground`] (the controller keeps retrying,
 ///   and the lookup then finds the volume); a failure before anything was sent is

@@ -131,11 +131,15 @@ pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> 
 /// provisioning runs in the background (`entry`). With crash-safe provisioning such a
 /// copy means the claim vanished (its finalizers stripped by hand), and `true` says so:
 /// nothing would record its asset, so it is cleaned up.
+///
+/// A claim the watch saw deleted while it showed a provisioning of ours started
+/// ([`Context::record_vanished`]: its finalizers were stripped, perhaps while another
+/// process ran the provisioning) is found as that copy, gone, and cleaned up too.
 fn find_claim(ctx: &Context, uid: &str, entry: Option<&InProgress>) -> Option<(ClaimView, bool)> {
     let (claim, gone) = match (ctx.caches.claim_by_uid(uid), entry) {
         (Some(claim), _) => (claim, false),
         (None, Some(entry)) => (Arc::clone(&entry.claim), ctx.config.crash_safe_provisioning),
-        (None, None) => return None,
+        (None, None) => (ctx.vanished_claim(uid)?, true),
     };
     Some((ClaimView::new(claim), gone))
 }
@@ -275,6 +279,13 @@ async fn provision_claim(
 
     let crash_safe = ctx.config.crash_safe_provisioning;
     let uid = &claim.uid;
+    // Whether a create of its name may have been sent by another process than this one,
+    // or with an outcome this process does not know (see `ANN_CREATES_MAY_LAND`): this
+    // process had an answer in the background, or the claim showed a provisioning
+    // started before this process worked on it (ours removed since does not count).
+    let creates_may_land = in_progress
+        || (claim.has_intent && !ctx.wrote_intent_removed(uid))
+        || crash_safety::stripped_intent(claim, ctx.names());
     // A cached claim that shows our finalizer may predate our own removal of it.
     if crash_safe && (!claim.has_intent || ctx.wrote_intent_removed(uid)) {
         if claim.claim.metadata.deletion_timestamp.is_some() {
@@ -356,7 +367,7 @@ async fn provision_claim(
     ensure_name(&mut volume, &options.pv_name, claim);
     tracing::info!(pv = ?volume.metadata.name, "volume provisioned");
 
-    decorate(ctx, claim, &class, &mut volume);
+    decorate(ctx, claim, &class, &mut volume, creates_may_land);
     let name = volume.metadata.name.clone().unwrap_or_default();
     let saved = ctx.saver.store(ctx, claim, volume).await?;
     // Only a PV really saved records the asset; one waiting in the background saver

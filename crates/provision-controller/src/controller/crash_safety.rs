@@ -36,7 +36,11 @@
 //! unbound and kept, as the class asks). A live, unbound claim that now asks another
 //! provisioner simply gets our PV bound: a real volume, not a leak. A claim that vanished
 //! while its provisioning ran in the background (its finalizers stripped by hand) is
-//! cleaned up the same way from the copy the controller kept.
+//! cleaned up the same way from the copy the controller kept; and, since that controller
+//! may stop before it has, from the last state every controller's claim watch saw when the
+//! claim was deleted while it showed [`ANN_PROVISIONING_OWNER`] without the finalizer
+//! (standbys record it too, and clean up once they lead:
+//! [`Context::record_vanished`](super::Context::record_vanished)).
 //!
 //! A live claim whose finalizers were stripped by hand keeps [`ANN_PROVISIONING_OWNER`]
 //! (written and removed with the finalizer, so alone it means "stripped"): it is handled
@@ -581,7 +585,7 @@ async fn clean_up(
             .spec
             .get_or_insert_with(Default::default)
             .persistent_volume_reclaim_policy = Some(policy.to_owned());
-        volume_object::decorate(ctx, claim, &class, &mut volume);
+        volume_object::decorate(ctx, claim, &class, &mut volume, false);
         volume
             .metadata
             .annotations

@@ -44,11 +44,16 @@
 //!   `volume_saved` with the deleted PV, once the window is over): every process whose
 //!   watch sees it go records it, not only the one that deleted it, and a standby makes
 //!   the sweep once it leads, so the deleting process may stop before the window ends.
-//!   Out of reach: every process that saw the deletion gone before the window ends, or a
-//!   deletion no watch event told of (it fell inside a relist). A PV that only records
-//!   an asset its claim will not use ([`ANN_CLEANUP_RECORD`](crate::annotations::ANN_CLEANUP_RECORD))
-//!   is not deleted inside its window at all: it stays until the window ends
-//!   ([`window_left`]), so the cluster keeps the record.
+//!   A PV that only records an asset its claim will not use
+//!   ([`ANN_CLEANUP_RECORD`](crate::annotations::ANN_CLEANUP_RECORD)), or whose create may
+//!   land late because another process (or an earlier life of this one) may have sent one
+//!   ([`ANN_CREATES_MAY_LAND`](crate::annotations::ANN_CREATES_MAY_LAND)), is not deleted
+//!   inside its window at all: its asset is, and the PV stays until the window ends
+//!   ([`window_left`]), so the cluster keeps the record. Out of reach, for a PV without
+//!   either: every process that saw the deletion gone before the window ends, or a
+//!   deletion no watch event told of (it fell inside a relist), while a create of its name
+//!   sent unseen (another replica adding the claim's finalizer at the same moment,
+//!   without leader election) lands late.
 //! - A sweep that fails (after a save, at a first sync, or when the window ends) is owed:
 //!   the PV is queued again after a backoff (1 s doubling, capped at the resync period)
 //!   and swept again at that sync, until the driver answers without failing. It runs in

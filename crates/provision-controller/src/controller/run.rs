@@ -370,10 +370,23 @@ fn spawn_feeders(
     let feed = Arc::clone(ctx);
     tasks.spawn(claims.for_each(move |claim| {
         match feed.caches.index_claim(&claim) {
-            Some(uid) if feed.accepting() && !feed.is_own_write(&uid, &claim) => {
-                feed.claim_queue.add(uid);
+            Some(uid) => {
+                // Gone from the cache: deleted. One that shows a provisioning of ours
+                // started (its finalizers stripped by hand) is recorded by every replica,
+                // standbys too: the one running the provisioning may stop.
+                if feed.config.crash_safe_provisioning
+                    && feed.caches.claim_by_uid(&uid).is_none()
+                    && super::crash_safety::stripped_intent(
+                        &crate::annotations::ClaimView::new(Arc::clone(&claim)),
+                        feed.names(),
+                    )
+                {
+                    feed.record_vanished(&uid, Arc::clone(&claim));
+                }
+                if feed.accepting() && !feed.is_own_write(&uid, &claim) {
+                    feed.claim_queue.add(uid);
+                }
             }
-            Some(_) => {}
             None => tracing::warn!(pvc = %crate::annotations::claim_key(&claim), "claim without a uid; skipped"),
         }
         async {}

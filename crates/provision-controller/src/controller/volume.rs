@@ -278,9 +278,11 @@ async fn delete_volume(ctx: &Context, volume: &PersistentVolume) -> Result<Delet
     // records that the name must then be swept: a record in this process's memory would
     // go with it. So the PV stays (Released) until the window ends; its sync then deletes
     // again (the driver's delete releases what landed meanwhile) and removes the PV.
-    // Only a PV that records an asset its claim never used (crash-safety cleanup): a
-    // user's PV goes at once, and the replicas that see it go make its last sweep.
-    if annotations::is_cleanup_record(volume)
+    // Only a PV that records an asset its claim never used (crash-safety cleanup), or
+    // whose provisioning another process (or an earlier life of this one) worked on, or
+    // whose create's outcome was unknown: a PV provisioned in one go goes at once, and the
+    // replicas that see it go make its last sweep.
+    if annotations::kept_for_window(volume)
         && let Some((due, wait)) = late::window_left(ctx, volume)
     {
         tracing::info!(?wait, %due, "the persistentvolume stays until its late-asset window ends, then its name is deleted again");

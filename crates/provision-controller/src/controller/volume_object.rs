@@ -20,18 +20,23 @@ use super::{
 };
 use crate::{
     DeleteError,
-    annotations::{ANN_LATE_ASSET_SWEEP, ANN_PROVISIONED_BY, ClaimView, FINALIZER_PV, claim_key},
+    annotations::{
+        ANN_CREATES_MAY_LAND, ANN_LATE_ASSET_SWEEP, ANN_PROVISIONED_BY, ClaimView, FINALIZER_PV,
+        claim_key,
+    },
     events,
 };
 
 /// What the controller adds to the driver's PV: claimRef, storageClassName, the
 /// protection finalizer (when configured), `pv.kubernetes.io/provisioned-by` and, for a
-/// driver with late assets, [`ANN_LATE_ASSET_SWEEP`] (when its late-asset window ends).
+/// driver with late assets, [`ANN_LATE_ASSET_SWEEP`] (when its late-asset window ends)
+/// and, when `creates_may_land` (see [`ANN_CREATES_MAY_LAND`]), that annotation.
 pub(crate) fn decorate(
     ctx: &Context,
     claim: &ClaimView,
     class: &StorageClass,
     volume: &mut PersistentVolume,
+    creates_may_land: bool,
 ) {
     let spec = volume.spec.get_or_insert_with(Default::default);
     if let Ok(claim_ref) = claim_reference(claim) {
@@ -65,6 +70,9 @@ pub(crate) fn decorate(
         k8s_openapi::jiff::Timestamp::now(),
     ) {
         annotations.insert(ANN_LATE_ASSET_SWEEP.to_owned(), due);
+        if creates_may_land {
+            annotations.insert(ANN_CREATES_MAY_LAND.to_owned(), "true".to_owned());
+        }
     }
 }
 

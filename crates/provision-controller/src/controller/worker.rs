@@ -53,6 +53,7 @@ fn settle_claim(ctx: &Context, uid: &str, result: Result<(), OpError>) {
             ctx.claim_queue.forget(uid);
             ctx.set_in_progress(uid, None);
             ctx.forget_cleanup(uid);
+            ctx.forget_vanished(uid);
         }
         // Waiting after an infeasible answer is no failure: queued again once the
         // wait is over (or at once when the claim's class is re-created).
@@ -78,7 +79,10 @@ fn settle_claim(ctx: &Context, uid: &str, result: Result<(), OpError>) {
             if threshold == 0 || failures < threshold {
                 tracing::warn!(claim_uid = %uid, failures, %error, "retrying claim");
                 ctx.claim_queue.add_rate_limited(uid.to_owned());
-            } else if ctx.is_in_progress(uid) || cleaning_up(ctx, uid) {
+            } else if ctx.is_in_progress(uid)
+                || cleaning_up(ctx, uid)
+                || ctx.vanished_claim(uid).is_some()
+            {
                 // Go drops the claim here and can leak the volume being provisioned.
                 tracing::warn!(claim_uid = %uid, failures, %error,
                     "retrying claim past the threshold: its provisioning runs in the background or its asset is being cleaned up");

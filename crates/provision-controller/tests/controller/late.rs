@@ -15,8 +15,10 @@ use kube_client::api::{Patch, PatchParams, PostParams};
 use kube_sim::KubeSim;
 use provision_controller::{
     DeleteError, ProvisionError, ProvisionOptions, Provisioner,
-    annotations::ANN_CLEANUP_RECORD,
-    testing::{DeleteStep, FakeProvisioner, pv},
+    annotations::{
+        ANN_CLEANUP_RECORD, ANN_CREATES_MAY_LAND, ANN_PROVISIONING_OWNER, FINALIZER_PROVISIONING,
+    },
+    testing::{DeleteStep, FakeProvisioner, ProvisionStep, pv, pvc},
 };
 
 use crate::{Env, ME, claim, eventually, fast_class, quick};
@@ -369,8 +371,8 @@ async fn a_volume_deleted_by_someone_else_before_its_window_ended_is_swept_once_
     env.stop().await;
 }
 
-// A user's PV is not kept: it goes at once (the replicas that see it go make its last
-// sweep, tested above).
+// A user's PV provisioned in one go by one process is not kept: it goes at once (the
+// replicas that see it go make its last sweep, tested above).
 #[tokio::test]
 async fn a_users_volume_released_inside_its_window_goes_at_once() {
     let driver = Timed::new(Some(Duration::from_secs(6)));
@@ -379,6 +381,7 @@ async fn a_users_volume_released_inside_its_window_goes_at_once() {
     env.create_claim(claim("data")).await;
     let volume = env.bound_volume("data").await;
     let name = volume.metadata.name.clone().unwrap();
+    assert_eq!(creates_may_land(&volume), None, "provisioned in one go");
     driver.wait_calls(&name, 1).await;
     env.delete_claim("data").await;
     env.volume_gone(&name).await;
@@ -386,5 +389,98 @@ async fn a_users_volume_released_inside_its_window_goes_at_once() {
         Timestamp::now() < created(&volume) + Duration::from_secs(6),
         "the PV went before its window ended"
     );
+    env.stop().await;
+}
+
+fn creates_may_land(volume: &PersistentVolume) -> Option<&str> {
+    volume
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(ANN_CREATES_MAY_LAND)
+        .map(String::as_str)
+}
+
+/// Deletes the claim `data` of `env` inside the 4 s window of its PV `volume`, waits until
+/// the driver deleted the asset, checks that the PV stays, and returns when the window ends.
+async fn delete_inside_the_window(env: &Env, volume: &PersistentVolume) -> Timestamp {
+    let name = volume.metadata.name.clone().unwrap();
+    env.delete_claim("data").await;
+    eventually("the asset deleted", || async {
+        env.fake.delete_calls().contains(&name).then_some(())
+    })
+    .await;
+    let window_end = created(volume) + Duration::from_secs(4);
+    assert!(
+        Timestamp::now() < window_end,
+        "the test needs the delete inside the window"
+    );
+    assert!(
+        env.volumes().get_opt(&name).await.unwrap().is_some(),
+        "the PV stays until its window ends"
+    );
+    window_end
+}
+
+/// Restarts the controller of `env` on a new driver, lets a late create of `name` land
+/// there and checks that the next controller deletes it with the PV, at the window's end.
+async fn next_controller_finishes(env: &mut Env, name: &str, window_end: Timestamp) {
+    let next = Timed::new(Some(Duration::from_secs(4)));
+    env.restart(quick(), next.clone()).await;
+    next.fake.add_asset(name);
+    env.volume_gone(name).await;
+    assert!(
+        Timestamp::now() >= window_end,
+        "the PV went before its window ended"
+    );
+    assert!(
+        !next.fake.assets().contains(name),
+        "the asset that landed late went with the PV: {:?}",
+        next.fake.assets()
+    );
+}
+
+// Chaos seeds 90456, 100311: a claim's provisioning spanned two processes (a replica that
+// stopped with a create in flight, and the one that went on); its PV was deleted inside
+// its window, then both replicas restarted before the window ended, and the first one's
+// create landed: nothing remembered the owed sweep. A PV whose claim showed a
+// provisioning started elsewhere records that creates may land, and stays until its
+// window ends, whoever leads then.
+#[tokio::test]
+async fn a_volume_whose_provisioning_another_process_started_stays_until_its_window_ends() {
+    let driver = Timed::new(Some(Duration::from_secs(4)));
+    let mut env = Env::start_driver(quick(), driver.fake.clone(), driver.clone(), |c| c).await;
+    env.create_class(fast_class()).await;
+    // Another replica added the crash-safety finalizer and asked its driver.
+    let started = pvc("data")
+        .storage_class("fast")
+        .finalizer(FINALIZER_PROVISIONING)
+        .annotation(ANN_PROVISIONING_OWNER, ME)
+        .build();
+    env.create_claim(started).await;
+    let volume = env.bound_volume("data").await;
+    let name = volume.metadata.name.clone().unwrap();
+    assert_eq!(creates_may_land(&volume), Some("true"));
+    driver.wait_calls(&name, 1).await;
+    let window_end = delete_inside_the_window(&env, &volume).await;
+    next_controller_finishes(&mut env, &name, window_end).await;
+    env.stop().await;
+}
+
+// The same for a create whose outcome this process did not know at first (the driver
+// answered `InBackground`): an earlier life of this process may have sent another.
+#[tokio::test]
+async fn a_volume_whose_create_ran_in_the_background_stays_until_its_window_ends() {
+    let mut driver = Timed::new(Some(Duration::from_secs(4)));
+    driver.fake = FakeProvisioner::new().script_provision([ProvisionStep::InBackground]);
+    let mut env = Env::start_driver(quick(), driver.fake.clone(), driver.clone(), |c| c).await;
+    env.create_class(fast_class()).await;
+    env.create_claim(claim("data")).await;
+    let volume = env.bound_volume("data").await;
+    let name = volume.metadata.name.clone().unwrap();
+    assert_eq!(creates_may_land(&volume), Some("true"));
+    driver.wait_calls(&name, 1).await;
+    let window_end = delete_inside_the_window(&env, &volume).await;
+    next_controller_finishes(&mut env, &name, window_end).await;
     env.stop().await;
 }

@@ -1,7 +1,8 @@
-//! A claim whose finalizers were stripped by hand while its provisioning ran, then bound
-//! to a matching static PV, after the controller that ran the provisioning is gone: the
-//! owner annotation left on the claim is the one record that an asset may exist (chaos
-//! seed 10282, claim-108).
+//! A claim whose finalizers were stripped by hand while its provisioning ran, after the
+//! controller that ran the provisioning is gone: the owner annotation left on the claim is
+//! the one record that an asset may exist, on the claim while it lives (bound to a
+//! matching static PV: chaos seed 10282, claim-108), and in the last state the watches
+//! saw once it is deleted (chaos seeds 90347, 100578).
 
 use kube_client::api::{Patch, PatchParams};
 use provision_controller::{
@@ -101,4 +102,63 @@ async fn a_claim_stripped_of_its_finalizer_and_bound_elsewhere_after_its_control
     );
     bound(&sim, "data", "static").await;
     second.stop().await.unwrap();
+}
+
+// Chaos seeds 90347, 100578: a claim's finalizers were stripped and the claim deleted while
+// its create ran on the leader; the leader was cut off before it cleaned up, and the copy
+// of the claim it kept went with it. The standby's watch saw the claim deleted with the
+// owner annotation left: it looks for the asset once it leads, and the asset goes.
+#[tokio::test]
+async fn a_claim_stripped_and_deleted_while_its_leader_provisioned_is_cleaned_up_by_the_standby() {
+    let sim = sim().await;
+    let fake = FakeProvisioner::new().script_provision([ProvisionStep::Block]);
+    let a = Replica::start(&sim, fake.clone(), config(Some(election("a"))), false);
+    wait_holder(&sim, "a").await;
+    let b = Replica::start(&sim, fake.clone(), config(Some(election("b"))), false);
+    let pv = create_claim(&sim, "data").await;
+    tokio::time::timeout(Duration::from_secs(20), fake.wait_blocked(1))
+        .await
+        .expect("the driver is called");
+    // Give the standby's watch time to see the claim with the owner annotation.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    claims(&sim)
+        .patch(
+            "data",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    delete_claim(&sim, "data").await;
+    eventually("claim gone", || async {
+        claims(&sim)
+            .get_opt("data")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The leader dies mid-call; the backend finishes the asset anyway.
+    a.kill().await;
+    fake.wait_blocked(0).await;
+    assert!(fake.assets().contains(&pv), "the backend created the asset");
+    wait_holder(&sim, "b").await;
+
+    eventually(&format!("the asset of {pv} deleted"), || async {
+        fake.delete_calls().contains(&pv).then_some(())
+    })
+    .await;
+    let volumes = volumes(&sim);
+    eventually(&format!("pv {pv} gone"), || async {
+        volumes.get_opt(&pv).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(
+        fake.assets().is_empty(),
+        "asset left behind: {:?}",
+        fake.assets()
+    );
+    b.stop().await.unwrap();
 }
