@@ -12,6 +12,26 @@ use provision_controller::{
 
 use super::*;
 
+/// Waits until a PV `pv` was saved for the asset, released and reclaimed (the asset
+/// deleted, the PV gone), and checks that no asset is left.
+async fn reclaimed(sim: &KubeSim, fake: &FakeProvisioner, pv: &str) {
+    eventually(
+        &format!("pv {pv} saved, released and reclaimed"),
+        || async { fake.delete_calls().iter().any(|n| n == pv).then_some(()) },
+    )
+    .await;
+    let volumes = volumes(sim);
+    eventually(&format!("pv {pv} gone"), || async {
+        volumes.get_opt(pv).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(
+        fake.assets().is_empty(),
+        "asset left behind: {:?}",
+        fake.assets()
+    );
+}
+
 #[tokio::test]
 async fn a_claim_stripped_of_its_finalizer_and_bound_elsewhere_after_its_controller_died_leaves_no_asset()
  {
@@ -63,21 +83,7 @@ async fn a_claim_stripped_of_its_finalizer_and_bound_elsewhere_after_its_control
     let second = Replica::start(&sim, fake.clone(), config(None), false);
     // The PV saved for the asset names a claim bound elsewhere: the PV controller releases
     // it (dynamically provisioned, reclaim policy Delete), and it is reclaimed.
-    eventually(
-        &format!("pv {pv} saved, released and reclaimed"),
-        || async { fake.delete_calls().contains(&pv).then_some(()) },
-    )
-    .await;
-    let volumes = volumes(&sim);
-    eventually(&format!("pv {pv} gone"), || async {
-        volumes.get_opt(&pv).await.ok()?.is_none().then_some(())
-    })
-    .await;
-    assert!(
-        fake.assets().is_empty(),
-        "asset left behind: {:?}",
-        fake.assets()
-    );
+    reclaimed(&sim, &fake, &pv).await;
     let claims = claims(&sim);
     let cleaned = eventually("owner annotation removed", || async {
         let c = claims.get("data").await.ok()?;
@@ -146,19 +152,6 @@ async fn a_claim_stripped_and_deleted_while_its_leader_provisioned_is_cleaned_up
     assert!(fake.assets().contains(&pv), "the backend created the asset");
     wait_holder(&sim, "b").await;
 
-    eventually(&format!("the asset of {pv} deleted"), || async {
-        fake.delete_calls().contains(&pv).then_some(())
-    })
-    .await;
-    let volumes = volumes(&sim);
-    eventually(&format!("pv {pv} gone"), || async {
-        volumes.get_opt(&pv).await.ok()?.is_none().then_some(())
-    })
-    .await;
-    assert!(
-        fake.assets().is_empty(),
-        "asset left behind: {:?}",
-        fake.assets()
-    );
+    reclaimed(&sim, &fake, &pv).await;
     b.stop().await.unwrap();
 }
