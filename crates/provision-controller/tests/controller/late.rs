@@ -10,7 +10,10 @@ use std::{
     time::Duration,
 };
 
-use k8s_openapi::{api::core::v1::PersistentVolume, jiff::Timestamp};
+use k8s_openapi::{
+    api::core::v1::{PersistentVolume, PersistentVolumeClaim},
+    jiff::Timestamp,
+};
 use kube_client::api::{Patch, PatchParams, PostParams};
 use kube_sim::KubeSim;
 use provision_controller::{
@@ -424,22 +427,13 @@ async fn next_controller_finishes(env: &mut Env, name: &str, window_end: Timesta
 #[tokio::test]
 async fn a_volume_whose_provisioning_another_process_started_stays_until_its_window_ends() {
     let driver = Timed::new(Some(Duration::from_secs(4)));
-    let mut env = Env::start_driver(quick(), driver.fake.clone(), driver.clone(), |c| c).await;
-    env.create_class(fast_class()).await;
     // Another replica added the crash-safety finalizer and asked its driver.
     let started = pvc("data")
         .storage_class("fast")
         .finalizer(FINALIZER_PROVISIONING)
         .annotation(ANN_PROVISIONING_OWNER, ME)
         .build();
-    env.create_claim(started).await;
-    let volume = env.bound_volume("data").await;
-    let name = volume.metadata.name.clone().unwrap();
-    assert_eq!(creates_may_land(&volume), Some("true"));
-    driver.wait_calls(&name, 1).await;
-    let window_end = delete_inside_the_window(&env, &volume).await;
-    next_controller_finishes(&mut env, &name, window_end).await;
-    env.stop().await;
+    kept_until_the_window_ends(&driver, started).await;
 }
 
 // The same for a create whose outcome this process did not know at first (the driver
@@ -448,9 +442,17 @@ async fn a_volume_whose_provisioning_another_process_started_stays_until_its_win
 async fn a_volume_whose_create_ran_in_the_background_stays_until_its_window_ends() {
     let mut driver = Timed::new(Some(Duration::from_secs(4)));
     driver.fake = FakeProvisioner::new().script_provision([ProvisionStep::InBackground]);
+    kept_until_the_window_ends(&driver, claim("data")).await;
+}
+
+/// Provisions `data` (the claim `claim`) with `driver`, checks that its PV records that
+/// creates may land, deletes the claim inside the PV's window, and checks that the PV
+/// stays until the window ends, when the next controller (after a restart) deletes the
+/// asset that landed late.
+async fn kept_until_the_window_ends(driver: &Timed, claim: PersistentVolumeClaim) {
     let mut env = Env::start_driver(quick(), driver.fake.clone(), driver.clone(), |c| c).await;
     env.create_class(fast_class()).await;
-    env.create_claim(claim("data")).await;
+    env.create_claim(claim).await;
     let volume = env.bound_volume("data").await;
     let name = volume.metadata.name.clone().unwrap();
     assert_eq!(creates_may_land(&volume), Some("true"));

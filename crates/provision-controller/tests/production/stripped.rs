@@ -12,6 +12,18 @@ use provision_controller::{
 
 use super::*;
 
+/// Strips every finalizer of claim `name`, as a user would by hand (the annotations stay).
+async fn strip(sim: &KubeSim, name: &str) {
+    claims(sim)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+}
+
 /// Waits until a PV `pv` was saved for the asset, released and reclaimed (the asset
 /// deleted, the PV gone), and checks that no asset is left.
 async fn reclaimed(sim: &KubeSim, fake: &FakeProvisioner, pv: &str) {
@@ -55,14 +67,7 @@ async fn a_claim_stripped_of_its_finalizer_and_bound_elsewhere_after_its_control
     );
     // The user strips every finalizer (the annotations stay), and a matching static PV
     // binds the claim elsewhere.
-    claims(&sim)
-        .patch(
-            "data",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .unwrap();
+    strip(&sim, "data").await;
     volumes(&sim)
         .create(
             &PostParams::default(),
@@ -127,14 +132,7 @@ async fn a_claim_stripped_and_deleted_while_its_leader_provisioned_is_cleaned_up
         .expect("the driver is called");
     // Give the standby's watch time to see the claim with the owner annotation.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    claims(&sim)
-        .patch(
-            "data",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .unwrap();
+    strip(&sim, "data").await;
     delete_claim(&sim, "data").await;
     eventually("claim gone", || async {
         claims(&sim)
