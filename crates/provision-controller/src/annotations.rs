@@ -70,10 +70,11 @@ pub const ANN_CLEANUP_RECORD: &str = "external-provisioner.volume.kubernetes.io/
 
 /// On a PV we provisioned for a driver with late assets: `"true"` when a create of its
 /// name may have been sent by another process than the one that saved it, or with an
-/// outcome that process does not know: the claim carried the crash-safety finalizer (or
-/// what is left of it once stripped) before that process first worked on it (another
-/// replica, or an earlier life of this one, had started), or the driver answered
-/// `InBackground` (or timed out) for it first. Such a PV, reclaimed inside its late-asset
+/// outcome that process does not know: the claim showed the crash-safety finalizer (or
+/// what is left of it once stripped) when that process's successful attempt began (put
+/// there by another replica, an earlier life of this one, or an earlier attempt of this
+/// one that the driver answered `NoChange`), or the driver answered `InBackground` (or
+/// timed out) for it first. Such a PV, reclaimed inside its late-asset
 /// window, stays (Released) until the window ends, as a cleanup record does
 /// ([`ANN_CLEANUP_RECORD`]), and its name is deleted again then, whichever controller
 /// leads by then: a create that lands late goes too even when every replica restarted
