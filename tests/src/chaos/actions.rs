@@ -311,6 +311,29 @@ async fn duplicate(shared: &Shared, claim: usize, name: &str) -> String {
     if refused_class || refused_size {
         return "skipped: the driver refuses this claim".to_owned();
     }
+    // A create of the name sent before the claim's PV was saved (by any replica) lands
+    // within the settle window after it was sent, so before the PV's late-asset window
+    // ends (counted from the save), when the controllers make the last sweep. One inserted
+    // later (this step can run late: the user's requests before it retry through faults)
+    // is no volume a real CNS could show, and would stay for good under Retain, as the
+    // provisioner documents. Decided here, not in the schedule (see above).
+    match shared.volumes().get_opt(&volume_name).await {
+        Ok(Some(pv)) => {
+            let late_window = super::world::CNS_TASK_TIMEOUT + super::world::CNS_TIMEOUT;
+            let window_over = pv.metadata.creation_timestamp.as_ref().is_some_and(|t| {
+                k8s_openapi::jiff::Timestamp::now().duration_since(t.0)
+                    >= k8s_openapi::jiff::SignedDuration::try_from(late_window).unwrap_or_default()
+            });
+            if window_over {
+                return format!(
+                    "skipped: PV {volume_name} was saved more than {late_window:?} ago: no \
+                     create sent before can land now"
+                );
+            }
+        }
+        Ok(None) => {}
+        Err(e) => return format!("skipped: {e}"),
+    }
     let id = shared.cns.insert_volume(&volume_name, names::CLUSTER_ID);
     shared
         .records()
