@@ -372,21 +372,28 @@ pub fn global_action(world: &mut World, action: &Action) -> anyhow::Result<()> {
         Action::Kill { replica } => {
             world.replicas[*replica].kill();
             shared.disrupted();
+            shared.sight(*replica, false);
         }
         Action::Stop { replica } => {
             world.replicas[*replica].stop();
             shared.disrupted();
+            shared.sight(*replica, false);
         }
-        Action::Start { replica } => world.replicas[*replica].start()?,
+        Action::Start { replica } => {
+            world.replicas[*replica].start()?;
+            shared.sight(*replica, true);
+        }
         Action::Partition { replica, hang } => {
             world.replicas[*replica].partition().cut(*hang);
             // Established watches break too.
             world.kube.cut_watches();
             shared.disrupted();
+            shared.sight(*replica, false);
         }
         Action::Heal { replica } => {
             world.replicas[*replica].partition().heal();
             shared.disrupted();
+            shared.sight(*replica, true);
         }
         Action::DeleteNode { node } => {
             let node = *node;

@@ -252,15 +252,41 @@ fn claim_by_uid<'a>(records: &'a Records, uid: &str) -> Option<&'a super::world:
         .find(|c| c.uid.as_deref() == Some(uid))
 }
 
-/// Whether a replica was disrupted while a stripped claim could still be cleaned up.
+/// Whether a stripped claim's leak is out of reach: a replica was disrupted while the
+/// claim could still be cleaned up, i.e. between its creation and
+/// [`DISRUPTION_MARGIN`] after the strip; or, when some replica did not see the cluster
+/// as the claim vanished (it was down or cut off: its watch saw no deletion, so it has no
+/// copy to clean up from), until the replica running the provisioning could have
+/// cleaned up from its own copy, which waits for a create that may still land (the
+/// settle window) before it believes that none exists.
 fn out_of_reach(records: &Records, created: Option<Duration>, stripped: Option<Duration>) -> bool {
     let (Some(created), Some(stripped)) = (created, stripped) else {
         return false;
     };
-    records
-        .disruptions
-        .iter()
-        .any(|&d| d >= created && d <= stripped + DISRUPTION_MARGIN)
+    let disrupted_until = |end: Duration| {
+        records
+            .disruptions
+            .iter()
+            .any(|&d| d >= created && d <= end)
+    };
+    if disrupted_until(stripped + DISRUPTION_MARGIN) {
+        return true;
+    }
+    let settle = super::world::CNS_TASK_TIMEOUT + super::world::CNS_TIMEOUT;
+    blind_replica_at(records, stripped) && disrupted_until(stripped + settle + DISRUPTION_MARGIN)
+}
+
+/// Whether some replica did not see the cluster at `at` (see [`Records::sight`]).
+fn blind_replica_at(records: &Records, at: Duration) -> bool {
+    // The latest change of each replica at or before `at`.
+    let mut last: BTreeMap<usize, (Duration, bool)> = BTreeMap::new();
+    for &(replica, when, sees) in records.sight.iter().filter(|s| s.1 <= at) {
+        let entry = last.entry(replica).or_insert((when, sees));
+        if when >= entry.0 {
+            *entry = (when, sees);
+        }
+    }
+    last.values().any(|&(_, sees)| !sees)
 }
 
 /// PVs name existing volumes, handles are unique, every volume is named by a PV.
@@ -741,6 +767,50 @@ mod tests {
                 .any(|v| v.contains("of deleted claim claim-001")),
             "{found:?}"
         );
+    }
+
+    // Seed 110530: the other replica was down when the stripped claim vanished, and the
+    // one running its provisioning was killed 3.3 s after the strip, while its cleanup
+    // waited for the slow create to land.
+    #[test]
+    fn a_stripped_claims_leak_is_out_of_reach_only_when_every_replica_could_lose_it() {
+        let s = snapshot(Vec::new(), vec![volume("v9", "pvc-u1")]);
+        let secs = Duration::from_secs_f64;
+        let mut records = records_with_claim("u1", true);
+        let claim = records.claims.get_mut(&1).unwrap();
+        claim.created_at = Some(secs(9.5));
+        claim.stripped_at = Some(secs(10.0));
+        let leaked = |records: &Records| {
+            let found = check(&s, records, Phase::Quiescent);
+            found
+                .violations
+                .iter()
+                .any(|v| v.contains("of deleted claim claim-001"))
+        };
+        // Replica 1 went down before the claim was created and came back after the strip.
+        records.disruptions.push(secs(9.0));
+        records.sight.push((1, secs(9.0), false));
+        records.sight.push((1, secs(11.0), true));
+        assert!(leaked(&records), "no disruption after the claim's creation");
+        // Replica 0, running the provisioning, killed 6 s after the strip, while its
+        // cleanup may still wait for the create: nobody else saw the claim vanish.
+        records.disruptions.push(secs(16.0));
+        records.sight.push((0, secs(16.0), false));
+        assert!(!leaked(&records), "out of reach");
+        // Killed past the settle window and the margin: its cleanup was due by then.
+        records.disruptions.pop();
+        records.disruptions.push(secs(19.0));
+        assert!(leaked(&records), "killed after its cleanup was due");
+        // Replica 1 back before the strip: its record covers a kill of replica 0.
+        records.disruptions.pop();
+        records.disruptions.push(secs(16.0));
+        records.sight.retain(|&(r, _, _)| r != 1);
+        records.sight.push((1, secs(9.0), false));
+        records.sight.push((1, secs(9.8), true));
+        assert!(leaked(&records), "replica 1 saw the claim vanish");
+        // A disruption within 3 s of the strip is out of reach, as before.
+        records.disruptions.push(secs(12.0));
+        assert!(!leaked(&records));
     }
 
     #[test]

@@ -266,13 +266,21 @@ async fn run_schedule(seed: u64, claims: usize) -> SeedReport {
 /// Looks at the replicas: restarts what exited, logs what happened.
 fn poll_replicas(world: &mut World) -> anyhow::Result<()> {
     let now = Instant::now();
-    for replica in &mut world.replicas {
+    for (index, replica) in world.replicas.iter_mut().enumerate() {
         if let Some(line) = replica.poll(now)? {
             if line.contains("exited")
                 || line.contains("vanished")
                 || line.contains("stopped leading")
             {
                 world.shared.disrupted();
+            }
+            if line.contains("restarted") {
+                world.shared.sight(index, true);
+            } else if line.contains("exited")
+                || line.contains("vanished")
+                || line.contains("stopped leading")
+            {
+                world.shared.sight(index, false);
             }
             world.shared.log(format!("* {line}"));
         }

@@ -91,6 +91,10 @@ pub struct Records {
     pub inserted: BTreeMap<String, String>,
     /// When a replica was disrupted (killed, stopped, partitioned, exited, stopped leading).
     pub disruptions: Vec<Duration>,
+    /// When each replica stopped seeing the cluster (killed, stopped, partitioned, exited,
+    /// stopped leading: `false`) and saw it again (started, healed, restarted: `true`),
+    /// by replica index, in order.
+    pub sight: Vec<(usize, Duration, bool)>,
     /// The log, with times from the start.
     pub log: Vec<(Duration, String)>,
 }
@@ -134,6 +138,13 @@ impl Shared {
     pub fn disrupted(&self) {
         let now = self.now();
         self.records().disruptions.push(now);
+    }
+
+    /// Notes that replica `replica` stopped seeing the cluster now (`sees: false`: its
+    /// watches see no deletion until it sees again) or sees it again (`true`).
+    pub fn sight(&self, replica: usize, sees: bool) {
+        let now = self.now();
+        self.records().sight.push((replica, now, sees));
     }
 
     /// Claims' API.

@@ -54,6 +54,10 @@
 //!   deletion no watch event told of (it fell inside a relist), while a create of its name
 //!   sent unseen (another replica adding the claim's finalizer at the same moment,
 //!   without leader election) lands late.
+//! - A record this process removed is not owed again while its cache still shows the PV
+//!   as it was when removed (same UID and resourceVersion): a watch waiting out its
+//!   backoff after an outage shows old PVs for up to half a minute, and each resync would
+//!   otherwise repeat a sweep and a no-op patch per such PV.
 //! - A sweep that fails (after a save, at a first sync, or when the window ends) is owed:
 //!   the PV is queued again after a backoff (1 s doubling, capped at the resync period)
 //!   and swept again at that sync, until the driver answers without failing. It runs in
@@ -168,6 +172,12 @@ pub(crate) struct LateAssets {
     /// Name and UID of PVs whose asset this process deleted while it keeps the PV until
     /// its late-asset window ends (their deletion is counted once).
     kept: Mutex<std::collections::HashSet<(String, String)>>,
+    /// PVs whose [`ANN_LATE_ASSET_SWEEP`] this process removed, by name: their UID and the
+    /// resourceVersion the cache showed then. While the cache still shows that version (a
+    /// watch waiting out its backoff after an outage shows old PVs for up to half a
+    /// minute), the annotation it shows is not owed again: sweeping and removing it at
+    /// every resync would only repeat a no-op patch and a backend call per PV.
+    cleared: Mutex<HashMap<String, (String, Option<String>)>>,
 }
 
 /// A PV deleted before its window ended ([`LateAssets::afterlife`]).
@@ -206,6 +216,28 @@ impl LateAssets {
         self.kept_set().remove(&kept_key(volume));
     }
 
+    fn cleared(&self) -> MutexGuard<'_, HashMap<String, (String, Option<String>)>> {
+        self.cleared
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether this process removed the annotation of `volume` as the cache still shows
+    /// it; a record the cache has moved past is dropped.
+    fn cleared_already(&self, volume: &PersistentVolume) -> bool {
+        let name = volume.metadata.name.as_deref().unwrap_or_default();
+        let mut cleared = self.cleared();
+        let Some((uid, version)) = cleared.get(name) else {
+            return false;
+        };
+        let same = volume.metadata.uid.as_deref() == Some(uid.as_str())
+            && volume.metadata.resource_version == *version;
+        if !same {
+            cleared.remove(name);
+        }
+        same
+    }
+
     fn afterlife(&self) -> MutexGuard<'_, HashMap<String, Afterlife>> {
         self.afterlife
             .lock()
@@ -217,6 +249,7 @@ impl LateAssets {
     /// older than the window plus the grace (their pruning sync did not come).
     pub(crate) fn retain(&self, exists: impl Fn(&str) -> bool) {
         self.kept_set().retain(|(name, _)| exists(name));
+        self.cleared().retain(|name, _| exists(name));
         let now = Timestamp::now();
         self.pending().retain(|name, entry| {
             let expired = matches!(entry.stage, Stage::Done { expires } if expires <= now);
@@ -569,7 +602,10 @@ pub(crate) async fn sweep(ctx: &Context, name: &str, volume: Option<&PersistentV
         Sweep::Last(_) | Sweep::Takeover(_) | Sweep::Done(_) | Sweep::Nothing => {}
     }
     // The last sweep recorded on the PV: due now, or queued for when it is.
+    // Removed by this process already, and the cache has not caught up: not owed.
+    let cleared = recorded.is_some() && ctx.late.cleared_already(volume);
     let recorded_owed = match recorded {
+        Some(_) if cleared => false,
         Some(due) if due <= wall => true,
         Some(due) => {
             let wait = Duration::try_from(due.duration_since(wall)).unwrap_or(Duration::ZERO);
@@ -613,7 +649,7 @@ pub(crate) async fn sweep(ctx: &Context, name: &str, volume: Option<&PersistentV
         (Sweep::Wait(_) | Sweep::Done(_) | Sweep::Nothing, None) => return,
     }
     let started = Timestamp::now();
-    if volume_saved(ctx, volume).await && recorded.is_some_and(|due| due <= started) {
+    if volume_saved(ctx, volume).await && !cleared && recorded.is_some_and(|due| due <= started) {
         clear_recorded(ctx, volume).await;
     }
 }
@@ -728,6 +764,10 @@ async fn clear_recorded(ctx: &Context, volume: &PersistentVolume) {
     let error = match removed {
         Ok(_) => {
             tracing::debug!(pv = name, "late-asset sweep made: its record removed");
+            ctx.late.cleared().insert(
+                name.to_owned(),
+                (uid.to_owned(), volume.metadata.resource_version.clone()),
+            );
             return;
         }
         Err(OpError::Api { source, .. })

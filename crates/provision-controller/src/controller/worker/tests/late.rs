@@ -6,7 +6,7 @@ use k8s_openapi::{
 };
 
 use super::*;
-use crate::{Provisioner, testing::pv};
+use crate::{Provisioner, annotations::ANN_LATE_ASSET_SWEEP, testing::pv};
 
 const WINDOW: Duration = Duration::from_secs(60);
 
@@ -574,4 +574,63 @@ async fn a_save_past_the_window_counts_as_the_sweep_of_the_volume() {
         (1, 1),
         "the sync does not sweep again"
     );
+}
+
+// Chaos seeds 100242, 110897: a replica whose PV watch waited out its backoff after an
+// outage still showed every PV's late-asset record after it had removed them, and swept
+// and patched each of them again at every resync (138 no-op patches and backend calls in
+// 8 s). A record this process removed is not owed again until the cache shows the PV
+// changed.
+#[tokio::test]
+async fn a_record_removed_here_is_not_owed_again_while_the_cache_still_shows_it() {
+    let window = Duration::from_secs(1);
+    let fake = FakeProvisioner::new().with_late_asset_window(window);
+    let (sim, mut h) = sim_harness(Config::default(), fake.clone(), true).await;
+    let calls = || fake.volume_saved_calls().len();
+    let patches = || {
+        sim.requests()
+            .iter()
+            .filter(|r| r.verb == "patch" && r.resource == "persistentvolumes")
+            .count()
+    };
+    let volumes: kube_client::Api<PersistentVolume> = kube_client::Api::all(sim.client());
+    let mut v = pv("v")
+        .phase("Available")
+        .provisioned_by(ME)
+        .annotation(ANN_LATE_ASSET_SWEEP, "2020-01-01T00:00:00Z")
+        .build();
+    v.metadata.uid = None;
+    let stored = volumes
+        .create(&kube_client::api::PostParams::default(), &v)
+        .await
+        .unwrap();
+    // Past the window counted from the creation (whole seconds).
+    tokio::time::sleep(window + Duration::from_millis(1_100)).await;
+    put(&mut h, stored.clone());
+    volume::sync_volume(&h.ctx, "v").await.unwrap();
+    assert_eq!(
+        (calls(), patches()),
+        (1, 1),
+        "the last sweep, and its record removed"
+    );
+    let current = volumes.get("v").await.unwrap();
+    assert!(
+        !current
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(ANN_LATE_ASSET_SWEEP)),
+        "removed in the API server"
+    );
+
+    // The cache still shows the record (its watch lags): nothing is owed.
+    for _ in 0..2 {
+        h.ctx.queue_everything();
+        volume::sync_volume(&h.ctx, "v").await.unwrap();
+    }
+    assert_eq!((calls(), patches()), (1, 1), "not swept nor patched again");
+    // The cache catches up: still nothing.
+    put(&mut h, current);
+    volume::sync_volume(&h.ctx, "v").await.unwrap();
+    assert_eq!((calls(), patches()), (1, 1));
 }
