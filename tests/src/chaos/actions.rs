@@ -319,7 +319,7 @@ async fn duplicate(shared: &Shared, claim: usize, name: &str) -> String {
     // provisioner documents. Decided here, not in the schedule (see above).
     match shared.volumes().get_opt(&volume_name).await {
         Ok(Some(pv)) => {
-            let late_window = super::world::CNS_TASK_TIMEOUT + super::world::CNS_TIMEOUT;
+            let late_window = super::world::CREATE_SETTLE;
             let window_over = pv.metadata.creation_timestamp.as_ref().is_some_and(|t| {
                 k8s_openapi::jiff::Timestamp::now().duration_since(t.0)
                     >= k8s_openapi::jiff::SignedDuration::try_from(late_window).unwrap_or_default()

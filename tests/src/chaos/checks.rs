@@ -272,7 +272,7 @@ fn out_of_reach(records: &Records, created: Option<Duration>, stripped: Option<D
     if disrupted_until(stripped + DISRUPTION_MARGIN) {
         return true;
     }
-    let settle = super::world::CNS_TASK_TIMEOUT + super::world::CNS_TIMEOUT;
+    let settle = super::world::CREATE_SETTLE;
     blind_replica_at(records, stripped) && disrupted_until(stripped + settle + DISRUPTION_MARGIN)
 }
 

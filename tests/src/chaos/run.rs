@@ -268,18 +268,15 @@ fn poll_replicas(world: &mut World) -> anyhow::Result<()> {
     let now = Instant::now();
     for (index, replica) in world.replicas.iter_mut().enumerate() {
         if let Some(line) = replica.poll(now)? {
-            if line.contains("exited")
+            let lost = line.contains("exited")
                 || line.contains("vanished")
-                || line.contains("stopped leading")
-            {
+                || line.contains("stopped leading");
+            if lost {
                 world.shared.disrupted();
             }
             if line.contains("restarted") {
                 world.shared.sight(index, true);
-            } else if line.contains("exited")
-                || line.contains("vanished")
-                || line.contains("stopped leading")
-            {
+            } else if lost {
                 world.shared.sight(index, false);
             }
             world.shared.log(format!("* {line}"));

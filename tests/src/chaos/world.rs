@@ -35,6 +35,9 @@ pub const CNS_TIMEOUT: Duration = Duration::from_millis(1_500);
 /// The CNS client's task timeout, compressed like the rest (default 300 s): a create
 /// whose outcome is unknown may land within it, so a cleanup waits that long.
 pub const CNS_TASK_TIMEOUT: Duration = Duration::from_secs(4);
+/// The provisioner's settle window (its default: the task timeout plus the request
+/// timeout), its late-asset window too: a create sent lands within it.
+pub const CREATE_SETTLE: Duration = CNS_TASK_TIMEOUT.saturating_add(CNS_TIMEOUT);
 /// The metadata reconciler's settle margin, compressed like the rest (default 60 s; at
 /// least the lease duration): a deleted object whose push got no answer keeps its
 /// finalizer for the backend timeout plus this margin after that push.
