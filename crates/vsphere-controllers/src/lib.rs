@@ -33,15 +33,14 @@ mod app;
 mod demo;
 pub mod rbac;
 mod run;
-mod signal;
 
 pub use app::{
     DEFAULT_VSPHERE_CONFIG, DEMO_BANNER, Found, LOGOUT_TIMEOUT, Mode, Real, RealOptions, Running,
     STOP_MARGIN, Settings, connect_real, exists, select_mode, start_controllers,
 };
 pub use demo::{CLASS, DemoOptions, DemoReport, Row, run_demo};
+pub use provision_controller::signal::{Signal, shutdown_signal};
 pub use run::{Options, RunError, parse_datastore, run};
-pub use signal::{Signal, shutdown_signal};
 
 /// The example of README.md, compiled as a doctest.
 #[cfg(doctest)]
