@@ -31,12 +31,14 @@
 
 mod app;
 mod demo;
+pub mod flags;
 pub mod rbac;
 mod run;
 
 pub use app::{
     DEFAULT_VSPHERE_CONFIG, DEMO_BANNER, Found, LOGOUT_TIMEOUT, Mode, Real, RealOptions, Running,
-    STOP_MARGIN, Settings, connect_real, exists, select_mode, start_controllers,
+    STOP_MARGIN, Settings, connect_real, exists, kube_config, reachable, select_mode,
+    start_controllers,
 };
 pub use demo::{CLASS, DemoOptions, DemoReport, Row, run_demo};
 pub use provision_controller::signal::{Signal, shutdown_signal};

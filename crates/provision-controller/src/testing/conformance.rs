@@ -52,7 +52,8 @@ pub enum Clause {
     /// `delete` removes the asset, and deleting an asset that is already gone succeeds.
     DeleteMissing,
     /// A cleanup lookup ([`ProvisionOptions::cleanup`]) creates nothing: it answers
-    /// [`ProvisionError::Ignored`] when no asset exists, and finds the one that does.
+    /// [`ProvisionError::Ignored`] (or another final error) when no asset exists, and
+    /// finds the one that does.
     CleanupCreatesNothing,
     /// Errors classify as documented: a final answer (`Failed`, `Infeasible`,
     /// `Reschedule`, `Ignored`) leaves no asset; a retryable one (`InBackground`,
@@ -436,7 +437,7 @@ impl<P: Provisioner + ?Sized> Run<'_, P> {
         }
     }
 
-    /// A cleanup lookup: `Ok(None)` when the driver answers `Ignored` (no asset).
+    /// A cleanup lookup: `Ok(None)` when the driver answers a final error (no asset).
     async fn look_up(
         &self,
         options: &ProvisionOptions,
@@ -444,13 +445,13 @@ impl<P: Provisioner + ?Sized> Run<'_, P> {
         let lookup = options.clone().for_cleanup();
         match self.provision_once(&lookup).await {
             Provisioned::Volume(volume) => Ok(Some(volume)),
-            Provisioned::Ignored(_) => Ok(None),
-            Provisioned::Final(what) | Provisioned::Retryable(what) | Provisioned::Broken(what) => {
-                Err(format!(
-                    "a cleanup lookup of {} answered {what}, not a volume or Ignored",
-                    options.pv_name
-                ))
-            }
+            // Any final answer says that no asset exists, which is what the controller
+            // reads from it (`Ignored` is the documented one).
+            Provisioned::Ignored(_) | Provisioned::Final(_) => Ok(None),
+            Provisioned::Retryable(what) | Provisioned::Broken(what) => Err(format!(
+                "a cleanup lookup of {} answered {what}, not a volume or a final answer",
+                options.pv_name
+            )),
         }
     }
 
@@ -535,7 +536,7 @@ impl<P: Provisioner + ?Sized> Run<'_, P> {
                 ))
             }
             Ok(None) => Outcome::Failed(format!(
-                "a cleanup lookup of {} answered Ignored, but its asset exists ({})",
+                "a cleanup lookup of {} answered that no asset exists, but it does ({})",
                 existing.pv_name,
                 source_of(volume)
             )),

@@ -4,7 +4,7 @@
 
 use std::{
     sync::{Mutex, PoisonError},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use futures::FutureExt;
@@ -19,7 +19,7 @@ use kube_client::{
     api::{DeleteParams, ListParams, PostParams},
 };
 use kube_sim::KubeSim;
-use tokio::{sync::oneshot, task::JoinHandle};
+use tokio::{sync::oneshot, task::JoinHandle, time::Instant};
 
 use crate::{Config, ProvisionController, Provisioner, testing::class};
 
