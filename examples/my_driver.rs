@@ -2,7 +2,7 @@
 //! folder, exposed as a hostPath PersistentVolume. Replace the directory with your
 //! backend's disk; everything else stays as it is.
 
-use std::{io::ErrorKind, path::Path, path::PathBuf};
+use std::{io::ErrorKind, io::IsTerminal, path::Path, path::PathBuf};
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{HostPathVolumeSource, PersistentVolume, PersistentVolumeSpec};
@@ -88,8 +88,12 @@ impl Provisioner for MyDriver {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::from_default_env())
+    // Logs on stderr, coloured only on a terminal, filtered by RUST_LOG (default: info).
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let stderr_is_terminal = std::io::stderr().is_terminal();
+    let logs = tracing_subscriber::fmt().with_writer(std::io::stderr);
+    logs.with_ansi(stderr_is_terminal)
+        .with_env_filter(filter)
         .init();
     // The binary reads the environment; the library never does.
     let root = std::env::var("MY_DRIVER_ROOT").unwrap_or_else(|_| "/var/lib/my-driver".into());
