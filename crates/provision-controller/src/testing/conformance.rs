@@ -291,7 +291,7 @@ type Answer = Result<PersistentVolume, String>;
 
 /// How a call to `provision` ended.
 enum Provisioned {
-    Volume(PersistentVolume),
+    Volume(Box<PersistentVolume>),
     /// A final error (no asset may exist).
     Final(String),
     /// `Ignored`: a final error; for a cleanup lookup, "no asset".
@@ -385,7 +385,7 @@ impl<P: Provisioner + ?Sized> Run<'_, P> {
                 options.pv_name, self.suite.call_limit
             )),
             Ok(Err(_)) => Provisioned::Broken(format!("provision {} panicked", options.pv_name)),
-            Ok(Ok(Ok(volume))) => Provisioned::Volume(volume),
+            Ok(Ok(Ok(volume))) => Provisioned::Volume(Box::new(volume)),
             Ok(Ok(Err(
                 error @ (ProvisionError::InBackground(_) | ProvisionError::NoChange(_)),
             ))) => Provisioned::Retryable(chain(&error)),
@@ -404,7 +404,7 @@ impl<P: Provisioner + ?Sized> Run<'_, P> {
                 tokio::time::sleep(self.suite.pause).await;
             }
             match self.provision_once(options).await {
-                Provisioned::Volume(volume) => return Ok(volume),
+                Provisioned::Volume(volume) => return Ok(*volume),
                 Provisioned::Final(what)
                 | Provisioned::Ignored(what)
                 | Provisioned::Broken(what) => return Err(what),
@@ -444,7 +444,7 @@ impl<P: Provisioner + ?Sized> Run<'_, P> {
     ) -> Result<Option<PersistentVolume>, String> {
         let lookup = options.clone().for_cleanup();
         match self.provision_once(&lookup).await {
-            Provisioned::Volume(volume) => Ok(Some(volume)),
+            Provisioned::Volume(volume) => Ok(Some(*volume)),
             // Any final answer says that no asset exists, which is what the controller
             // reads from it (`Ignored` is the documented one).
             Provisioned::Ignored(_) | Provisioned::Final(_) => Ok(None),
@@ -656,7 +656,7 @@ async fn loop_answer<P: Provisioner + ?Sized>(
             tokio::time::sleep(run.suite.pause).await;
         }
         match run.provision_once(options).await {
-            Provisioned::Volume(volume) => return Ok(Ok(volume)),
+            Provisioned::Volume(volume) => return Ok(Ok(*volume)),
             Provisioned::Final(what) | Provisioned::Ignored(what) => return Ok(Err(what)),
             Provisioned::Broken(what) => return Err(what),
             Provisioned::Retryable(_) => {}

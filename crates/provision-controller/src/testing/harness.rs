@@ -351,8 +351,7 @@ impl DriverTest {
         }
         let task = controller
             .into_inner()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+            .unwrap_or_else(PoisonError::into_inner);
         let result = match task {
             Some(task) => match task.await {
                 Ok(Ok(())) => Ok(()),
