@@ -81,11 +81,12 @@ impl Provisioner for HostPath {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube_sim=warn".into());
     // Logs on stderr, coloured only on a terminal (redirected logs get plain text).
-    let logs = tracing_subscriber::fmt().with_writer(std::io::stderr);
-    let colour = std::io::stderr().is_terminal();
-    logs.with_ansi(colour).with_env_filter(filter).init();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube_sim=warn".into());
+    let terminal = std::io::stderr().is_terminal();
+    logs(std::io::stderr, terminal)
+        .with_env_filter(filter)
+        .init();
     match demo(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -97,6 +98,24 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The log output, written by `writer`, with colours only when it is a `terminal`.
+fn logs<W>(
+    writer: W,
+    terminal: bool,
+) -> tracing_subscriber::fmt::SubscriberBuilder<
+    tracing_subscriber::fmt::format::DefaultFields,
+    tracing_subscriber::fmt::format::Format,
+    tracing_subscriber::filter::LevelFilter,
+    W,
+>
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    tracing_subscriber::fmt()
+        .with_writer(writer)
+        .with_ansi(terminal)
 }
 
 /// A client of the cluster of `KUBECONFIG` or of this pod (checked: an unreachable server is
@@ -270,20 +289,20 @@ mod tests {
                 Ok(())
             }
         }
-        let buffer = Buffer::default();
-        let writer = buffer.clone();
-        // What main does when stderr is not a terminal (as under `cargo test`).
-        let colour = std::io::stderr().is_terminal();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(colour)
-            .finish();
-        tracing::subscriber::with_default(subscriber, || tracing::warn!(pv = "pvc-1", "saved"));
-        let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
-        assert!(text.contains("saved"), "{text}");
-        if !colour {
-            assert!(!text.contains('\u{1b}'), "{text:?}");
-        }
+        let written = |terminal: bool| {
+            let buffer = Buffer::default();
+            let writer = buffer.clone();
+            let subscriber = logs(move || writer.clone(), terminal).finish();
+            tracing::subscriber::with_default(subscriber, || tracing::warn!(pv = "pvc-1", "saved"));
+            let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+            assert!(text.contains("saved"), "{text}");
+            text
+        };
+        assert!(
+            !written(false).contains('\u{1b}'),
+            "no escape codes off a terminal"
+        );
+        assert!(written(true).contains('\u{1b}'), "colours on a terminal");
     }
 
     #[tokio::test]
