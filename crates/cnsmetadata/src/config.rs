@@ -305,7 +305,6 @@ impl Config {
                 .trim()
                 .parse::<u16>()
                 .ok()
-                .filter(|n| *n <= Self::MAX_WORKER_THREADS)
                 .and_then(NonZeroU16::new)
                 .ok_or(ConfigError::InvalidVariable {
                     option: ConfigOption::WorkerThreads,
