@@ -126,7 +126,7 @@ async fn cluster(kubeconfig: Option<String>, in_pod: bool) -> anyhow::Result<Opt
     }
     // Names the kubeconfig file in its errors and never quotes it (it holds credentials).
     let config = vsphere_controllers::kube_config(None, kubeconfig.as_deref()).await?;
-    let client = Client::try_from(config.clone())?;
+    let client = provision_controller::client::from_config(config.clone())?;
     vsphere_controllers::reachable(&client, &config).await?;
     Ok(Some(client))
 }

@@ -97,9 +97,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
     // The binary reads the environment; the library never does.
     let root = std::env::var("MY_DRIVER_ROOT").unwrap_or_else(|_| "/var/lib/my-driver".into());
-    // KUBECONFIG, else ~/.kube/config, else the pod's service account.
-    let kube_config = kube_client::Config::infer().await?;
-    let client = kube_client::Client::try_from(kube_config.clone())?;
+    // KUBECONFIG, else ~/.kube/config, else the pod's service account. The client speaks
+    // TLS (rustls) and HTTP/2 (one connection for every request and watch).
+    let (client, kube_config) = provision_controller::client::infer().await?;
     if let Err(error) = client.apiserver_version().await {
         let url = &kube_config.cluster_url;
         return Err(format!("cannot reach the API server at {url}: {error}").into());

@@ -59,6 +59,13 @@ struct Args {
     /// Run the demo even when a kubeconfig or vSphere config is found.
     #[arg(long)]
     demo: bool,
+    /// Name of upstream's feature-state ConfigMap (its `tkgs-ha` key is watched on a
+    /// supervisor).
+    #[arg(long, default_value = app::DEFAULT_FSS_NAME, value_name = "NAME")]
+    fss_name: String,
+    /// Namespace of upstream's feature-state ConfigMap.
+    #[arg(long, default_value = app::DEFAULT_FSS_NAMESPACE, value_name = "NAMESPACE")]
+    fss_namespace: String,
 }
 
 /// The one-line error for a flag of the upstream Go binaries that this one does not take.
@@ -99,6 +106,10 @@ async fn main() -> ExitCode {
         serve: a.serve,
         timeout: Duration::from_secs(a.timeout),
         demo: a.demo,
+        feature_states: app::FeatureStates {
+            namespace: a.fss_namespace,
+            name: a.fss_name,
+        },
     };
     #[allow(clippy::disallowed_methods)] // reason: a binary reads its environment
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());

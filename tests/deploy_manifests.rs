@@ -23,6 +23,7 @@ fn flatten<'a>(permissions: impl IntoIterator<Item = &'a Permission>, lease: &st
     for p in permissions {
         let name = match p.names {
             Names::LeaseName => Some(lease.to_owned()),
+            Names::Named(name) => Some(name.to_owned()),
             _ => None,
         };
         for verb in p.verbs {
@@ -167,16 +168,17 @@ fn the_vsphere_rbac_grants_exactly_what_both_controllers_use() {
     let union: Grants = flatten(CLUSTER_PERMISSIONS, &lease)
         .into_iter()
         .chain(flatten(rbac::METADATA_PERMISSIONS, &lease))
+        .chain(flatten(rbac::CRD_PERMISSIONS, &lease))
         .collect();
     assert_eq!(granted(&docs, "ClusterRole"), union);
     assert_eq!(
         granted(&docs, "ClusterRole"),
         flatten(rbac::CLUSTER_PERMISSIONS, &lease)
     );
-    assert_eq!(
-        granted(&docs, "Role"),
-        flatten(rbac::LEADER_ELECTION_PERMISSIONS, &lease)
-    );
+    let namespaced = rbac::LEADER_ELECTION_PERMISSIONS
+        .iter()
+        .chain(rbac::FEATURE_STATES_PERMISSIONS);
+    assert_eq!(granted(&docs, "Role"), flatten(namespaced, &lease));
     bound_account(&docs);
 }
 
@@ -314,7 +316,8 @@ fn the_vsphere_deployment_runs_two_replicas_with_probes_and_the_secret_config() 
         supervisor_id: None,
         vsphere_user: String::new(),
         provision_config: provision_controller::Config::default(),
-        metadata_config: cnsmetadata::Config::default(),
+        metadata_config: Ok(cnsmetadata::Config::default()),
+        feature_states: vsphere_controllers::FeatureStates::default(),
     };
     let stop = settings.stop_deadline() + vsphere_controllers::LOGOUT_TIMEOUT;
     let grace = Duration::from_secs(pod.termination_grace_period_seconds.unwrap() as u64);

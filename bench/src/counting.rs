@@ -111,6 +111,25 @@ where
     }
 }
 
+/// A built `Client` as a tower service, so a layer can be put in front of it.
+#[derive(Clone)]
+pub(crate) struct ClientService(pub(crate) kube_client::Client);
+
+impl Service<Request<kube_client::client::Body>> for ClientService {
+    type Response = Response<kube_client::client::Body>;
+    type Error = kube_client::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<kube_client::client::Body>) -> Self::Future {
+        let client = self.0.clone();
+        async move { client.send(request).await }.boxed()
+    }
+}
+
 /// The Kubernetes verb and resource (`plural` or `plural/subresource`) of a request.
 pub(crate) fn classify(method: &Method, path: &str, query: &str) -> (&'static str, String) {
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();

@@ -24,10 +24,11 @@ use kube_client::{
 };
 use serde_json::{Value, json};
 use tokio::time::Instant;
+use tower::Layer as _;
 
 use crate::{
-    Args, Scenario,
-    counting::{ApiCounter, CountLayer},
+    Args, ClientKind, Scenario,
+    counting::{ApiCounter, ClientService, CountLayer},
     objects::{self, Names},
     report::{self, Probe},
     sim::SimChild,
@@ -49,6 +50,14 @@ pub(crate) struct Env {
     kubeconfig: PathBuf,
     /// Whether the bench installed the CnsVolumeMetadata CRD (and so removes it).
     pub(crate) installed_crd: AtomicBool,
+}
+
+/// A client of `kind` from `config`.
+fn client_for(kind: ClientKind, config: Config) -> anyhow::Result<Client> {
+    Ok(match kind {
+        ClientKind::H2 => provision_controller::client::from_config(config)?,
+        ClientKind::H1 => ClientBuilder::try_from(config)?.build(),
+    })
 }
 
 async fn load(path: &Path) -> anyhow::Result<Config> {
@@ -73,7 +82,10 @@ pub(crate) async fn run(args: Args, controller: tokio::runtime::Handle) -> anyho
         (None, None) => unreachable!("a sim runs when no kubeconfig is given"),
     };
     let config = load(&kubeconfig).await?;
-    let driver = Client::try_from(config.clone()).context("cannot build the driver client")?;
+    // The driver is a client-go-like load generator: one HTTP/2 connection, whatever
+    // `--client` picks for the controller.
+    let driver =
+        client_for(ClientKind::H2, config.clone()).context("cannot build the driver client")?;
     let env = Env {
         names: Names::fresh(),
         driver,
@@ -99,6 +111,7 @@ pub(crate) async fn run(args: Args, controller: tokio::runtime::Handle) -> anyho
         Scenario::Provision => crate::provision::run(&env).await,
         Scenario::Steady => crate::steady::run(&env).await,
         Scenario::Metadata => crate::metadata::run(&env).await,
+        Scenario::Create => crate::create::run(&env).await,
         Scenario::Matrix => Err(anyhow::anyhow!("matrix runs provision in child processes")),
     };
     if sim.is_none() {
@@ -153,7 +166,7 @@ fn load_average() -> f64 {
 /// `--populate`: creates the pre-bound pairs, in a process of its own so its allocations
 /// stay out of the controller's memory figures.
 pub(crate) async fn populate_main(kubeconfig: &Path, args: &Args) -> anyhow::Result<()> {
-    let client = Client::try_from(load(kubeconfig).await?)?;
+    let client = client_for(ClientKind::H2, load(kubeconfig).await?)?;
     let names = Names::from_run(&args.run_id);
     objects::populate_pairs(client, &names, &args.csi_driver, args.n, args.in_flight).await
 }
@@ -163,10 +176,12 @@ impl Env {
     pub(crate) async fn controller_client(&self) -> anyhow::Result<Client> {
         let config = self.config.clone();
         let layer = CountLayer(self.probe.api.clone());
+        let kind = self.args.client;
         self.controller
             .spawn(async move {
-                let builder = ClientBuilder::try_from(config)?;
-                anyhow::Ok(builder.with_layer(&layer).build())
+                let client = client_for(kind, config)?;
+                let namespace = client.default_namespace().to_owned();
+                anyhow::Ok(Client::new(layer.layer(ClientService(client)), namespace))
             })
             .await
             .context("building the controller client panicked")?

@@ -16,6 +16,7 @@
 //! provisioner name `bench.example.com/<id>`, and deletes all of it at the end.
 
 mod counting;
+mod create;
 mod env;
 mod matrix;
 mod metadata;
@@ -42,9 +43,22 @@ pub(crate) enum Scenario {
     Steady,
     /// N CnsVolumeMetadata objects through the reconciler, then deleted.
     Metadata,
+    /// No controller: create N claims of a class nobody provisions (`--in-flight` creators
+    /// at once), then delete them. The creators' rate alone, to compare with `provision`'s
+    /// `driver_creates_per_s` (the same creators beside the controller).
+    Create,
     /// `provision` for every combination of `--matrix-workers`, `--matrix-crash-safe` and
     /// `--matrix-n`, each in a process of its own, then one table.
     Matrix,
+}
+
+/// How a bench client is built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ClientKind {
+    /// HTTP/2 where the server offers it (the kit's client builder).
+    H2,
+    /// kube's own builder: HTTP/1.1.
+    H1,
 }
 
 /// Command-line options.
@@ -81,6 +95,17 @@ pub(crate) struct Args {
     /// Controller resync period in seconds (default: the library's, 15 minutes).
     #[arg(long)]
     pub(crate) resync_secs: Option<u64>,
+    /// How the controller's client talks to the API server (the driver, the claim
+    /// creators and watches, always uses `h2`, as a client-go load generator would): `h2`
+    /// (`kube_controller_kit::client::from_config`: one HTTP/2 connection where the server
+    /// offers it) or `h1` (`kube_client::Client::try_from`: HTTP/1.1, a connection per
+    /// request in flight).
+    #[arg(long, value_enum, default_value_t = ClientKind::H2)]
+    pub(crate) client: ClientKind,
+    /// `provision`: the controller's bound on requests in flight
+    /// (`Config::max_requests_in_flight`); 0 = unbounded; default: the library's.
+    #[arg(long, value_name = "N")]
+    pub(crate) max_in_flight: Option<usize>,
     /// `provision`, `steady`: turn the controller's crash-safe provisioning (the claim
     /// finalizer around each provision call) on or off; default: the library's.
     #[arg(long, value_name = "BOOL")]

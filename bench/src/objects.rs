@@ -42,6 +42,12 @@ pub(crate) struct Names {
 
 impl Names {
     /// Fresh names: `bench-<id>` and `bench.example.com/<id>`.
+    /// The CSI driver name of the run's PVs: a DNS subdomain, as the API server requires
+    /// (the provisioner name has a `/`).
+    pub(crate) fn csi_driver(&self) -> String {
+        format!("{}.bench.example.com", self.run)
+    }
+
     pub(crate) fn fresh() -> Self {
         use std::hash::{BuildHasher, Hasher};
         let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
@@ -116,13 +122,22 @@ pub(crate) fn class(names: &Names) -> StorageClass {
     }
 }
 
-/// Claim `i` of the run's class; `volume` pre-binds it.
+/// Claim `i` of the run's class; `volume` pre-binds it. A claim to provision carries the
+/// provisioner annotation already (as a load generator on a real cluster sets it, so the
+/// run does not wait for kube-controller-manager to add it).
 pub(crate) fn claim(names: &Names, i: usize, volume: Option<String>) -> PersistentVolumeClaim {
+    let annotations = volume.is_none().then(|| {
+        BTreeMap::from([(
+            "volume.kubernetes.io/storage-provisioner".to_owned(),
+            names.provisioner.clone(),
+        )])
+    });
     PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some(Names::claim(i)),
             namespace: Some(names.namespace.clone()),
             labels: Some(names.labels()),
+            annotations,
             ..ObjectMeta::default()
         },
         spec: Some(PersistentVolumeClaimSpec {

@@ -95,6 +95,9 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
     if let Some(secs) = env.args.resync_secs {
         config = config.resync_period(Duration::from_secs(secs));
     }
+    if let Some(max) = env.args.max_in_flight {
+        config = config.max_requests_in_flight(std::num::NonZeroUsize::new(max));
+    }
     if let Some(on) = env.args.crash_safe {
         config = config.crash_safe_provisioning(on);
     }
@@ -102,7 +105,7 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
         client,
         names.provisioner.clone(),
         Noop {
-            driver: names.provisioner.clone(),
+            driver: names.csi_driver(),
             labels: names.labels(),
         },
     )
@@ -230,6 +233,7 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
             "throughput_per_s": per_second(bound, provision_span),
             "pv_created_per_s": per_second(timeline.count(Step::Created), pv_span),
             "driver_send_seconds": round(sent_in.as_secs_f64(), 2),
+            "driver_creates_per_s": per_second(created, sent_in),
             "latency_created_to_pv": latency(timeline.latencies(Step::Sent, Step::Created)),
             "latency_created_to_bound": latency(timeline.latencies(Step::Sent, Step::Ready)),
         },

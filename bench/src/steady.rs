@@ -40,7 +40,7 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
         config = config.crash_safe_provisioning(on);
     }
     let provisioner = Noop {
-        driver: names.provisioner.clone(),
+        driver: names.csi_driver(),
         labels: names.labels(),
     };
     let controller =

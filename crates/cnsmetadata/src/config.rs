@@ -11,6 +11,64 @@ pub const ENV_CLUSTER_FLAVOR: &str = "CLUSTER_FLAVOR";
 /// CSI driver whose volumes are pushed to CNS; PVs of other drivers are skipped.
 pub const VSPHERE_CSI_DRIVER: &str = "csi.vsphere.vmware.com";
 
+/// A feature state that may change while the reconciler runs: fixed, or following a
+/// [`watch`](tokio::sync::watch) channel that its owner updates (the vSphere binary feeds
+/// it from upstream's feature-state ConfigMap). Read where it is used, so each reconcile
+/// sees the state of its time, as upstream reads `IsFSSEnabled` at every reconcile.
+#[derive(Clone)]
+pub struct FeatureState(State);
+
+#[derive(Clone)]
+enum State {
+    Fixed(bool),
+    Follow(tokio::sync::watch::Receiver<bool>),
+}
+
+impl FeatureState {
+    /// A state that never changes.
+    #[must_use]
+    pub fn fixed(on: bool) -> Self {
+        Self(State::Fixed(on))
+    }
+
+    /// A state that is whatever `receiver` holds now; its sender's owner changes it.
+    #[must_use]
+    pub fn follow(receiver: tokio::sync::watch::Receiver<bool>) -> Self {
+        Self(State::Follow(receiver))
+    }
+
+    /// Whether the feature is on right now.
+    #[must_use]
+    pub fn is_on(&self) -> bool {
+        match &self.0 {
+            State::Fixed(on) => *on,
+            State::Follow(receiver) => *receiver.borrow(),
+        }
+    }
+}
+
+impl From<bool> for FeatureState {
+    fn from(on: bool) -> Self {
+        Self::fixed(on)
+    }
+}
+
+impl From<tokio::sync::watch::Receiver<bool>> for FeatureState {
+    fn from(receiver: tokio::sync::watch::Receiver<bool>) -> Self {
+        Self::follow(receiver)
+    }
+}
+
+impl std::fmt::Debug for FeatureState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self.0 {
+            State::Fixed(_) => "fixed",
+            State::Follow(_) => "followed",
+        };
+        write!(f, "FeatureState({kind}: {})", self.is_on())
+    }
+}
+
 /// An option of [`Config`], as a [`ConfigError`] names it.
 ///
 /// Displays as the Rust name (the `Config` field and builder method), followed by what the
@@ -168,8 +226,10 @@ options! {
     /// [`ENV_WORKER_THREADS`]).
     worker_threads: NonZeroU16 => |n: NonZeroU16| n;
     /// Give entity references of PV entities the supervisor ID instead of the cluster ID
-    /// (Go: the `TKGsHA` feature state). Default off.
-    use_supervisor_id_for_pv: bool => |on: bool| on;
+    /// (Go: the `TKGsHA` feature state, read at every reconcile). A `bool` for a fixed
+    /// state, or a [`FeatureState::follow`] of a channel for one that changes while the
+    /// reconciler runs. Default off.
+    use_supervisor_id_for_pv: FeatureState => |on: impl Into<FeatureState>| on.into();
     /// The supervisor ID (`[Global] supervisor-id` of `csi-vsphere.conf`). Default empty.
     supervisor_id: String => |id: impl Into<String>| id.into();
     /// The cluster ID (`[Global] cluster-id` of `csi-vsphere.conf`). Default empty.
@@ -200,7 +260,7 @@ impl Default for Config {
         Self {
             cluster_flavor: ClusterFlavor::Workload,
             worker_threads: Self::DEFAULT_WORKER_THREADS,
-            use_supervisor_id_for_pv: false,
+            use_supervisor_id_for_pv: FeatureState::fixed(false),
             supervisor_id: String::new(),
             cluster_id: String::new(),
             vsphere_user: String::new(),
@@ -215,8 +275,10 @@ impl Default for Config {
 impl Config {
     /// Default for [`Config::worker_threads`] (Go: `defaultMaxWorkerThreadsToProcessCnsVolumeMetadata`).
     pub const DEFAULT_WORKER_THREADS: NonZeroU16 = NonZeroU16::new(3).expect("3 is not zero");
-    /// Largest worker count [`Config::from_lookup`] accepts (upstream caps it at the default).
-    pub const MAX_WORKER_THREADS: u16 = 3;
+    /// Largest worker count [`Config::from_lookup`] accepts: upstream HEAD takes any
+    /// positive number (its reference copy capped it at 3), so does this reconciler, up to
+    /// what a `u16` holds.
+    pub const MAX_WORKER_THREADS: u16 = u16::MAX;
     /// Default for [`Config::backend_timeout`].
     pub const DEFAULT_BACKEND_TIMEOUT: Duration = Duration::from_secs(120);
     /// Default for [`Config::settle_margin`]: four default leader lease durations (15 s).
@@ -224,7 +286,8 @@ impl Config {
 
     /// Reads the environment through `lookup` (`std::env::var(..).ok()` in a binary):
     ///
-    /// - `WORKER_THREADS_VOLUME_METADATA`: workers, 1 to 3; unset or empty means 3.
+    /// - `WORKER_THREADS_VOLUME_METADATA`: workers, any whole number from 1 (upstream HEAD
+    ///   takes any positive number; its older copy capped it at 3); unset or empty means 3.
     /// - `CLUSTER_FLAVOR`: `WORKLOAD`, `GUEST_CLUSTER` or `VANILLA`; unset or empty keeps
     ///   the default `WORKLOAD` (upstream's CSI driver treats unset as `VANILLA`, which would
     ///   turn this reconciler off).
@@ -242,12 +305,11 @@ impl Config {
                 .trim()
                 .parse::<u16>()
                 .ok()
-                .filter(|n| *n <= Self::MAX_WORKER_THREADS)
                 .and_then(NonZeroU16::new)
                 .ok_or(ConfigError::InvalidVariable {
                     option: ConfigOption::WorkerThreads,
                     value,
-                    expected: "a whole number from 1 to 3",
+                    expected: "a whole number from 1 to 65535",
                 })?;
         }
         if let Some(value) = lookup(ENV_CLUSTER_FLAVOR).filter(|v| !v.is_empty()) {
@@ -261,7 +323,11 @@ impl Config {
         Ok(config)
     }
 
-    /// Checks options that depend on each other; [`run`](crate::run) calls it first.
+    /// Checks options that depend on each other. [`run`](crate::run) does not call it: as
+    /// upstream, the reconciler runs with an empty ID, and only an object whose
+    /// PERSISTENT_VOLUME references would get it fails (its reconcile returns
+    /// [`ReconcileError::Config`](crate::ReconcileError::Config) with this error, with a
+    /// Warning event), since the feature state it depends on may change at any time.
     ///
     /// # Errors
     /// [`ConfigError::Invalid`] naming [`ConfigOption::ClusterId`] (or
@@ -270,7 +336,7 @@ impl Config {
     /// entity references get is empty.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.pv_reference_cluster_id().is_empty() {
-            let option = if self.use_supervisor_id_for_pv {
+            let option = if self.use_supervisor_id_for_pv.is_on() {
                 ConfigOption::SupervisorId
             } else {
                 ConfigOption::ClusterId
@@ -291,7 +357,7 @@ impl Config {
     /// [cluster ID](Self::cluster_id()).
     #[must_use]
     pub fn pv_reference_cluster_id(&self) -> &str {
-        if self.use_supervisor_id_for_pv {
+        if self.use_supervisor_id_for_pv.is_on() {
             &self.supervisor_id
         } else {
             &self.cluster_id
@@ -338,8 +404,17 @@ mod tests {
     }
 
     #[test]
-    fn worker_threads_from_one_to_three_are_used() {
-        for (value, expected) in [("1", 1), ("2", 2), ("3", 3), (" 2 ", 2)] {
+    fn upstream_worker_thread_values_are_used() {
+        // Upstream HEAD takes any positive number; an upstream manifest may set 10.
+        for (value, expected) in [
+            ("1", 1),
+            ("2", 2),
+            ("3", 3),
+            (" 2 ", 2),
+            ("4", 4),
+            ("10", 10),
+            ("65535", 65535),
+        ] {
             let config = Config::from_lookup(lookup(&[(ENV_WORKER_THREADS, value)])).unwrap();
             assert_eq!(config.worker_threads.get(), expected, "value {value:?}");
         }
@@ -347,14 +422,14 @@ mod tests {
 
     #[test]
     fn bad_worker_threads_name_the_variable_and_value() {
-        for value in ["0", "-1", "4", "many", "2.5"] {
+        for value in ["0", "-1", "65536", "many", "2.5"] {
             let error = Config::from_lookup(lookup(&[(ENV_WORKER_THREADS, value)])).unwrap_err();
             assert_eq!(error.option(), ConfigOption::WorkerThreads);
             assert_eq!(
                 error.to_string(),
                 format!(
                     "environment variable WORKER_THREADS_VOLUME_METADATA={value:?} is invalid: \
-                     expected a whole number from 1 to 3"
+                     expected a whole number from 1 to 65535"
                 )
             );
         }
@@ -387,6 +462,22 @@ mod tests {
             "sv-1"
         );
         assert_eq!(config.validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_followed_feature_state_is_read_at_each_use() {
+        let (switch, state) = tokio::sync::watch::channel(false);
+        let config = Config::default()
+            .cluster_id("cl-1")
+            .supervisor_id("sv-1")
+            .use_supervisor_id_for_pv(state);
+        assert_eq!(config.pv_reference_cluster_id(), "cl-1");
+        switch.send_replace(true);
+        assert_eq!(config.pv_reference_cluster_id(), "sv-1");
+        assert_eq!(
+            format!("{:?}", config.use_supervisor_id_for_pv),
+            "FeatureState(followed: true)"
+        );
     }
 
     #[test]

@@ -23,7 +23,8 @@ pub use backend::{
 };
 pub use backoff::PerObjectBackoff;
 pub use config::{
-    Config, ConfigError, ConfigOption, ENV_CLUSTER_FLAVOR, ENV_WORKER_THREADS, VSPHERE_CSI_DRIVER,
+    Config, ConfigError, ConfigOption, ENV_CLUSTER_FLAVOR, ENV_WORKER_THREADS, FeatureState,
+    VSPHERE_CSI_DRIVER,
 };
 pub use crd::{crd, crd_yaml};
 pub use plan::{plan_update, referred_entities};

@@ -24,7 +24,7 @@ use crate::{
     backoff::PerObjectBackoff,
     config::Config,
     record::{self, Edit, PUSHED_ANNOTATION, PushedEntry, Settle, later},
-    resource::{CnsVolumeMetadata, VolumeStatus},
+    resource::{CnsVolumeMetadata, EntityType, VolumeStatus},
     sync::{Failed, Resolved, Target, best_effort_entries, push, targets},
     trigger::trigger_hash,
     validate::{InvalidSpec, validate},
@@ -66,6 +66,17 @@ pub enum ReconcileError {
         failed: usize,
         /// Updates or removals tried (plus volumes that could not be resolved).
         total: usize,
+    },
+    /// The entity references of this object would get an empty cluster ID: the option
+    /// [`Config::validate`] names (`cluster_id`, or `supervisor_id` while TKGsHA is on) is
+    /// empty. Nothing is sent to CNS; retried with the object's backoff.
+    #[error("cnsvolumemetadata {object} cannot be pushed to cns")]
+    Config {
+        /// `namespace/name` of the object.
+        object: String,
+        /// The option that is empty.
+        #[source]
+        source: crate::config::ConfigError,
     },
     /// Writing the object (finalizer or status) failed.
     #[error("failed to {action} of cnsvolumemetadata {object}")]
@@ -362,6 +373,22 @@ async fn apply_read(
         return Err(ReconcileError::InvalidSpec {
             object: describe(object),
             source: invalid,
+        });
+    }
+    if spec.entity_type == EntityType::PersistentVolume
+        && let Err(error) = ctx.config.validate()
+    {
+        // Upstream would send the empty ID to CNS; this object fails alone instead.
+        ctx.publish(
+            object,
+            EventType::Warning,
+            "Validate",
+            format!("Failed to build the entity references: {error}"),
+        )
+        .await;
+        return Err(ReconcileError::Config {
+            object: describe(object),
+            source: error,
         });
     }
     let recorded = recorded(object, ctx).await.unwrap_or_default();

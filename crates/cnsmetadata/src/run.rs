@@ -41,7 +41,8 @@ use crate::{
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The configuration cannot be used.
+    /// The configuration cannot be used. Not returned by [`run`] any more: an empty
+    /// cluster ID fails the objects that need it ([`ReconcileError::Config`](crate::ReconcileError::Config)).
     #[error("invalid configuration")]
     Config(#[from] ConfigError),
     /// A cache of claims or volumes stopped before it was filled.
@@ -222,8 +223,11 @@ pub async fn run(
 ///   at most 5 s). No task outlives the returned future.
 ///
 /// # Errors
-/// [`Error::Config`] when [`Config::validate`] fails; [`Error::CacheStopped`] if a cache
-/// cannot be filled.
+/// [`Error::CacheStopped`] if a cache cannot be filled. A configuration whose PV
+/// references would get an empty ID ([`Config::validate`]) is no error here, as upstream
+/// keeps running with it: each object with PERSISTENT_VOLUME references fails its
+/// reconcile ([`ReconcileError::Config`](crate::ReconcileError::Config), a Warning event
+/// naming the option) until the ID or the feature state is right.
 ///
 /// # Assumptions
 /// The `CnsVolumeMetadata` CRD is installed ([`crate::crd()`]); until it is, the watch
@@ -287,7 +291,9 @@ pub(crate) async fn serve(
     triggers: Arc<Triggers>,
     backoff: Arc<PerObjectBackoff>,
 ) -> Result<(), Error> {
-    config.validate()?;
+    // No `config.validate()` here: as upstream, an empty cluster ID does not stop the
+    // reconciler (the TKGsHA state that picks the ID may change while it runs); an object
+    // whose PV references would get an empty ID fails alone (`ReconcileError::Config`).
     let flavor = config.cluster_flavor;
     if flavor != ClusterFlavor::Workload {
         info!(%flavor, "not a supervisor (WORKLOAD) cluster; CnsVolumeMetadata reconciler not started");

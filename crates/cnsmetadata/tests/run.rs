@@ -256,28 +256,48 @@ async fn other_flavors_start_nothing() {
     );
 }
 
+/// Upstream keeps running with an empty cluster ID, and reads TKGsHA at every reconcile.
+/// Here too: the reconciler runs; an object whose PV references would get the empty ID
+/// fails alone (a Warning event naming the option, nothing sent to CNS), and succeeds once
+/// TKGsHA, switched on while it runs, gives them the supervisor ID.
 #[tokio::test]
-async fn invalid_config_is_an_error_before_any_request() {
+async fn an_empty_cluster_id_fails_only_its_objects_until_tkgs_ha_is_switched_on() {
     let h = harness().await;
-    h.sim.clear_requests();
-    let config = cnsmetadata::Config::default().use_supervisor_id_for_pv(true);
-    let backend = Arc::new(h.backend.clone());
-    let result = run(
-        h.client.clone(),
-        backend,
-        config,
-        futures::future::pending(),
-    )
+    h.vsphere_volume("tenant", "gc-1-vol-a").await;
+    let (tkgs_ha, state) = watch::channel(false);
+    let config = config()
+        .cluster_id("")
+        .supervisor_id("supervisor-9")
+        .use_supervisor_id_for_pv(state);
+    let (trigger, handle) = start(&h, config);
+    h.create("tenant", "gc-1-pv", pv_spec()).await;
+    let note = wait_for("a Warning event naming the empty option", || async {
+        h.events("tenant", "gc-1-pv")
+            .await
+            .into_iter()
+            .filter_map(|e| e.note)
+            .find(|n| n.contains("cluster_id"))
+    })
     .await;
-    assert!(
-        matches!(result, Err(cnsmetadata::Error::Config(_))),
-        "{result:?}"
-    );
     assert_eq!(
-        h.sim.requests().len(),
-        0,
-        "no request may reach the API server"
+        note,
+        "Failed to build the entity references: invalid value for option cluster_id (Go \
+         [Global] cluster-id): is empty, but PERSISTENT_VOLUME entity references get it as \
+         their cluster id"
     );
+    assert!(
+        h.backend.updates().is_empty(),
+        "nothing sent with an empty id"
+    );
+    assert!(!handle.is_finished(), "the reconciler keeps running");
+    tkgs_ha.send_replace(true);
+    wait_for("the push with the supervisor id", || async {
+        (h.backend.updates().len() == 1).then_some(())
+    })
+    .await;
+    let reference = &h.backend.updates()[0].entity_metadata.referred_entities[0];
+    assert_eq!(reference.cluster_id, "supervisor-9");
+    stop(trigger, handle).await;
 }
 
 /// Starts `run_while_leading` with `backend`; returns the leadership sender, the shutdown

@@ -144,6 +144,10 @@ pub enum NotReady {
     /// The controller is stopping (shutdown or lost lease).
     #[error("controller stopping")]
     Stopping,
+    /// A condition another part of the process set with [`Health::set_unmet`] is unmet;
+    /// the text says which and what to do.
+    #[error("{0}")]
+    Unmet(&'static str),
 }
 
 /// Shared, cheap-to-clone readiness state that the controller updates and the probes read.
@@ -156,6 +160,8 @@ pub struct Health {
 struct HealthInner {
     caches_synced: AtomicBool,
     role: tokio::sync::watch::Sender<Role>,
+    /// Unmet conditions by name, with the text `/readyz` reports.
+    unmet: Mutex<std::collections::BTreeMap<&'static str, &'static str>>,
 }
 
 impl Default for HealthInner {
@@ -163,6 +169,7 @@ impl Default for HealthInner {
         Self {
             caches_synced: AtomicBool::new(false),
             role: tokio::sync::watch::Sender::new(Role::Starting),
+            unmet: Mutex::default(),
         }
     }
 }
@@ -231,10 +238,37 @@ impl Health {
         crate::leader::Leading::from_watch(self.watch_role(), |role| *role == Role::Leading)
     }
 
+    /// Records that the condition `name` of another part of the process (a CRD it needs,
+    /// say) is unmet, with the text `/readyz` reports (`Some`), or met again (`None`).
+    ///
+    /// ```
+    /// use kube_controller_kit::http::{Health, NotReady, Role};
+    ///
+    /// let health = Health::new();
+    /// health.set_role(Role::Leading);
+    /// health.set_caches_synced(true);
+    /// health.set_unmet("crd", Some("the CRD is not installed"));
+    /// assert_eq!(health.readiness(), Err(NotReady::Unmet("the CRD is not installed")));
+    /// health.set_unmet("crd", None);
+    /// assert_eq!(health.readiness(), Ok(()));
+    /// ```
+    pub fn set_unmet(&self, name: &'static str, unmet: Option<&'static str>) {
+        let mut conditions = self
+            .inner
+            .unmet
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match unmet {
+            Some(text) => conditions.insert(name, text),
+            None => conditions.remove(name),
+        };
+    }
+
     /// What `/readyz` reports.
     ///
     /// # Errors
-    /// [`NotReady`] naming the first unmet condition: the role, then the caches.
+    /// [`NotReady`] naming the first unmet condition: the role, then the caches, then the
+    /// conditions set with [`set_unmet`](Self::set_unmet) (by name).
     pub fn readiness(&self) -> Result<(), NotReady> {
         match self.role() {
             Role::Starting => Err(NotReady::Starting),
@@ -242,7 +276,17 @@ impl Health {
             Role::Leading | Role::Standby if !self.caches_synced() => {
                 Err(NotReady::CachesNotSynced)
             }
-            Role::Leading | Role::Standby => Ok(()),
+            Role::Leading | Role::Standby => {
+                let conditions = self
+                    .inner
+                    .unmet
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                match conditions.values().next() {
+                    Some(text) => Err(NotReady::Unmet(text)),
+                    None => Ok(()),
+                }
+            }
         }
     }
 }

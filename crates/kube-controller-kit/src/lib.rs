@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod backoff;
+pub mod client;
 pub mod error;
 pub mod events;
 pub mod http;

@@ -26,7 +26,13 @@
 //!   claimRef is removed when `pv.kubernetes.io/bound-by-controller` says the controller set
 //!   it, else only the claimRef's uid, as kube-controller-manager does);
 //! - a PV being deleted is still released as above (a provisioner's finalizer may wait for
-//!   that), but never bound, unbound or made `Available`.
+//!   that), but never bound, unbound or made `Available`;
+//! - the protection finalizers (kube-controller-manager's pvc-protection and pv-protection
+//!   controllers): `kubernetes.io/pvc-protection` goes from a claim being deleted (no pod
+//!   uses it: the sim has no pods), `kubernetes.io/pv-protection` from a PV being deleted
+//!   that is not `Bound`; each with a merge patch carrying the resourceVersion it was
+//!   planned on, so no other writer's finalizer is dropped. The sim adds them at creation
+//!   ([`Builder::protection_finalizers`](crate::Builder::protection_finalizers)).
 //!
 //! # Caveats
 //! - Claims without `spec.storageClassName` are left alone: the default StorageClass
@@ -353,6 +359,34 @@ async fn execute(client: Client, action: Action) -> Result<Vec<Written>, kube_cl
             )])
         }
         Action::Bind(bind) => bind_volume(client, *bind).await,
+        Action::RemoveProtection(unprotect) => {
+            let plan::Unprotect {
+                key,
+                finalizers,
+                resource_version,
+            } = *unprotect;
+            debug!(?key, "removing the protection finalizer");
+            let patch = Patch::Merge(json!({"metadata": {
+                "finalizers": finalizers,
+                "resourceVersion": resource_version,
+            }}));
+            // Without finalizers left, the object is gone once written: its delete event
+            // (which may come first) is what the cache folds in.
+            let gone = finalizers.is_empty();
+            let written = match key {
+                Key::Claim(claim) => Written::claim(
+                    claims(&client, &claim)
+                        .patch(&claim.name, &params, &patch)
+                        .await?,
+                ),
+                Key::Volume(volume) => Written::volume(
+                    Api::<PersistentVolume>::all(client)
+                        .patch(&volume, &params, &patch)
+                        .await?,
+                ),
+            };
+            Ok(if gone { Vec::new() } else { vec![written] })
+        }
         Action::Unbind {
             volume,
             clear_claim_ref,

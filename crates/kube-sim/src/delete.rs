@@ -55,30 +55,24 @@ impl State {
         let old = self
             .get(&def.key, scope.ns, name)
             .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
+        // As the real server's `rest.BeforeDelete`: a 409 on the kind (not the resource).
+        let conflict = |detail: String| ApiError::conflict(&def.group, &def.kind, name, &detail);
         if let Some(uid) = &opts.uid {
             let actual = meta_str(&old.value, "uid").unwrap_or_default();
             if uid != actual {
-                return Err(ApiError::conflict(
-                    &def.group,
-                    &def.plural,
-                    name,
-                    &format!(
-                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {actual}"
-                    ),
-                ));
+                return Err(conflict(format!(
+                    "the UID in the precondition ({uid}) does not match the UID in record \
+                     ({actual}). The object might have been deleted and then recreated"
+                )));
             }
         }
         if let Some(rv) = &opts.resource_version {
             let actual = meta_str(&old.value, "resourceVersion").unwrap_or_default();
             if rv != actual {
-                return Err(ApiError::conflict(
-                    &def.group,
-                    &def.plural,
-                    name,
-                    &format!(
-                        "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in meta: {actual}"
-                    ),
-                ));
+                return Err(conflict(format!(
+                    "the ResourceVersion in the precondition ({rv}) does not match the \
+                     ResourceVersion in record ({actual}). The object might have been modified"
+                )));
             }
         }
         if scope.dry_run {

@@ -38,6 +38,30 @@ pub(crate) fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
     obj.get("metadata")?.get(field)?.as_str()
 }
 
+/// The finalizer the `StorageObjectInUseProtection` admission plugin puts on each claim.
+pub(crate) const PVC_PROTECTION: &str = "kubernetes.io/pvc-protection";
+/// The finalizer the `StorageObjectInUseProtection` admission plugin puts on each volume.
+pub(crate) const PV_PROTECTION: &str = "kubernetes.io/pv-protection";
+
+/// Adds the protection finalizer of a claim or volume being created (once), as the
+/// `StorageObjectInUseProtection` admission plugin does; other objects are left alone.
+pub(crate) fn add_protection_finalizer(def: &ResourceDef, obj: &mut Value) {
+    let finalizer = match (def.builtin, def.group.as_str(), def.plural.as_str()) {
+        (true, "", "persistentvolumeclaims") => PVC_PROTECTION,
+        (true, "", "persistentvolumes") => PV_PROTECTION,
+        _ => return,
+    };
+    let meta = meta_mut(obj);
+    let list = meta.entry("finalizers").or_insert_with(|| json!([]));
+    if !list.is_array() {
+        *list = json!([]);
+    }
+    let list = list.as_array_mut().expect("made an array above");
+    if !list.iter().any(|f| f == finalizer) {
+        list.push(json!(finalizer));
+    }
+}
+
 /// Whether the object has at least one finalizer.
 pub(crate) fn has_finalizers(obj: &Value) -> bool {
     obj.get("metadata")

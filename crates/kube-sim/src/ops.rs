@@ -219,6 +219,9 @@ impl State {
             return Err(ApiError::already_exists(&def.group, &def.plural, &name));
         }
         meta::init_meta(def, &mut body);
+        if self.protection_finalizers {
+            meta::add_protection_finalizer(def, &mut body);
+        }
         Ok(self.store(scope, &name, body))
     }
 
@@ -235,6 +238,7 @@ impl State {
         scope: &Scope<'_>,
         old: &Arc<Stored>,
         mut new: Value,
+        first: Vec<Cause>,
     ) -> ApiResult<Arc<Stored>> {
         let def = scope.def;
         let name = meta_str(&old.value, "name").unwrap_or_default().to_string();
@@ -251,8 +255,7 @@ impl State {
                 new["status"] = status;
             }
         }
-        validation::validate(def, &new)?;
-        validation::validate_update(def, &old.value, &new)?;
+        validation::validate_update_all(def, &old.value, &new, first)?;
         new["metadata"]["resourceVersion"] = old.value["metadata"]["resourceVersion"].clone();
         if new == old.value {
             return Ok(old.clone());
@@ -268,7 +271,8 @@ impl State {
         Ok(stored)
     }
 
-    /// A uid in the written object is a precondition, as on the real server.
+    /// A uid in the body of a PUT is a precondition, as on the real server (a patch that
+    /// changes the uid is invalid instead: [`validation::meta_update_causes`]).
     fn check_uid(def: &ResourceDef, old: &Stored, new: &Value, name: &str) -> ApiResult<()> {
         let actual = meta_str(&old.value, "uid").unwrap_or_default();
         match meta_str(new, "uid") {
@@ -324,8 +328,9 @@ impl State {
         }
         Self::check_rv(def, &old, given.as_deref(), name)?;
         Self::check_uid(def, &old, &body, name)?;
+        let first = validation::meta_update_causes(&old.value, &body);
         let new = self.merge_part(scope, &old, body, status_only);
-        Ok((self.commit_update(scope, &old, new)?, false))
+        Ok((self.commit_update(scope, &old, new, first)?, false))
     }
 
     /// PATCH: merge, JSON or strategic patch, or server-side apply (which creates a missing
@@ -333,7 +338,10 @@ impl State {
     ///
     /// # Errors
     /// 400 for a malformed patch, 404 when missing, 409 when the patch carries a stale
-    /// resourceVersion, 422 when the result is invalid or a JSON patch op fails.
+    /// resourceVersion, 422 when the result is invalid or a JSON patch op fails. A
+    /// `metadata.uid` other than the object's is no precondition in a patch: the real
+    /// server answers 422 (`metadata.uid: Invalid value: "...": field is immutable`), for
+    /// merge and strategic-merge patches alike.
     pub(crate) fn patch(
         &mut self,
         scope: &Scope<'_>,
@@ -357,11 +365,11 @@ impl State {
         }
         let given = meta_str(&patched, "resourceVersion").map(str::to_string);
         Self::check_rv(def, &old, given.as_deref(), name)?;
-        Self::check_uid(def, &old, &patched, name)?;
         check_body(scope, Some(name), &mut patched)?;
         self.check_fields(scope, &mut patched, WriteKind::Patch)?;
+        let first = validation::meta_update_causes(&old.value, &patched);
         let new = self.merge_part(scope, &old, patched, status_only);
-        Ok((self.commit_update(scope, &old, new)?, false))
+        Ok((self.commit_update(scope, &old, new, first)?, false))
     }
 
     /// Keeps only the part a write may change: status for `/status`, everything but status
@@ -442,6 +450,7 @@ impl State {
         Self::check_rv(def, &old, given.as_deref(), name)?;
         let mut merged = old.value.clone();
         json_patch::merge(&mut merged, &applied);
+        let first = validation::meta_update_causes(&old.value, &merged);
         let mut new = self.merge_part(scope, &old, merged, status_only);
         let mut fields: Vec<Value> = old.value["metadata"]["managedFields"]
             .as_array()
@@ -466,6 +475,6 @@ impl State {
             return Ok((old, false));
         }
         meta::meta_mut(&mut new).insert("managedFields".into(), Value::Array(fields));
-        Ok((self.commit_update(scope, &old, new)?, false))
+        Ok((self.commit_update(scope, &old, new, first)?, false))
     }
 }

@@ -135,6 +135,17 @@ pub(crate) fn builtins() -> Vec<ResourceDef> {
         builtin("", "v1", "nodes", "node", "Node", false, &["no"], true),
         builtin("", "v1", "pods", "pod", "Pod", true, &["po"], true),
         builtin("", "v1", "events", "event", "Event", true, &["ev"], false),
+        // Upstream's vSphere driver reads its feature states from a ConfigMap.
+        builtin(
+            "",
+            "v1",
+            "configmaps",
+            "configmap",
+            "ConfigMap",
+            true,
+            &["cm"],
+            false,
+        ),
         builtin(
             "storage.k8s.io",
             "v1",

@@ -25,6 +25,7 @@ pub const INITIAL_NAMESPACES: &[&str] =
 #[must_use]
 pub struct Builder {
     pv_binder: bool,
+    protection_finalizers: Option<bool>,
     history_window: usize,
     port: u16,
     kubeconfig_path: Option<PathBuf>,
@@ -37,6 +38,7 @@ impl Default for Builder {
     fn default() -> Self {
         Self {
             pv_binder: false,
+            protection_finalizers: None,
             history_window: Self::DEFAULT_HISTORY_WINDOW,
             port: 0,
             kubeconfig_path: None,
@@ -55,10 +57,27 @@ impl Builder {
     /// Default for [`Builder::bookmark_interval`].
     pub const DEFAULT_BOOKMARK_INTERVAL: Duration = Duration::from_secs(1);
 
-    /// Runs the PV binder (claims get storage-provisioner annotations, PVs with a claimRef
-    /// bind, PVs of deleted claims become Released). Default off.
+    /// Runs the PV binder, which plays kube-controller-manager: claims get
+    /// storage-provisioner annotations, PVs with a claimRef bind, PVs of deleted claims
+    /// become Released, and the protection finalizers go once nothing needs them (see
+    /// [`Builder::protection_finalizers`]). Default off.
     pub fn pv_binder(mut self, on: bool) -> Self {
         self.pv_binder = on;
+        self
+    }
+
+    /// Protection finalizers, as a real cluster has them: each claim gets
+    /// `kubernetes.io/pvc-protection` and each PV `kubernetes.io/pv-protection` at its
+    /// creation (the `StorageObjectInUseProtection` admission plugin), and the PV binder
+    /// removes them as kube-controller-manager does: a claim's once it is being deleted (the
+    /// sim has no pods, so no pod uses it), a PV's once it is being deleted and not
+    /// `Bound`. So a deleted claim or PV is Terminating first, as on a real cluster.
+    ///
+    /// Default: on with the [PV binder](Self::pv_binder), off without it (nothing would
+    /// remove them). Switch it off to keep a PV binder whose deletes take effect at once;
+    /// switched on without the binder, the finalizers stay until a test removes them.
+    pub fn protection_finalizers(mut self, on: bool) -> Self {
+        self.protection_finalizers = Some(on);
         self
     }
 
@@ -127,7 +146,9 @@ impl Builder {
             self.bookmark_interval,
             addr.to_string(),
         ));
+        let protection = self.protection_finalizers.unwrap_or(self.pv_binder);
         shared.write(|state| {
+            state.protection_finalizers = protection;
             let def = state
                 .registry
                 .get("/namespaces")

@@ -73,6 +73,9 @@ pub(crate) struct State {
     /// `Warning` headers of the write in progress (unknown fields dropped); the HTTP layer
     /// takes them after each write.
     pub(crate) warnings: Vec<String>,
+    /// Whether created claims and volumes get their protection finalizers, as the
+    /// `StorageObjectInUseProtection` admission plugin adds them ([`Builder::protection_finalizers`](crate::Builder::protection_finalizers)).
+    pub(crate) protection_finalizers: bool,
 }
 
 impl State {
@@ -88,6 +91,7 @@ impl State {
             min_rv: 1,
             evicted_rv: 0,
             warnings: Vec::new(),
+            protection_finalizers: false,
         }
     }
 

@@ -310,7 +310,95 @@ pub(crate) fn validate(def: &ResourceDef, obj: &Value) -> ApiResult<()> {
     }
 }
 
+/// The beta annotation that named a claim's class before `spec.storageClassName`.
+const BETA_STORAGE_CLASS: &str = "volume.beta.kubernetes.io/storage-class";
+
+/// What every update of any type is checked for first, as the real server's
+/// `ValidateObjectMetaAccessorUpdate`: a `metadata.uid` other than the stored one
+/// (`field is immutable`; an empty uid means "keep it"), and new finalizers on an object
+/// being deleted. Checked on the object as written, before the server-owned fields are
+/// carried over.
+pub(crate) fn meta_update_causes(old: &Value, new: &Value) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let old_uid = str_at(old, &["metadata", "uid"]).unwrap_or_default();
+    if let Some(uid) = str_at(new, &["metadata", "uid"]).filter(|u| !u.is_empty() && *u != old_uid)
+    {
+        causes.push(Cause::invalid(
+            "metadata.uid",
+            &Value::from(uid),
+            "field is immutable",
+        ));
+    }
+    if str_at(old, &["metadata", "deletionTimestamp"]).is_some() {
+        let finalizers = |obj: &Value| -> Vec<String> {
+            at(obj, &["metadata", "finalizers"])
+                .and_then(Value::as_array)
+                .map(|list| {
+                    list.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let before = finalizers(old);
+        let mut added: Vec<String> = finalizers(new)
+            .into_iter()
+            .filter(|f| !before.contains(f))
+            .collect();
+        added.sort();
+        added.dedup();
+        if !added.is_empty() {
+            // Go's `%#v` of a `[]string`.
+            let shown: Vec<String> = added.iter().map(|f| format!("{f:?}")).collect();
+            causes.push(Cause::forbidden(
+                "metadata.finalizers",
+                &format!(
+                    "no new finalizers can be added if the object is being deleted, found new \
+                     finalizers []string{{{}}}",
+                    shown.join(", ")
+                ),
+            ));
+        }
+    }
+    causes
+}
+
+/// Validates an update: `first` (the causes of [`meta_update_causes`]), then the new
+/// object as on create, then the fields the type does not let an update change, all in one
+/// 422 as the real server reports them.
+///
+/// # Errors
+/// 422 Invalid naming every violation; 400 for an unreadable quantity.
+pub(crate) fn validate_update_all(
+    def: &ResourceDef,
+    old: &Value,
+    new: &Value,
+    mut first: Vec<Cause>,
+) -> ApiResult<()> {
+    if let Err(error) = validate(def, new) {
+        if error.code != 422 {
+            return Err(error);
+        }
+        first.extend(error.details.causes);
+    }
+    if let Err(error) = validate_update(def, old, new) {
+        first.extend(error.details.causes);
+    }
+    if first.is_empty() {
+        Ok(())
+    } else {
+        let name = str_at(new, &["metadata", "name"]).unwrap_or_default();
+        Err(ApiError::invalid(&def.group, &def.kind, name, first))
+    }
+}
+
 /// Checks the fields an update may not change.
+///
+/// A claim's spec is immutable (`ValidatePersistentVolumeClaimUpdate`) except: the storage
+/// request of a Bound claim, `volumeAttributesClassName`, `volumeName` while it was unset,
+/// and `storageClassName` while it was unset when set to the value of the beta annotation
+/// `volume.beta.kubernetes.io/storage-class` (which is itself immutable).
 ///
 /// # Errors
 /// 422 Invalid naming the immutable field.
@@ -318,27 +406,55 @@ pub(crate) fn validate_update(def: &ResourceDef, old: &Value, new: &Value) -> Ap
     let mut causes = Vec::new();
     match (def.builtin, def.group.as_str(), def.plural.as_str()) {
         (true, "", "persistentvolumeclaims") => {
-            let strip = |v: &Value, other: &Value| {
+            let beta = |v: &Value| {
+                at(v, &["metadata", "annotations", BETA_STORAGE_CLASS])
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            };
+            let (old_beta, new_beta) = (beta(old), beta(new));
+            if old_beta != new_beta {
+                let shown = new_beta.clone().map_or(Value::Null, Value::from);
+                causes.push(Cause::invalid(
+                    format!("metadata.annotations[{BETA_STORAGE_CLASS}]"),
+                    &shown,
+                    "field is immutable",
+                ));
+            }
+            let bound = str_at(new, &["status", "phase"]) == Some("Bound");
+            let strip = |v: &Value| {
                 let mut spec = v.get("spec").cloned().unwrap_or(Value::Null);
                 if let Some(m) = spec.as_object_mut() {
-                    if let Some(r) = m.get_mut("resources").and_then(Value::as_object_mut) {
-                        r.remove("requests");
+                    if bound
+                        && let Some(r) = m
+                            .get_mut("resources")
+                            .and_then(|r| r.get_mut("requests"))
+                            .and_then(Value::as_object_mut)
+                    {
+                        r.remove("storage");
                     }
                     m.remove("volumeAttributesClassName");
-                    // volumeName and storageClassName may be set once.
-                    for once in ["volumeName", "storageClassName"] {
-                        let was_unset = other
-                            .get("spec")
-                            .and_then(|s| s.get(once))
-                            .is_none_or(|x| x.is_null() || x == "");
-                        if was_unset {
-                            m.remove(once);
-                        }
+                    let unset = |field: &str| {
+                        old.get("spec")
+                            .and_then(|s| s.get(field))
+                            .is_none_or(|x| x.is_null() || x == "")
+                    };
+                    // volumeName may be set once.
+                    if unset("volumeName") {
+                        m.remove("volumeName");
+                    }
+                    // storageClassName may be set once, to the beta annotation's class.
+                    let class = new
+                        .get("spec")
+                        .and_then(|s| s.get("storageClassName"))
+                        .and_then(Value::as_str);
+                    if unset("storageClassName") && class.is_some() && class == old_beta.as_deref()
+                    {
+                        m.remove("storageClassName");
                     }
                 }
                 spec
             };
-            if strip(old, old) != strip(new, old) {
+            if strip(old) != strip(new) {
                 causes.push(Cause::forbidden(
                     "spec",
                     "spec is immutable after creation except resources.requests and \
@@ -436,5 +552,75 @@ mod tests {
             validate_update(&pvc_def(), &old, &moved).unwrap_err().code,
             422
         );
+    }
+
+    #[test]
+    fn a_claim_class_is_set_later_only_to_its_beta_annotation() {
+        let claim = |annotation: Option<&str>, class: Option<&str>| {
+            let mut c =
+                json!({"metadata": {"name": "c"}, "spec": {"accessModes": ["ReadWriteOnce"]}});
+            if let Some(a) = annotation {
+                c["metadata"]["annotations"] = json!({BETA_STORAGE_CLASS: a});
+            }
+            if let Some(class) = class {
+                c["spec"]["storageClassName"] = json!(class);
+            }
+            c
+        };
+        let upgraded = validate_update(
+            &pvc_def(),
+            &claim(Some("a"), None),
+            &claim(Some("a"), Some("a")),
+        );
+        assert!(upgraded.is_ok(), "{upgraded:?}");
+        let other =
+            validate_update(&pvc_def(), &claim(None, None), &claim(None, Some("a"))).unwrap_err();
+        assert_eq!(other.details.causes[0].field, "spec");
+        let annotation =
+            validate_update(&pvc_def(), &claim(Some("a"), None), &claim(Some("b"), None))
+                .unwrap_err();
+        assert_eq!(
+            annotation.message,
+            "PersistentVolumeClaim \"c\" is invalid: \
+             metadata.annotations[volume.beta.kubernetes.io/storage-class]: Invalid value: \"b\": \
+             field is immutable"
+        );
+    }
+
+    #[test]
+    fn a_storage_request_changes_only_on_a_bound_claim() {
+        let claim = |size: &str, phase: &str| {
+            json!({"metadata": {"name": "c"}, "spec": {"accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": size}}}, "status": {"phase": phase}})
+        };
+        assert!(
+            validate_update(&pvc_def(), &claim("1Gi", "Bound"), &claim("2Gi", "Bound")).is_ok()
+        );
+        let pending = validate_update(
+            &pvc_def(),
+            &claim("1Gi", "Pending"),
+            &claim("2Gi", "Pending"),
+        );
+        assert_eq!(pending.unwrap_err().details.causes[0].field, "spec");
+    }
+
+    #[test]
+    fn a_changed_uid_and_new_finalizers_on_a_deleted_object_are_invalid() {
+        let old = json!({"metadata": {"name": "c", "uid": "u1", "finalizers": ["a"],
+            "deletionTimestamp": "2026-01-01T00:00:00Z"}});
+        let new = json!({"metadata": {"name": "c", "uid": "u2", "finalizers": ["a", "b"]}});
+        let causes = meta_update_causes(&old, &new);
+        assert_eq!(causes.len(), 2);
+        assert_eq!(
+            (causes[0].field.as_str(), causes[0].message.as_str()),
+            ("metadata.uid", "Invalid value: \"u2\": field is immutable")
+        );
+        assert_eq!(
+            causes[1].message,
+            "Forbidden: no new finalizers can be added if the object is being deleted, found new \
+             finalizers []string{\"b\"}"
+        );
+        let same = json!({"metadata": {"name": "c", "uid": "", "finalizers": []}});
+        assert!(meta_update_causes(&old, &same).is_empty());
     }
 }

@@ -98,21 +98,9 @@ async fn stale_update_is_409_conflict_and_generation_follows_spec() {
         other => panic!("expected a conflict, got {other:?}"),
     }
 
+    // A Pending claim's spec is immutable but for `volumeName`, which may be set once.
     let mut bigger = second.clone();
-    bigger
-        .spec
-        .as_mut()
-        .unwrap()
-        .resources
-        .as_mut()
-        .unwrap()
-        .requests = Some(
-        [(
-            "storage".to_string(),
-            k8s_openapi::apimachinery::pkg::api::resource::Quantity("2Gi".into()),
-        )]
-        .into(),
-    );
+    bigger.spec.as_mut().unwrap().volume_name = Some("pv-a".into());
     let third = api
         .replace("a", &PostParams::default(), &bigger)
         .await
@@ -286,9 +274,15 @@ async fn delete_preconditions_and_missing_objects() {
     };
     let (code, reason, message) = api_error(api.delete("a", &wrong).await);
     assert_eq!((code, reason.as_str()), (409, "Conflict"));
-    assert!(
-        message.contains("Precondition failed: UID in precondition: nope"),
-        "{message}"
+    // The real server's words (`rest.BeforeDelete`): the kind, not the resource.
+    let uid = created.metadata.uid.clone().unwrap();
+    assert_eq!(
+        message,
+        format!(
+            "Operation cannot be fulfilled on PersistentVolumeClaim \"a\": the UID in the \
+             precondition (nope) does not match the UID in record ({uid}). The object might \
+             have been deleted and then recreated"
+        )
     );
     let stale = DeleteParams {
         preconditions: Some(Preconditions {
@@ -433,4 +427,119 @@ async fn kubectl_style_table_requests_get_a_table() {
     assert_eq!(table["rows"][0]["cells"][0], "a");
     assert_eq!(table["rows"][0]["cells"][1], "Pending");
     assert_eq!(table["rows"][0]["object"]["metadata"]["name"], "a");
+}
+
+/// A real kube-apiserver (v1.36) treats a `metadata.uid` in a patch as a change of an
+/// immutable field, not as a precondition: 422 Invalid, for merge and strategic-merge
+/// patches alike (a PUT's uid stays a precondition: 409, see above).
+#[tokio::test]
+async fn a_patch_with_another_uid_is_invalid_as_on_a_real_server() {
+    let sim = KubeSim::start().await.unwrap();
+    let api: Api<PersistentVolumeClaim> = Api::default_namespaced(sim.client());
+    let created = api
+        .create(&PostParams::default(), &claim("a", "1Gi"))
+        .await
+        .unwrap();
+    let other = "00000000-0000-0000-0000-000000000000";
+    let body = json!({"metadata": {"uid": other, "labels": {"x": "1"}}});
+    for patch in [Patch::Merge(body.clone()), Patch::Strategic(body.clone())] {
+        let Err(kube_client::Error::Api(status)) =
+            api.patch("a", &PatchParams::default(), &patch).await
+        else {
+            panic!("expected an API error");
+        };
+        assert_eq!((status.code, status.reason.as_str()), (422, "Invalid"));
+        assert_eq!(
+            status.message,
+            format!(
+                "PersistentVolumeClaim \"a\" is invalid: metadata.uid: Invalid value: \
+                 \"{other}\": field is immutable"
+            )
+        );
+        let details = status.details.expect("details");
+        assert_eq!(
+            (
+                details.name.as_str(),
+                details.kind.as_str(),
+                details.group.as_str()
+            ),
+            ("a", "PersistentVolumeClaim", "")
+        );
+        let causes: Vec<(String, String, String)> = details
+            .causes
+            .iter()
+            .map(|c| (c.reason.clone(), c.field.clone(), c.message.clone()))
+            .collect();
+        assert_eq!(
+            causes,
+            [(
+                "FieldValueInvalid".to_owned(),
+                "metadata.uid".to_owned(),
+                format!("Invalid value: \"{other}\": field is immutable"),
+            )]
+        );
+    }
+    let unchanged = api.get("a").await.unwrap();
+    assert_eq!(unchanged.uid(), created.uid());
+    assert!(unchanged.labels().get("x").is_none(), "nothing was written");
+    // The object's own uid (or none) is no change.
+    let own = json!({"metadata": {"uid": created.uid(), "labels": {"x": "1"}}});
+    api.patch("a", &PatchParams::default(), &Patch::Merge(own))
+        .await
+        .unwrap();
+    // A stale resourceVersion in a patch body is a conflict before anything is validated.
+    let stale = json!({"metadata": {"uid": other, "resourceVersion": "1"}});
+    let (code, reason, _) = api_error(
+        api.patch("a", &PatchParams::default(), &Patch::Merge(stale))
+            .await,
+    );
+    assert_eq!((code, reason.as_str()), (409, "Conflict"));
+}
+
+/// The real server refuses new finalizers on an object being deleted (422), and its delete
+/// preconditions name the resourceVersions as `rest.BeforeDelete` does.
+#[tokio::test]
+async fn no_new_finalizers_on_a_deleted_object_and_the_real_precondition_words() {
+    let sim = KubeSim::start().await.unwrap();
+    let api: Api<PersistentVolumeClaim> = Api::default_namespaced(sim.client());
+    let mut held = claim("a", "1Gi");
+    held.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    let created = api.create(&PostParams::default(), &held).await.unwrap();
+    let stale = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: None,
+            resource_version: Some("1".into()),
+        }),
+        ..DeleteParams::default()
+    };
+    let (code, _, message) = api_error(api.delete("a", &stale).await);
+    assert_eq!(code, 409);
+    let rv = created.resource_version().unwrap();
+    assert_eq!(
+        message,
+        format!(
+            "Operation cannot be fulfilled on PersistentVolumeClaim \"a\": the ResourceVersion \
+             in the precondition (1) does not match the ResourceVersion in record ({rv}). The \
+             object might have been modified"
+        )
+    );
+    api.delete("a", &DeleteParams::default()).await.unwrap();
+    let add = json!({"metadata": {"finalizers": ["example.com/late"]}});
+    let (code, reason, message) = api_error(
+        api.patch("a", &PatchParams::default(), &Patch::Strategic(add))
+            .await,
+    );
+    assert_eq!((code, reason.as_str()), (422, "Invalid"));
+    assert_eq!(
+        message,
+        "PersistentVolumeClaim \"a\" is invalid: metadata.finalizers: Forbidden: no new \
+         finalizers can be added if the object is being deleted, found new finalizers \
+         []string{\"example.com/late\"}"
+    );
+    let release =
+        json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["example.com/hold"]}});
+    api.patch("a", &PatchParams::default(), &Patch::Strategic(release))
+        .await
+        .unwrap();
+    assert!(api.get_opt("a").await.unwrap().is_none());
 }

@@ -527,3 +527,96 @@ async fn binder_keeps_working_after_cut_watches_and_compaction() {
         Some(PROVISIONER)
     );
 }
+
+fn finalizers<K: kube_client::Resource>(object: &K) -> Vec<String> {
+    object.meta().finalizers.clone().unwrap_or_default()
+}
+
+/// As on a real cluster: a claim and a PV get their protection finalizers at creation (the
+/// admission plugin); a deleted claim is Terminating until the binder (kube-controller-
+/// manager) removes the claim's, and a deleted PV stays while it is Bound.
+#[tokio::test]
+async fn protection_finalizers_are_added_at_creation_and_removed_as_kcm_does() {
+    let sim = sim().await;
+    create_class(&sim, "fast", "Immediate").await;
+    let claim = create_claim(&sim, "kept", "fast").await;
+    assert_eq!(finalizers(&claim), ["kubernetes.io/pvc-protection"]);
+    let uid = claim.metadata.uid.clone().unwrap();
+    create_volume_for(&sim, "pv-kept", "kept", &uid, "Delete", json!({})).await;
+    let volume = volumes(&sim).get("pv-kept").await.unwrap();
+    assert_eq!(finalizers(&volume), ["kubernetes.io/pv-protection"]);
+    wait_for(volumes(&sim), "pv-kept", "bound", |v| {
+        volume_phase(v) == Some("Bound")
+    })
+    .await;
+
+    // A Bound PV being deleted stays (Terminating) while its claim is there.
+    volumes(&sim)
+        .delete("pv-kept", &DeleteParams::default())
+        .await
+        .unwrap();
+    // The claim, held by a finalizer of another controller too, is Terminating and keeps
+    // that one: only the protection finalizer goes.
+    let hold =
+        json!({"metadata": {"finalizers": ["kubernetes.io/pvc-protection", "example.com/hold"]}});
+    claims(&sim)
+        .patch("kept", &PatchParams::default(), &Patch::Merge(hold))
+        .await
+        .unwrap();
+    let deleted = claims(&sim)
+        .delete("kept", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(
+        deleted
+            .left()
+            .is_some_and(|c| c.metadata.deletion_timestamp.is_some()),
+        "a deleted claim is Terminating first"
+    );
+    let held = wait_for(claims(&sim), "kept", "unprotected", |c| {
+        finalizers(c) == ["example.com/hold"]
+    })
+    .await;
+    assert!(held.metadata.deletion_timestamp.is_some());
+    let still = volumes(&sim).get("pv-kept").await.unwrap();
+    assert_eq!(volume_phase(&still), Some("Bound"));
+    assert_eq!(finalizers(&still), ["kubernetes.io/pv-protection"]);
+
+    // The claim goes; the PV is released, then its protection goes and the PV with it.
+    let release = json!({"metadata": {"finalizers": null}});
+    claims(&sim)
+        .patch("kept", &PatchParams::default(), &Patch::Merge(release))
+        .await
+        .unwrap();
+    let gone = await_condition(volumes(&sim), "pv-kept", |v: Option<&PersistentVolume>| {
+        v.is_none()
+    });
+    tokio::time::timeout(Duration::from_secs(10), gone)
+        .await
+        .expect("the released PV loses its protection and goes")
+        .unwrap();
+}
+
+/// `protection_finalizers(false)` keeps the old sim: a deleted claim vanishes at once.
+#[tokio::test]
+async fn protection_finalizers_can_be_switched_off() {
+    let sim = KubeSim::builder()
+        .pv_binder(true)
+        .protection_finalizers(false)
+        .start()
+        .await
+        .unwrap();
+    let claim = create_claim(&sim, "plain", "fast").await;
+    assert!(finalizers(&claim).is_empty());
+    claims(&sim)
+        .delete("plain", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(
+        claims(&sim).get_opt("plain").await.unwrap().is_none(),
+        "deleted at once"
+    );
+    // Without the binder they are off by default too.
+    let bare = KubeSim::start().await.unwrap();
+    assert!(finalizers(&create_claim(&bare, "plain", "fast").await).is_empty());
+}

@@ -642,6 +642,37 @@ async fn delete_waits_until_the_last_finalizer_is_removed() {
     assert!(claims.get_opt("claim-1").await.unwrap().is_none());
 }
 
+/// `kubectl patch` with another object's uid: the sim answers as a real kube-apiserver
+/// v1.36 does (422, the uid is immutable; not a 409 precondition), so kubectl prints what it
+/// prints against a real cluster, for a merge and a strategic-merge patch alike.
+#[tokio::test]
+async fn patching_another_uid_prints_what_a_real_server_makes_kubectl_print() {
+    let Some(k) = Kubectl::start().await else {
+        return;
+    };
+    k.run(&["apply", "-f", "-"], Some(CLASS_AND_CLAIM)).await;
+    let other = "00000000-0000-0000-0000-000000000000";
+    let patch = format!(r#"{{"metadata":{{"uid":"{other}"}}}}"#);
+    for kind in ["merge", "strategic"] {
+        let output = k
+            .output(
+                &["patch", "pvc", "claim-1", "--type", kind, "-p", &patch],
+                None,
+            )
+            .await;
+        assert!(!output.status.success(), "{kind}: kubectl patch must fail");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            stderr.trim_end(),
+            format!(
+                "The PersistentVolumeClaim \"claim-1\" is invalid: metadata.uid: Invalid value: \
+                 \"{other}\": field is immutable"
+            ),
+            "{kind}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn standalone_server_reports_a_bad_kubeconfig_path_in_one_line() {
     let output = Command::new(env!("CARGO_BIN_EXE_kube-sim"))

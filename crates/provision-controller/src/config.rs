@@ -3,7 +3,7 @@
 use std::{
     fmt,
     net::{IpAddr, Ipv4Addr},
-    num::NonZeroU16,
+    num::{NonZeroU16, NonZeroUsize},
     sync::Arc,
     time::Duration,
 };
@@ -53,6 +53,7 @@ impl Default for Config {
             resync_period: Self::DEFAULT_RESYNC_PERIOD,
             threads: Self::DEFAULT_THREADS,
             sync_workers: Self::DEFAULT_SYNC_WORKERS,
+            max_requests_in_flight: Some(Self::DEFAULT_MAX_REQUESTS_IN_FLIGHT),
             failure_backoff: FailureBackoff::Exponential,
             failed_provision_threshold: Self::DEFAULT_FAILED_THRESHOLD,
             failed_delete_threshold: Self::DEFAULT_FAILED_THRESHOLD,
@@ -80,6 +81,9 @@ impl Config {
     pub const DEFAULT_THREADS: NonZeroU16 = NonZeroU16::new(4).expect("4 is not zero");
     /// Default for [`Config::sync_workers`]: 64 claims, and 64 volumes, synced at once.
     pub const DEFAULT_SYNC_WORKERS: NonZeroU16 = NonZeroU16::new(64).expect("64 is not zero");
+    /// Default for [`Config::max_requests_in_flight`]: 16 requests to the API server at once.
+    pub const DEFAULT_MAX_REQUESTS_IN_FLIGHT: NonZeroUsize =
+        NonZeroUsize::new(16).expect("16 is not zero");
     /// Default failure thresholds (Go `DefaultFailedProvisionThreshold`/`DefaultFailedDeleteThreshold`).
     pub const DEFAULT_FAILED_THRESHOLD: u32 = 15;
     /// Default PV create attempts (Go `DefaultCreateProvisionedPVRetryCount`).
@@ -237,6 +241,13 @@ options! {
     /// [`Config::DEFAULT_SYNC_WORKERS`] (64); no Go counterpart (Go syncs `Threadiness`
     /// keys at once).
     sync_workers: NonZeroU16;
+    /// How many requests the controller keeps in flight to the API server at most, claim
+    /// syncs, volume syncs and event writes together (events take half of it at most,
+    /// so they never crowd out provisioning); watches and the leader election's
+    /// lease renewals are not counted. `None` leaves it unbounded (every sync worker may
+    /// have a request in flight). Default [`Config::DEFAULT_MAX_REQUESTS_IN_FLIGHT`] (16).
+    /// No Go counterpart (client-go bounds a client by QPS and burst instead).
+    max_requests_in_flight: Option<NonZeroUsize>;
     /// Delay of failed claims and volumes (Go `ExponentialBackOffOnError`, `RateLimiter`).
     /// Default [`FailureBackoff::Exponential`].
     failure_backoff: FailureBackoff;

@@ -114,7 +114,7 @@ pub use error::{BoxError, ConfigError, ConfigOption, DeleteError, Error, Provisi
 // The metrics and probe server and leader election live in kube-controller-kit; they are
 // re-exported under their old paths (`provision_controller::http`, `::leader`).
 #[doc(inline)]
-pub use kube_controller_kit::{http, leader, signal};
+pub use kube_controller_kit::{client, http, leader, signal};
 pub use leader::LeaderElection;
 pub use metrics::ControllerMetrics;
 pub use provisioner::{DeletionGuard, ProvisionOptions, Provisioner, Qualifier};

@@ -25,7 +25,10 @@
 //! | `workqueue_unfinished_work_seconds` | gauge | `name` | summed age of the keys being processed |
 //! | `workqueue_longest_running_processor_seconds` | gauge | `name` | age of the oldest key being processed |
 //!
-//! `class` is the claim's (or volume's) storage class name, `source` the kind of the
+//! `class` is the claim's `spec.storageClassName` (empty when unset; the deprecated
+//! `volume.beta.kubernetes.io/storage-class` annotation, which the provisioning reads first,
+//! is not looked at: Go's `updateProvisionStats` labels by the spec alone) or the volume's
+//! `spec.storageClassName`, `source` the kind of the
 //! claim's `spec.dataSource` (`VolumeSnapshot`, `PersistentVolumeClaim`, ...) or empty, as
 //! in newer upstream Go. The queue `name` is `claims`, `volumes` or `unsavedpvs`.
 //! `controller_leader` plays the part of client-go's `leader_election_master_status`; it
@@ -39,6 +42,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
 use prometheus_client::metrics::MetricType;
@@ -496,6 +500,17 @@ fn encode_ages(
         metric.encode_family(&labels)?.encode_gauge(&value(ages))?;
     }
     Ok(())
+}
+
+/// The `class` label of a claim's provisioning metrics: its `spec.storageClassName`, or
+/// `""` (Go's `updateProvisionStats`; the beta annotation is not read).
+#[must_use]
+pub fn claim_label_class(claim: &PersistentVolumeClaim) -> &str {
+    claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.as_deref())
+        .unwrap_or("")
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! calls more of the API adds its rules next to them.
 
 /// Which objects of a resource a [`Permission`] covers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum Names {
     /// Every object: a rule without `resourceNames`. `list`, `watch` and `create` need
@@ -18,6 +18,9 @@ pub enum Names {
     /// Leases in the namespace (kube-controller-manager's, kube-scheduler's in
     /// kube-system) stay out of reach.
     LeaseName,
+    /// Only the object of this name: `resourceNames: [<name>]` (`get`, `update`, and a
+    /// `list`/`watch` whose field selector is `metadata.name=<name>`).
+    Named(&'static str),
 }
 
 /// Verbs on one resource of one API group, on every object or only named ones.

@@ -14,6 +14,11 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use vsphere_cns::{CnsClient, CnsMetadataBackend, CnsProvisioner, MoRef, VsphereConfig};
 
+use crate::upstream::{FeatureStates, install_crd, watch_feature_states};
+
+/// The name the reconciler's task reports itself by.
+const RECONCILER: &str = "CnsVolumeMetadata reconciler";
+
 /// Where `csi-vsphere.conf` is looked for when `--vsphere-config` is not given.
 pub const DEFAULT_VSPHERE_CONFIG: &str = "/etc/cloud/csi-vsphere.conf";
 /// The one line the demo starts with.
@@ -106,8 +111,14 @@ pub struct Settings {
     pub vsphere_user: String,
     /// Provision-controller options read from the environment (namespace of the lease).
     pub provision_config: provision_controller::Config,
-    /// Metadata-reconciler options read from the environment (workers, flavor).
-    pub metadata_config: cnsmetadata::Config,
+    /// Metadata-reconciler options read from the environment (workers, flavor), or why
+    /// they cannot be used: then the reconciler stops at once with that error and the
+    /// provision controller runs on alone.
+    pub metadata_config: Result<cnsmetadata::Config, cnsmetadata::ConfigError>,
+    /// Upstream's feature-state ConfigMap (`--fss-name`, `--fss-namespace`): on a
+    /// supervisor (`WORKLOAD`), its `tkgs-ha` key, watched, switches PV entity references
+    /// to the supervisor ID at the next reconcile.
+    pub feature_states: FeatureStates,
 }
 
 /// What the stop deadline adds to the provision controller's `shutdown_grace` besides the
@@ -156,6 +167,14 @@ pub struct Running {
 /// controller has started (it then reports itself leading). Losing the lease makes the provision controller fail, and
 /// [`Running::run_until`] stops the reconciler too and returns the error: the process
 /// should exit and be restarted.
+///
+/// On a supervisor (`WORKLOAD`), before the reconciler starts, the `CnsVolumeMetadata`
+/// CRD is installed as upstream's syncer does ([`install_crd`]: created, or updated to the
+/// shipped manifest; without the permission one warning line names the manifest, `/readyz`
+/// says why, and the install is retried with a delay growing to 5 min), and the
+/// feature-state ConfigMap is watched ([`watch_feature_states`]): its `tkgs-ha` key is
+/// read at every reconcile. The reconciler stopping with an error (its configuration
+/// cannot be used) is logged and leaves the provision controller running.
 pub fn start_controllers(
     kube: Client,
     provisioner: CnsProvisioner,
@@ -189,13 +208,13 @@ pub fn start_controllers(
     )
     .config(config)
     .health(health);
-    let metadata_config = settings
-        .metadata_config
-        .clone()
-        .cluster_flavor(settings.flavor)
-        .cluster_id(settings.cluster_id.clone())
-        .supervisor_id(settings.supervisor_id.clone().unwrap_or_default())
-        .vsphere_user(settings.vsphere_user.clone());
+    let metadata_config = settings.metadata_config.clone().map(|config| {
+        config
+            .cluster_flavor(settings.flavor)
+            .cluster_id(settings.cluster_id.clone())
+            .supervisor_id(settings.supervisor_id.clone().unwrap_or_default())
+            .vsphere_user(settings.vsphere_user.clone())
+    });
     let mut tasks = JoinSet::new();
     let provision_shutdown = shutdown();
     tasks.spawn(async move {
@@ -206,25 +225,60 @@ pub fn start_controllers(
         ("provision controller", result)
     });
     let metadata_shutdown = shutdown();
+    let feature_states = settings.feature_states.clone();
+    let metadata_health = role.clone();
     tasks.spawn(async move {
-        let result = cnsmetadata::run_while_leading(
+        let result = run_reconciler(
             kube,
-            Arc::new(backend),
+            backend,
             metadata_config,
+            feature_states,
             leading,
+            metadata_health,
             metadata_shutdown,
         )
         .await;
-        (
-            "CnsVolumeMetadata reconciler",
-            result.context("CnsVolumeMetadata reconciler failed"),
-        )
+        (RECONCILER, result)
     });
     Running {
         stop,
         tasks,
         deadline: settings.stop_deadline(),
         health: role,
+    }
+}
+
+/// The reconciler's task: its configuration, then (on a supervisor) the CRD and the
+/// feature states, then [`cnsmetadata::run_while_leading`].
+async fn run_reconciler(
+    kube: Client,
+    backend: CnsMetadataBackend,
+    config: Result<cnsmetadata::Config, cnsmetadata::ConfigError>,
+    feature_states: FeatureStates,
+    leading: kube_controller_kit::leader::Leading,
+    health: Health,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let config =
+        config.context("the CnsVolumeMetadata reconciler cannot start; the provisioner runs on")?;
+    if config.cluster_flavor != cnsmetadata::ClusterFlavor::Workload {
+        return cnsmetadata::run_while_leading(kube, Arc::new(backend), config, leading, shutdown)
+            .await
+            .context("CnsVolumeMetadata reconciler failed");
+    }
+    let shutdown = futures::FutureExt::shared(futures::FutureExt::boxed(shutdown));
+    tokio::select! {
+        () = install_crd(&kube, &health) => {}
+        () = shutdown.clone() => return Ok(()),
+    }
+    let (tkgs_ha, state) = watch::channel(false);
+    let config = config.use_supervisor_id_for_pv(cnsmetadata::FeatureState::follow(state));
+    let states = watch_feature_states(kube.clone(), feature_states, tkgs_ha);
+    let reconciler =
+        cnsmetadata::run_while_leading(kube, Arc::new(backend), config, leading, shutdown);
+    tokio::select! {
+        result = reconciler => result.context("CnsVolumeMetadata reconciler failed"),
+        () = states => Ok(()),
     }
 }
 
@@ -244,8 +298,10 @@ impl Running {
     }
 
     /// Waits until `until` completes (then stops, waiting up to
-    /// [`stop_deadline`](Self::stop_deadline)) or a controller fails. A controller that
-    /// returns `Ok` early (the reconciler outside a supervisor cluster) is not a failure.
+    /// [`stop_deadline`](Self::stop_deadline)) or the provision controller fails. A
+    /// controller that returns `Ok` early (the reconciler outside a supervisor cluster) is
+    /// not a failure; the reconciler failing (a configuration it cannot use) is logged as an
+    /// error and the provision controller runs on, as its failure stops only itself.
     pub async fn run_until(mut self, until: impl Future<Output = ()>) -> anyhow::Result<()> {
         let deadline = self.deadline;
         tokio::pin!(until);
@@ -255,6 +311,9 @@ impl Running {
                 joined = self.tasks.join_next() => match joined {
                     None => { until.await; return Ok(()); }
                     Some(Ok((_, Ok(())))) => {}
+                    Some(Ok((RECONCILER, Err(e)))) => {
+                        tracing::error!(error = format!("{e:#}"), "the CnsVolumeMetadata reconciler stopped; the provisioner runs on");
+                    }
                     Some(Ok((_, Err(e)))) => {
                         let _ = self.stop(deadline).await;
                         return Err(e);
@@ -306,6 +365,8 @@ pub struct RealOptions {
     pub datastores: Vec<(String, String)>,
     /// Datastore MoRefs for classes that name none.
     pub default_datastores: Vec<String>,
+    /// Upstream's feature-state ConfigMap (`--fss-name`, `--fss-namespace`).
+    pub feature_states: FeatureStates,
 }
 
 /// Everything a real run needs, connected.
@@ -344,8 +405,15 @@ pub async fn connect_real(
     let cns = CnsClient::connect(&vc.vc_config())
         .await
         .with_context(|| format!("cannot log in to vCenter {}", vc.host))?;
-    let metadata_config = cnsmetadata::Config::from_lookup(&lookup)?;
-    let flavor = metadata_config.cluster_flavor;
+    // The provisioner needs the flavor: a bad CLUSTER_FLAVOR stops the process. Any other
+    // problem of the reconciler's variables stops the reconciler alone.
+    let flavor = cnsmetadata::Config::from_lookup(|name: &str| {
+        (name == cnsmetadata::ENV_CLUSTER_FLAVOR)
+            .then(|| lookup(name))
+            .flatten()
+    })?
+    .cluster_flavor;
+    let metadata_config = cnsmetadata::Config::from_lookup(&lookup);
     let owner = match (flavor, &vsphere.global.supervisor_id) {
         (cnsmetadata::ClusterFlavor::Workload, Some(id)) if !id.is_empty() => id.clone(),
         _ => vsphere.global.cluster_id.clone(),
@@ -379,6 +447,7 @@ pub async fn connect_real(
         vsphere_user: cns.user().to_owned(),
         provision_config: provision_controller::Config::from_lookup(&lookup)?,
         metadata_config,
+        feature_states: options.feature_states.clone(),
     };
     Ok(Real {
         kube,

@@ -170,7 +170,8 @@ pub async fn run_demo(
         supervisor_id: None,
         vsphere_user: cns_client.user().to_owned(),
         provision_config: provision_controller::Config::default().leader_election(Some(election)),
-        metadata_config: cnsmetadata::Config::default(),
+        metadata_config: Ok(cnsmetadata::Config::default()),
+        feature_states: crate::FeatureStates::default(),
     };
     let mut demo = Demo {
         kube: kube.clone(),

@@ -34,6 +34,7 @@ mod demo;
 pub mod flags;
 pub mod rbac;
 mod run;
+mod upstream;
 
 pub use app::{
     DEFAULT_VSPHERE_CONFIG, DEMO_BANNER, Found, LOGOUT_TIMEOUT, Mode, Real, RealOptions, Running,
@@ -43,6 +44,11 @@ pub use app::{
 pub use demo::{CLASS, DemoOptions, DemoReport, Row, run_demo};
 pub use provision_controller::signal::{Signal, shutdown_signal};
 pub use run::{Options, RunError, parse_datastore, run};
+pub use upstream::{
+    CRD_MANIFEST, CRD_NOT_READY, CRD_RETRY_FIRST, CRD_RETRY_MAX, DEFAULT_FSS_NAME,
+    DEFAULT_FSS_NAMESPACE, FeatureStates, TKGS_HA, install_crd, parse_feature_state,
+    watch_feature_states,
+};
 
 /// The example of README.md, compiled as a doctest.
 #[cfg(doctest)]

@@ -3,8 +3,10 @@
 //! The process runs two controllers on one service account: the provision controller
 //! (its rules are [`provision_controller::rbac`]'s) and the `CnsVolumeMetadata` reconciler
 //! ([`METADATA_PERMISSIONS`]). `examples/deploy/vsphere-rbac.yaml` grants exactly
-//! [`CLUSTER_PERMISSIONS`] in a ClusterRole and [`LEADER_ELECTION_PERMISSIONS`] in a Role
-//! of the Deployment's namespace, rule by rule (the repository's
+//! [`CLUSTER_PERMISSIONS`] in a ClusterRole and [`LEADER_ELECTION_PERMISSIONS`] plus
+//! [`FEATURE_STATES_PERMISSIONS`] in a Role of the Deployment's namespace (which is
+//! upstream's `vmware-system-csi`, where the feature-state ConfigMap lives), rule by rule
+//! (the repository's
 //! `tests/deploy_manifests.rs` keeps them equal). The demo's own calls (installing the
 //! CRD and a StorageClass, creating claims) are not the controllers' and need no rule.
 
@@ -30,11 +32,36 @@ pub const METADATA_PERMISSIONS: &[Permission] = &[
     Permission::new("events.k8s.io", "events", &["create", "patch"]),
 ];
 
+/// What installing the `CnsVolumeMetadata` CRD at start ([`crate::install_crd`]) calls,
+/// as upstream's syncer does: `create` (RBAC cannot limit a create by name), then, when it
+/// exists, `get` and `update` of that one CRD only.
+pub const CRD_PERMISSIONS: &[Permission] = &[
+    Permission::new(
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        &["create"],
+    ),
+    Permission::new(
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        &["get", "update"],
+    )
+    .only(Names::Named(cnsmetadata::CRD_NAME)),
+];
+
+/// What watching upstream's feature-state ConfigMap ([`crate::watch_feature_states`], in
+/// its namespace, by default `vmware-system-csi`) calls: `list` and `watch` with the field
+/// selector `metadata.name=<name>`, so RBAC limits them to that one ConfigMap (change
+/// `resourceNames` with `--fss-name`).
+pub const FEATURE_STATES_PERMISSIONS: &[Permission] =
+    &[Permission::new("", "configmaps", &["list", "watch"])
+        .only(Names::Named(crate::DEFAULT_FSS_NAME))];
+
 /// The cluster-wide permissions of the whole process (a ClusterRole): the union of the
 /// provision controller's
-/// [`CLUSTER_PERMISSIONS`](provision_controller::rbac::CLUSTER_PERMISSIONS) and
-/// [`METADATA_PERMISSIONS`], one rule per group and resource (a unit test keeps it the
-/// union).
+/// [`CLUSTER_PERMISSIONS`](provision_controller::rbac::CLUSTER_PERMISSIONS),
+/// [`METADATA_PERMISSIONS`] and [`CRD_PERMISSIONS`], one rule per group, resource and
+/// object names (a unit test keeps it the union).
 pub const CLUSTER_PERMISSIONS: &[Permission] = &[
     Permission::new(
         "",
@@ -53,6 +80,17 @@ pub const CLUSTER_PERMISSIONS: &[Permission] = &[
         "cnsvolumemetadatas",
         &["get", "list", "watch", "update"],
     ),
+    Permission::new(
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        &["create"],
+    ),
+    Permission::new(
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        &["get", "update"],
+    )
+    .only(Names::Named(cnsmetadata::CRD_NAME)),
 ];
 
 #[cfg(test)]
@@ -63,10 +101,10 @@ mod tests {
 
     fn grants<'a>(
         permissions: impl IntoIterator<Item = &'a Permission>,
-    ) -> BTreeSet<(&'static str, &'static str, &'static str)> {
+    ) -> BTreeSet<(&'static str, &'static str, &'static str, Names)> {
         permissions
             .into_iter()
-            .flat_map(|p| p.verbs.iter().map(|v| (p.group, p.resource, *v)))
+            .flat_map(|p| p.verbs.iter().map(|v| (p.group, p.resource, *v, p.names)))
             .collect()
     }
 
@@ -75,21 +113,31 @@ mod tests {
         let union = grants(
             provision_controller::rbac::CLUSTER_PERMISSIONS
                 .iter()
-                .chain(METADATA_PERMISSIONS),
+                .chain(METADATA_PERMISSIONS)
+                .chain(CRD_PERMISSIONS),
         );
         assert_eq!(grants(CLUSTER_PERMISSIONS), union);
-        let resources: BTreeSet<_> = CLUSTER_PERMISSIONS
+        let rules: BTreeSet<_> = CLUSTER_PERMISSIONS
             .iter()
-            .map(|p| (p.group, p.resource))
+            .map(|p| (p.group, p.resource, p.names))
             .collect();
         assert_eq!(
-            resources.len(),
+            rules.len(),
             CLUSTER_PERMISSIONS.len(),
-            "one rule per resource"
+            "one rule per resource and names"
         );
-        assert!(
-            CLUSTER_PERMISSIONS.iter().all(|p| p.names == Names::Any),
-            "cluster-wide rules name no object"
+        let named: Vec<_> = CLUSTER_PERMISSIONS
+            .iter()
+            .filter(|p| p.names != Names::Any)
+            .map(|p| (p.resource, p.names))
+            .collect();
+        assert_eq!(
+            named,
+            [(
+                "customresourcedefinitions",
+                Names::Named("cnsvolumemetadatas.cns.vmware.com")
+            )],
+            "only the CRD rule names an object"
         );
     }
 }

@@ -42,6 +42,9 @@ pub struct Options {
     pub timeout: Duration,
     /// Run the demo whatever else is configured.
     pub demo: bool,
+    /// Upstream's feature-state ConfigMap (`--fss-name`, `--fss-namespace`), read in a
+    /// real run on a supervisor.
+    pub feature_states: crate::FeatureStates,
 }
 
 /// Why [`run`] failed.
@@ -246,6 +249,7 @@ async fn real(
         metrics_address: options.metrics_address,
         datastores: options.datastores.clone(),
         default_datastores: options.default_datastores.clone(),
+        feature_states: options.feature_states.clone(),
     };
     tokio::pin!(shutdown);
     let real = tokio::select! {

@@ -21,6 +21,7 @@ fn options() -> Options {
         serve: false,
         timeout: Duration::from_secs(60),
         demo: false,
+        feature_states: vsphere_controllers::FeatureStates::default(),
     }
 }
 

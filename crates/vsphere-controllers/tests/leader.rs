@@ -138,7 +138,8 @@ async fn a_standby_neither_provisions_nor_reconciles_until_it_leads() {
         vsphere_user: client.user().to_owned(),
         provision_config: provision_controller::Config::default()
             .leader_election(Some(election.clone())),
-        metadata_config: cnsmetadata::Config::default(),
+        metadata_config: Ok(cnsmetadata::Config::default()),
+        feature_states: vsphere_controllers::FeatureStates::default(),
     };
     let running = start_controllers(
         kube.clone(),

@@ -242,7 +242,8 @@ pub fn settings(schedule: &Schedule) -> anyhow::Result<Settings> {
         supervisor_id: None,
         vsphere_user: DEFAULT_USER.to_owned(),
         provision_config,
-        metadata_config,
+        metadata_config: Ok(metadata_config),
+        feature_states: vsphere_controllers::FeatureStates::default(),
     })
 }
 

@@ -191,8 +191,9 @@ pub enum LeaderError {
 
 /// Builds a client for the elector alone, from the same `config` the workers use.
 ///
-/// The new client has its own request buffer and connection pool, so lease renewals never
-/// wait behind worker requests, and it does not retry on its own (the elector bounds and
+/// The new client ([`crate::client::from_config`]: HTTP/2 where the server offers it) has
+/// its own request buffer and connection, so lease renewals never wait behind worker
+/// requests, and it does not retry on its own (the elector bounds and
 /// retries its attempts itself).
 ///
 /// # Errors
@@ -204,5 +205,5 @@ pub enum LeaderError {
 pub fn dedicated_client(config: &kube_client::Config) -> Result<Client, LeaderError> {
     let mut config = config.clone();
     config.default_retry = false;
-    Client::try_from(config).map_err(LeaderError::Client)
+    crate::client::build(config).map_err(LeaderError::Client)
 }

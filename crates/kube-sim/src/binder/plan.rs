@@ -6,6 +6,7 @@ use std::fmt;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube_client::ResourceExt;
 use kube_controller_kit::quantity::Quantity;
 use serde_json::{Value, json};
@@ -24,6 +25,12 @@ pub(super) const ANN_BIND_COMPLETED: &str = "pv.kubernetes.io/bind-completed";
 pub(super) const ANN_BOUND_BY_CONTROLLER: &str = "pv.kubernetes.io/bound-by-controller";
 /// Volume annotation naming the provisioner that created it: a dynamically provisioned volume.
 const ANN_PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
+/// The finalizer that keeps a claim while a pod uses it (kube-controller-manager's
+/// pvc-protection controller removes it).
+pub(super) const PVC_PROTECTION: &str = "kubernetes.io/pvc-protection";
+/// The finalizer that keeps a volume while it is bound (kube-controller-manager's
+/// pv-protection controller removes it).
+pub(super) const PV_PROTECTION: &str = "kubernetes.io/pv-protection";
 /// Provisioner name of classes for statically created volumes; never annotated.
 const NO_PROVISIONER: &str = "kubernetes.io/no-provisioner";
 
@@ -110,6 +117,38 @@ pub(super) enum Action {
         volume: String,
         clear_claim_ref: bool,
     },
+    /// Remove a protection finalizer: the claim's once it is being deleted (no pod uses it:
+    /// the sim has none), the volume's once it is being deleted and not `Bound`.
+    RemoveProtection(Box<Unprotect>),
+}
+
+/// A protection finalizer to remove, with the version it was planned on (a precondition:
+/// another writer's finalizers are never dropped).
+#[derive(Debug, PartialEq)]
+pub(super) struct Unprotect {
+    pub(super) key: Key,
+    /// The finalizers that stay.
+    pub(super) finalizers: Vec<String>,
+    pub(super) resource_version: Option<String>,
+}
+
+/// The [`Action::RemoveProtection`] of an object being deleted that still has
+/// `finalizer`.
+fn unprotect(key: Key, meta: &ObjectMeta, finalizer: &str) -> Option<Action> {
+    meta.deletion_timestamp.as_ref()?;
+    let finalizers = meta.finalizers.as_deref().unwrap_or_default();
+    if !finalizers.iter().any(|f| f == finalizer) {
+        return None;
+    }
+    Some(Action::RemoveProtection(Box::new(Unprotect {
+        key,
+        finalizers: finalizers
+            .iter()
+            .filter(|f| *f != finalizer)
+            .cloned()
+            .collect(),
+        resource_version: meta.resource_version.clone(),
+    })))
 }
 
 /// The writes that finish binding a volume to its claim; `None` fields are already done.
@@ -355,6 +394,9 @@ impl Cache {
 
     fn plan_claim(&self, key: &ClaimKey) -> Option<Action> {
         let claim = self.claims.get(key)?;
+        if let Some(action) = unprotect(Key::Claim(key.clone()), &claim.metadata, PVC_PROTECTION) {
+            return Some(action);
+        }
         let spec = claim.spec.as_ref()?;
         if claim.metadata.deletion_timestamp.is_some()
             || spec.volume_name.as_deref().is_some_and(|v| !v.is_empty())
@@ -405,6 +447,15 @@ impl Cache {
             .as_ref()
             .and_then(|s| s.phase.as_deref())
             .unwrap_or("Pending");
+        if phase != "Bound"
+            && let Some(action) = unprotect(
+                Key::Volume(name.to_owned()),
+                &volume.metadata,
+                PV_PROTECTION,
+            )
+        {
+            return Some(action);
+        }
         let available = || Action::SetVolumePhase {
             volume: name.to_owned(),
             phase: "Available",

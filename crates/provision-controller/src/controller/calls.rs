@@ -131,6 +131,19 @@ pub(crate) fn is_api(
     matches!(err, kube_client::Error::Api(status) if test(status))
 }
 
+/// Whether an answer to a patch that carried the object's `metadata.uid` says the object
+/// under that name is another one. A real kube-apiserver answers such a patch 422 Invalid
+/// (`metadata.uid: Invalid value: "...": field is immutable`), for merge and
+/// strategic-merge patches alike: the uid of a patch is no precondition (a PUT's is, with a
+/// 409, which the callers treat as before).
+pub(crate) fn is_other_uid(status: &kube_client::core::Status) -> bool {
+    status.code == 422
+        && status
+            .details
+            .as_ref()
+            .is_some_and(|d| d.causes.iter().any(|c| c.field == "metadata.uid"))
+}
+
 /// The PV named `name` as the API server has it now (`None`: it does not exist), without
 /// its managed fields.
 pub(crate) async fn get_volume(
@@ -167,5 +180,42 @@ mod tests {
     async fn a_panicking_call_is_an_error_with_its_message() {
         let got = call(None, async { panic!("boom") }).await;
         assert!(matches!(got, Err(CallError::Panicked(m)) if m == "boom"));
+    }
+}
+
+#[cfg(test)]
+mod uid_tests {
+    use super::is_other_uid;
+
+    fn status(json: serde_json::Value) -> kube_client::core::Status {
+        serde_json::from_value(json).unwrap()
+    }
+
+    /// What a real kube-apiserver (v1.36) answers a merge or strategic-merge patch whose
+    /// `metadata.uid` is not the object's.
+    #[test]
+    fn the_real_servers_answer_to_another_uid_is_recognised() {
+        let other = status(serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "PersistentVolumeClaim \"c\" is invalid: metadata.uid: Invalid value: \"u2\": field is immutable",
+            "reason": "Invalid",
+            "details": {"name": "c", "kind": "PersistentVolumeClaim", "causes": [
+                {"reason": "FieldValueInvalid", "message": "Invalid value: \"u2\": field is immutable", "field": "metadata.uid"}
+            ]},
+            "code": 422
+        }));
+        assert!(is_other_uid(&other));
+        let finalizers = status(serde_json::json!({
+            "status": "Failure", "reason": "Invalid", "code": 422,
+            "message": "PersistentVolumeClaim \"c\" is invalid: metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted",
+            "details": {"name": "c", "kind": "PersistentVolumeClaim", "causes": [
+                {"reason": "FieldValueForbidden", "message": "Forbidden: no new finalizers can be added if the object is being deleted", "field": "metadata.finalizers"}
+            ]}
+        }));
+        assert!(!is_other_uid(&finalizers));
+        let conflict = status(
+            serde_json::json!({"status": "Failure", "reason": "Conflict", "code": 409, "message": "x"}),
+        );
+        assert!(!is_other_uid(&conflict));
     }
 }

@@ -169,6 +169,9 @@ async fn provision(
         };
         return (State::NoChange, Err(delayed));
     }
+    // The metrics' class label is Go's (`updateProvisionStats`): `spec.storageClassName`,
+    // never the beta annotation the provisioning itself reads first.
+    let label = crate::metrics::claim_label_class(&claim.claim);
     let should = if in_progress {
         tracing::debug!(pvc = %claim.key, "provisioning runs in the background; driving it on");
         Ok(true)
@@ -184,7 +187,7 @@ async fn provision(
     match should {
         Err(err) => {
             if let Some(m) = &ctx.metrics {
-                m.provision_failed(&claim.class_name, &source, std::time::Duration::ZERO);
+                m.provision_failed(label, &source, std::time::Duration::ZERO);
             }
             return (State::NoChange, Err(err));
         }
@@ -199,20 +202,20 @@ async fn provision(
     match attempt {
         Ok(Outcome::Provisioned) => {
             if let Some(m) = &ctx.metrics {
-                m.provision_succeeded(&claim.class_name, &source, elapsed);
+                m.provision_succeeded(label, &source, elapsed);
             }
             (State::Finished, Ok(()))
         }
         Ok(Outcome::Stopped(why)) => {
             tracing::info!(pvc = %claim.key, why, "stopped provisioning");
             if let Some(m) = &ctx.metrics {
-                m.provision_stopped(&claim.class_name, &source);
+                m.provision_stopped(label, &source);
             }
             (State::Finished, Ok(()))
         }
         Err((state, err)) => {
             if let Some(m) = &ctx.metrics {
-                m.provision_failed(&claim.class_name, &source, elapsed);
+                m.provision_failed(label, &source, elapsed);
             }
             (state, Err(err))
         }

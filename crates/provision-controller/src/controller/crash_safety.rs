@@ -65,7 +65,7 @@ use kube_client::{
 
 use super::{
     Context, InProgress, State,
-    calls::{OpError, api, chain, is_api},
+    calls::{OpError, api, chain, is_api, is_other_uid},
     names::Names,
     volume_object,
 };
@@ -352,7 +352,8 @@ pub(crate) enum Intent<'a> {
 /// `$deleteFromPrimitiveList/finalizers` removes only ours. Neither needs a
 /// resourceVersion, so the binder's writes to the claim never make them conflict. The
 /// claim's `uid`, when given, is a precondition: a claim re-created under the same name
-/// is never touched (409), and counts as gone.
+/// is never touched (a real server answers 422, the uid being immutable; a 409 is taken
+/// the same way), and counts as gone.
 ///
 /// Removing from a claim that is gone succeeds; a 409 counts as gone only when a read
 /// shows another claim under the name (or none), else it is an error and retried. Adding
@@ -407,6 +408,15 @@ pub(crate) async fn set_intent(
             Err(gone())
         }
         Err(OpError::Api { source, .. }) if is_api(&source, |s| s.is_not_found()) => Ok(()),
+        // Another claim under the name: a real server answers the uid of a patch with a 422
+        // (the uid is immutable), not a 409. The claim we wrote for is gone.
+        Err(OpError::Api { source, .. }) if is_api(&source, is_other_uid) => {
+            if present {
+                Err(gone())
+            } else {
+                Ok(())
+            }
+        }
         // Another claim under the name (the uid precondition), or a conflict of another
         // kind; adding is retried by the caller either way.
         Err(OpError::Api { source, .. }) if present && is_api(&source, |s| s.is_conflict()) => {

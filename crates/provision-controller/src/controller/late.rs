@@ -88,7 +88,7 @@ use tokio::time::Instant;
 
 use super::{
     Context,
-    calls::{OpError, api, chain, is_api},
+    calls::{OpError, api, chain, is_api, is_other_uid},
     names::{Names, is_ours},
 };
 use crate::{
@@ -771,9 +771,12 @@ async fn clear_recorded(ctx: &Context, volume: &PersistentVolume) {
             return;
         }
         Err(OpError::Api { source, .. })
-            if is_api(&source, |s| s.is_not_found() || s.is_conflict()) =>
+            if is_api(&source, |s| {
+                s.is_not_found() || s.is_conflict() || is_other_uid(s)
+            }) =>
         {
-            // Gone, or another PV under the name (the UID precondition).
+            // Gone, or another PV under the name (the uid of a patch: a 422 from a real
+            // server, a 409 from older simulators).
             return;
         }
         Err(err) => chain(&err),

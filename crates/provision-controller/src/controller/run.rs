@@ -11,10 +11,11 @@
 //! 5. on shutdown: the queues stop, the operations in flight get `shutdown_grace`, the
 //!    lease is released; on lease loss: the workers are stopped at once and `run` fails.
 
-use std::{future::Future, sync::Arc, sync::atomic::Ordering};
+use std::{future::Future, num::NonZeroUsize, sync::Arc, sync::atomic::Ordering};
 
 use futures::StreamExt;
 use kube_client::{Api, ResourceExt};
+use kube_controller_kit::client::InFlightLimit;
 use prometheus_client::registry::Registry;
 use tokio::{task::JoinSet, time::Instant};
 use tokio_util::sync::CancellationToken;
@@ -143,12 +144,23 @@ pub(super) async fn run(
         on_shutdown.cancel();
     });
 
+    // One bound on the requests in flight for the whole controller; event writes get at
+    // most half of it (watches are not counted).
+    let (client, event_client) = match config.max_requests_in_flight {
+        Some(max) => {
+            let client = InFlightLimit::new(max).wrap(client);
+            let events = NonZeroUsize::new(max.get() / 2).unwrap_or(NonZeroUsize::MIN);
+            let event_client = InFlightLimit::new(events).wrap(client.clone());
+            (client, event_client)
+        }
+        None => (client.clone(), client),
+    };
     let claims = claims.unwrap_or_else(|| crate::cache::watch(Api::all(client.clone())));
     let volumes = volumes.map_or_else(|| VolumeCache::watch(&client), VolumeCache::from);
     let classes = classes.unwrap_or_else(|| crate::cache::watch(Api::all(client.clone())));
 
     let ctx = Arc::new(Context::new(Parts {
-        events: Events::new(client.clone(), &name, identity.clone()),
+        events: Events::new(event_client, &name, identity.clone()),
         client,
         name,
         provisioner,

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::{
     Context,
-    calls::{CallError, OpError, api, call, chain, get_volume, is_api},
+    calls::{CallError, OpError, api, call, chain, get_volume, is_api, is_other_uid},
     late,
     names::{Names, is_ours},
 };
@@ -195,7 +195,13 @@ async fn handle_protection_finalizer(
             tracing::debug!(pv = %name, ?change, "updated protection finalizer");
             Ok(Some(Arc::new(patched)))
         }
-        Err(OpError::Api { source, .. }) if is_api(&source, |s| s.is_not_found()) => Ok(None),
+        // Gone, or another PV under the name (a real server answers the uid of a patch
+        // with a 422: the uid is immutable).
+        Err(OpError::Api { source, .. })
+            if is_api(&source, |s| s.is_not_found() || is_other_uid(s)) =>
+        {
+            Ok(None)
+        }
         Err(err) => Err(err),
     }
 }
@@ -318,7 +324,8 @@ async fn delete_volume(ctx: &Context, volume: &PersistentVolume) -> Result<Delet
         // The delete set a deletion timestamp; our finalizer is all that is left to do.
         match patch_finalizer(ctx, volume, FinalizerChange::Remove).await {
             Ok(_) => {}
-            Err(OpError::Api { source, .. }) if is_api(&source, |s| s.is_not_found()) => {}
+            Err(OpError::Api { source, .. })
+                if is_api(&source, |s| s.is_not_found() || is_other_uid(s)) => {}
             Err(err) => return Err(err),
         }
     }

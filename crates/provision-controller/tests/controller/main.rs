@@ -25,6 +25,23 @@ use kube_client::{
 use kube_sim::KubeSim;
 /// Polls a check until it returns `Some` (or `true`), failing the test after 20 s.
 pub(crate) use kube_sim::wait::eventually;
+
+/// The finalizers the cluster itself puts on every claim and PV (kube-sim adds them at
+/// creation and removes them as kube-controller-manager does, as a real cluster).
+const PROTECTION: [&str; 2] = [
+    "kubernetes.io/pvc-protection",
+    "kubernetes.io/pv-protection",
+];
+
+/// The finalizers of an object other than the cluster's protection finalizers.
+pub(crate) fn own_finalizers(finalizers: Option<&Vec<String>>) -> Vec<String> {
+    finalizers
+        .into_iter()
+        .flatten()
+        .filter(|f| !PROTECTION.contains(&f.as_str()))
+        .cloned()
+        .collect()
+}
 use provision_controller::{
     Config, FailureBackoff, ProvisionController, PvSaveStrategy,
     ratelimit::ItemExponentialLimiter,

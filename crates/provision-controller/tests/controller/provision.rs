@@ -43,8 +43,9 @@ async fn a_claim_gets_a_bound_volume_with_claim_ref_annotations_and_events() {
     );
     assert_eq!(spec.capacity.unwrap()["storage"].0, "3Gi");
     assert_eq!(
-        volume.metadata.finalizers, None,
-        "no finalizer unless configured"
+        volume.metadata.finalizers.as_deref(),
+        Some(&["kubernetes.io/pv-protection".to_owned()][..]),
+        "no finalizer of ours unless configured; the cluster's protection only"
     );
 
     let calls = env.fake.provision_calls();
@@ -498,5 +499,37 @@ async fn a_claim_gone_when_its_finalizer_is_added_waits_for_the_cache_to_move() 
         .await
         .unwrap();
     eventually("the claim tried again", || async { patches() > 1 }).await;
+    env.stop().await;
+}
+
+/// Go labels the provisioning metrics by `spec.storageClassName` (`updateProvisionStats`),
+/// not by the beta annotation the provisioning reads first: a claim that names its class
+/// only in `volume.beta.kubernetes.io/storage-class` counts under `class=""`.
+#[tokio::test]
+async fn the_metrics_class_label_is_the_spec_class_as_in_go() {
+    let registry = std::sync::Arc::new(std::sync::Mutex::new(
+        prometheus_client::registry::Registry::default(),
+    ));
+    let env = Env::start_with(quick(), FakeProvisioner::new(), |c| {
+        c.metrics_registry(registry.clone())
+    })
+    .await;
+    env.create_class(fast_class()).await;
+    let legacy = pvc("legacy")
+        .annotation("volume.beta.kubernetes.io/storage-class", "fast")
+        .annotation(ANN_STORAGE_PROVISIONER, ME)
+        .build();
+    env.create_claim(legacy).await;
+    env.create_claim(claim("spec")).await;
+    env.bound_volume("legacy").await;
+    env.bound_volume("spec").await;
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry.lock().unwrap()).unwrap();
+    for class in ["", "fast"] {
+        let line = format!(
+            "controller_persistentvolumeclaim_provision_total{{class=\"{class}\",source=\"\"}} 1"
+        );
+        assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+    }
     env.stop().await;
 }

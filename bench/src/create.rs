@@ -1,0 +1,49 @@
+//! `create`: the claim creators alone, no controller. Their rate is the baseline for the
+//! `driver_creates_per_s` of `provision`, where the same creators run beside the
+//! controller: how much the controller slows another client of the API server.
+
+use std::time::Instant;
+
+use anyhow::Context as _;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube_client::{
+    Api,
+    api::{DeleteParams, ListParams, PostParams},
+};
+use serde_json::{Value, json};
+
+use crate::{env::Env, objects};
+
+pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
+    let names = &env.names;
+    let n = env.args.n;
+    // The run's class exists, but no controller serves its provisioner: claims stay Pending.
+    env.setup(true).await?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(env.driver.clone(), &names.namespace);
+    let started = Instant::now();
+    let created = futures::stream::iter(0..n)
+        .map(|i| {
+            let claims = claims.clone();
+            let claim = objects::claim(names, i, None);
+            async move { claims.create(&PostParams::default(), &claim).await }
+        })
+        .buffer_unordered(env.args.in_flight)
+        .filter(|r| std::future::ready(r.is_ok()))
+        .count()
+        .await;
+    let seconds = started.elapsed().as_secs_f64();
+    eprintln!("{created} claims created in {seconds:.2} s; deleting them");
+    claims
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .context("cannot delete the claims")?;
+    Ok(json!({
+        "scenario": "create",
+        "n": n,
+        "created": created,
+        "creators": env.args.in_flight,
+        "seconds": (seconds * 100.0).round() / 100.0,
+        "creates_per_s": (created as f64 / seconds * 10.0).round() / 10.0,
+    }))
+}

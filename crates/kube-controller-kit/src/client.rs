@@ -1,0 +1,314 @@
+//! A `kube::Client` that is a light guest on the API server: one multiplexed HTTP/2
+//! connection over TLS (negotiated by ALPN, HTTP/1.1 where the server offers no h2), and
+//! [`InFlightLimit`], a bound on the requests a controller keeps in flight.
+//!
+//! `kube_client::Client::try_from(config)` speaks HTTP/1.1 only, so every request that
+//! runs while another is in flight opens a connection of its own: a controller with 64
+//! claim syncs, 64 volume syncs, event writers and watches holds well over a hundred
+//! connections, and the API server pays for each. [`from_config`] builds the same client
+//! (the config's TLS, authentication, impersonation, timeouts and default retries) on a
+//! connection pool that negotiates HTTP/2, where every request and watch shares one
+//! connection. It brings its own TLS stack (rustls with ring), so a driver needs no TLS
+//! feature of `kube-client`.
+//!
+//! ```no_run
+//! # async fn doc() -> Result<(), Box<dyn std::error::Error>> {
+//! let (client, config) = kube_controller_kit::client::infer().await?;
+//! // or, from a config you built: kube_controller_kit::client::from_config(config)?
+//! # Ok(())
+//! # }
+//! ```
+
+use std::num::NonZeroUsize;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use http::{Request, Response};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use kube_client::client::retry::RetryPolicy;
+use kube_client::client::{Body, ConfigExt};
+use kube_client::{Client, Config};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tower::{BoxError, ServiceBuilder};
+
+/// How often an idle HTTP/2 connection is pinged, so a dead peer is noticed and watches on
+/// a quiet connection are not cut by the read timeout.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// How long a ping may go unanswered before the connection is closed.
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Why a client could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No kubeconfig and no in-cluster service account were found, or they were unusable.
+    #[error("cannot find a Kubernetes configuration (kubeconfig or in-cluster service account)")]
+    Infer(#[source] kube_client::config::InferConfigError),
+    /// The configuration's TLS or authentication settings are unusable.
+    #[error("cannot build a Kubernetes client for {cluster_url}")]
+    Build {
+        /// The API server the configuration names.
+        cluster_url: String,
+        /// What kube reported.
+        #[source]
+        source: kube_client::Error,
+    },
+}
+
+/// Finds the configuration as `kube_client::Config::infer` does (the kubeconfig of
+/// `KUBECONFIG` or `~/.kube/config`, else the in-cluster service account) and builds a
+/// client from it with [`from_config`]. Returns the config too, for a
+/// [`dedicated_client`](crate::leader::dedicated_client) or a second client.
+///
+/// This reads the environment (through kube's inference): call it from a binary, not
+/// from a library.
+///
+/// # Errors
+/// [`ClientError::Infer`] when no configuration is found, [`ClientError::Build`] when it
+/// is unusable.
+///
+/// # Panics
+/// Outside a Tokio runtime: the client spawns its buffer task.
+pub async fn infer() -> Result<(Client, Config), ClientError> {
+    let config = Config::infer().await.map_err(ClientError::Infer)?;
+    let client = from_config(config.clone())?;
+    Ok((client, config))
+}
+
+/// Builds a client from `config` that negotiates HTTP/2 with the API server and shares
+/// one connection among all its requests and watches (clones of the client included).
+///
+/// Over `https` the TLS handshake offers `h2` and `http/1.1` (ALPN): a server that picks
+/// HTTP/2 gets one multiplexed connection; one that does not gets HTTP/1.1, pooled as
+/// `kube_client::Client::try_from` would. Plain `http` URLs (such as kube-sim's) speak
+/// HTTP/1.1. The config's root certificates, client identity, `tls_server_name`,
+/// `accept_invalid_certs`, authentication (tokens, exec plugins, certificates),
+/// impersonation headers, connect/read/write timeouts and `default_retry` (429, 503 and 504
+/// retried as the server asks) are honoured. A config with a `proxy_url` is handed to
+/// `kube_client::Client::try_from` unchanged (HTTP/1.1, kube's proxy support).
+///
+/// Every call builds a new connection pool: build one client and clone it.
+///
+/// # Errors
+/// [`ClientError::Build`] when the TLS material or authentication settings are unusable.
+///
+/// # Panics
+/// Outside a Tokio runtime: the client spawns its buffer task.
+pub fn from_config(config: Config) -> Result<Client, ClientError> {
+    let cluster_url = config.cluster_url.to_string();
+    build(config).map_err(|source| ClientError::Build {
+        cluster_url,
+        source,
+    })
+}
+
+pub(crate) fn build(config: Config) -> Result<Client, kube_client::Error> {
+    if config.proxy_url.is_some() {
+        return Client::try_from(config);
+    }
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    let mut https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config.rustls_client_config()?)
+        .https_or_http();
+    if let Some(name) = &config.tls_server_name {
+        let name = name.clone().try_into().map_err(|err| {
+            kube_client::Error::RustlsTls(kube_client::client::RustlsTlsError::InvalidServerName(
+                err,
+            ))
+        })?;
+        https = https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
+    }
+    let https = https.enable_http1().enable_http2().wrap_connector(http);
+    let mut connector = hyper_timeout::TimeoutConnector::new(https);
+    connector.set_connect_timeout(config.connect_timeout);
+    connector.set_read_timeout(config.read_timeout);
+    connector.set_write_timeout(config.write_timeout);
+    connector.set_reset_reader_on_write(config.reset_reader_on_write);
+
+    let pool = hyper_util::client::legacy::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .pool_timer(TokioTimer::new())
+        .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
+        .http2_keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+        .http2_keep_alive_while_idle(true)
+        .build::<_, Body>(connector);
+
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(
+            config
+                .default_retry
+                .then(|| tower::retry::RetryLayer::new(RetryPolicy::server_retry())),
+        )
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(BoxError::from)
+        .service(pool);
+    Ok(Client::new(service, config.default_namespace))
+}
+
+/// A bound on the requests a controller keeps in flight to the API server, shared by
+/// every client it [wraps](Self::wrap).
+///
+/// A request waits for a slot before it is sent and holds it until its response body has
+/// been read (or dropped). Watches are not counted: they stay open for minutes and would
+/// hold their slot all that time. Slots are handed out in the order they were asked for.
+/// A throttling server (429 with `Retry-After`) is retried by the client's retry policy
+/// while the request keeps its slot, so the whole controller slows down with the server.
+///
+/// ```no_run
+/// # async fn doc(client: kube_client::Client) {
+/// use std::num::NonZeroUsize;
+/// use kube_controller_kit::client::InFlightLimit;
+/// let limit = InFlightLimit::new(NonZeroUsize::new(16).unwrap());
+/// let client = limit.wrap(client); // every clone shares the 16 slots
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct InFlightLimit {
+    slots: Arc<Semaphore>,
+    max: usize,
+}
+
+impl InFlightLimit {
+    /// A bound of `max` requests in flight.
+    pub fn new(max: NonZeroUsize) -> Self {
+        Self {
+            slots: Arc::new(Semaphore::new(max.get())),
+            max: max.get(),
+        }
+    }
+
+    /// The bound.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Requests in flight now (watches not counted).
+    pub fn in_flight(&self) -> usize {
+        self.max - self.slots.available_permits()
+    }
+
+    /// A client that sends through `client` and counts its requests against this bound.
+    /// Errors and responses are those of `client`.
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime: the client spawns its buffer task.
+    pub fn wrap(&self, client: Client) -> Client {
+        let namespace = client.default_namespace().to_owned();
+        Client::new(
+            Limited {
+                client,
+                slots: self.slots.clone(),
+            },
+            namespace,
+        )
+    }
+}
+
+/// The service behind [`InFlightLimit::wrap`].
+#[derive(Clone)]
+struct Limited {
+    client: Client,
+    slots: Arc<Semaphore>,
+}
+
+impl tower::Service<Request<Body>> for Limited {
+    type Response = Response<SlotBody>;
+    type Error = kube_client::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let client = self.client.clone();
+        let slots = (!is_watch(&request)).then(|| self.slots.clone());
+        Box::pin(async move {
+            let slot = match slots {
+                // The semaphore is never closed.
+                Some(slots) => slots.acquire_owned().await.ok(),
+                None => None,
+            };
+            let response = client.send(request).await?;
+            Ok(response.map(|body| SlotBody { body, _slot: slot }))
+        })
+    }
+}
+
+/// A response body that holds its request's slot until it is read or dropped.
+struct SlotBody {
+    body: Body,
+    _slot: Option<OwnedSemaphorePermit>,
+}
+
+impl http_body::Body for SlotBody {
+    type Data = bytes::Bytes;
+    type Error = kube_client::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Whether `request` is a watch (`?watch=true` or `?watch=1`), which is not counted.
+fn is_watch(request: &Request<Body>) -> bool {
+    request.uri().query().is_some_and(|query| {
+        query
+            .split('&')
+            .any(|pair| matches!(pair, "watch=true" | "watch=1"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(uri: &str) -> Request<Body> {
+        Request::get(uri).body(Body::empty()).unwrap()
+    }
+
+    #[test]
+    fn only_watch_requests_are_watches() {
+        let cases = [
+            (
+                "/api/v1/persistentvolumeclaims?watch=true&resourceVersion=5",
+                true,
+            ),
+            (
+                "/api/v1/persistentvolumeclaims?resourceVersion=5&watch=1",
+                true,
+            ),
+            ("/api/v1/persistentvolumeclaims?watch=false", false),
+            (
+                "/api/v1/persistentvolumeclaims?allowWatchBookmarks=true",
+                false,
+            ),
+            ("/api/v1/persistentvolumeclaims", false),
+            (
+                "/api/v1/namespaces/watch/persistentvolumeclaims/watch",
+                false,
+            ),
+        ];
+        for (uri, watch) in cases {
+            assert_eq!(is_watch(&request(uri)), watch, "{uri}");
+        }
+    }
+}
