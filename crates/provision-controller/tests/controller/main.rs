@@ -3,6 +3,7 @@
 
 mod crash_safe;
 mod delete;
+mod in_flight;
 mod late;
 mod provision;
 mod robust;
