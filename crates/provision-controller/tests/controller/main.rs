@@ -4,6 +4,7 @@
 mod conformance;
 mod crash_safe;
 mod delete;
+mod in_flight;
 mod late;
 mod provision;
 mod robust;
