@@ -5,9 +5,9 @@
 //! release, the vCenter logout, within the controllers' stop deadline; a second signal
 //! exits at once (143 or 130).
 
-use std::{io, net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
+use std::{io, io::IsTerminal, net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use tracing_subscriber::EnvFilter;
 use vsphere_controllers as app;
 
@@ -25,8 +25,17 @@ struct Args {
     #[arg(long, default_value = vsphere_cns::CSI_DRIVER)]
     provisioner_name: String,
     /// Elect a leader through a Lease (the provisioner and the CnsVolumeMetadata reconciler
-    /// run on the leader only); `--leader-election=false` runs them on every replica.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    /// run on the leader only); `--leader-election=false` runs them on every replica. A bare
+    /// `--leader-election` (as upstream's Go manifests pass it) means true.
+    #[arg(
+        long,
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_name = "BOOL"
+    )]
     leader_election: bool,
     /// Serve provision-controller metrics on this address, e.g. 0.0.0.0:8080.
     #[arg(long, value_name = "ADDR")]
@@ -59,11 +68,31 @@ struct Args {
     fss_namespace: String,
 }
 
+/// The one-line error for a flag of the upstream Go binaries that this one does not take.
+fn upstream_flag_error(args: &[String]) -> Option<String> {
+    let command = Args::command();
+    let mut supported: Vec<&str> = command
+        .get_arguments()
+        .filter_map(|a| a.get_long())
+        .collect();
+    supported.extend(["help", "version"]);
+    let given = args.iter().skip(1).map(String::as_str);
+    app::flags::unsupported_upstream_flag(given, &supported)
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
-    let a = Args::parse();
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(error) = upstream_flag_error(&args) {
+        eprintln!("error: {error}");
+        return ExitCode::from(2);
+    }
+    let a = Args::parse_from(args);
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
-    let subscriber = tracing_subscriber::fmt().with_writer(io::stderr);
+    // Colours only on a terminal: redirected logs get plain text.
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(io::stderr)
+        .with_ansi(io::stderr().is_terminal());
     subscriber.with_env_filter(filter).init();
     let options = app::Options {
         kubeconfig: a.kubeconfig,
@@ -110,5 +139,53 @@ async fn main() -> ExitCode {
             eprintln!("error: {error}");
             ExitCode::from(error.exit_code())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("vsphere").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn leader_election_takes_go_style_bare_and_valued_forms() {
+        assert!(parse(&[]).unwrap().leader_election);
+        assert!(parse(&["--leader-election"]).unwrap().leader_election);
+        assert!(
+            parse(&["--leader-election", "--demo"])
+                .unwrap()
+                .leader_election
+        );
+        assert!(parse(&["--leader-election=true"]).unwrap().leader_election);
+        assert!(!parse(&["--leader-election=false"]).unwrap().leader_election);
+    }
+
+    #[test]
+    fn an_upstream_flag_it_does_not_take_is_one_line_naming_it() {
+        let args = [
+            "vsphere",
+            "--leader-election",
+            "--csi-address=/csi/csi.sock",
+        ];
+        let args: Vec<String> = args.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            upstream_flag_error(&args).as_deref(),
+            Some(
+                "--csi-address is a flag of the upstream vsphere-syncer or csi-provisioner that this binary does not support (this binary provisions through CNS itself, without a CSI socket)"
+            )
+        );
+        let ours: Vec<String> = [
+            "vsphere",
+            "--kubeconfig=/k",
+            "--leader-election",
+            "--metrics-address=0.0.0.0:8080",
+        ]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        assert_eq!(upstream_flag_error(&ours), None);
     }
 }

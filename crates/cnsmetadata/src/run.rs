@@ -249,8 +249,10 @@ pub async fn run(
 /// // `leading()` instead.)
 /// let (elected, follower) = watch::channel(false);
 /// let leading = Leading::from(follower);
-/// let shutdown = async {
-///     let _ = tokio::signal::ctrl_c().await;
+/// // SIGTERM (the kubelet's) or SIGINT (Ctrl-C) starts the graceful stop.
+/// let signal = kube_controller_kit::signal::shutdown_signal()?;
+/// let shutdown = async move {
+///     signal.await;
 /// };
 /// let reconciler = tokio::spawn(cnsmetadata::run_while_leading(
 ///     client, backend, config, leading, shutdown,

@@ -7,4 +7,5 @@ pub mod events;
 pub mod http;
 pub mod leader;
 pub mod quantity;
+pub mod signal;
 pub mod store;

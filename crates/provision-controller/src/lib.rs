@@ -114,8 +114,11 @@ pub use error::{BoxError, ConfigError, ConfigOption, DeleteError, Error, Provisi
 // The metrics and probe server and leader election live in kube-controller-kit; they are
 // re-exported under their old paths (`provision_controller::http`, `::leader`).
 #[doc(inline)]
-pub use kube_controller_kit::{client, http, leader};
+pub use kube_controller_kit::{client, http, leader, signal};
 pub use leader::LeaderElection;
 pub use metrics::ControllerMetrics;
 pub use provisioner::{DeletionGuard, ProvisionOptions, Provisioner, Qualifier};
 pub use retry::{FailureBackoff, PvSaveStrategy};
+/// Waits for SIGTERM or SIGINT: the `shutdown` future to pass to
+/// [`ProvisionController::run`] (see [`signal::shutdown_signal`]).
+pub use signal::shutdown_signal;

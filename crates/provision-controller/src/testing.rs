@@ -1,5 +1,26 @@
-//! Test kit (feature `testing`): a recording [`FakeProvisioner`] with scripted results,
-//! and chainable builders [`pvc`], [`pv`], [`class`].
+//! Test kit (feature `testing`, which brings kube-sim): [`DriverTest`], a driver's
+//! controller against an in-process API server; the driver [`conformance`] suite; a
+//! recording [`FakeProvisioner`] with scripted results; chainable builders [`pvc`],
+//! [`pv`], [`class`].
+//!
+//! A driver's test, whole (a claim of the [`TEST_CLASS`] provisioned, bound, deleted):
+//!
+//! ```
+//! use provision_controller::testing::{DriverTest, FakeProvisioner, pvc};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> { a_claim_binds().await }
+//! // In a test file, under `#[tokio::test]`:
+//! async fn a_claim_binds() -> Result<(), Box<dyn std::error::Error>> {
+//!     let my_driver = FakeProvisioner::new(); // your Provisioner
+//!     let test = DriverTest::start("example.com/my-driver", my_driver).await?;
+//!     let volume = test.provision(pvc("data").request("5Gi")).await?;
+//!     let spec = volume.spec.unwrap_or_default();
+//!     assert_eq!(spec.capacity.unwrap_or_default()["storage"].0, "5Gi");
+//!     test.delete(&pvc("data").build()).await?;
+//!     Ok(test.stop().await?)
+//! }
+//! ```
 //!
 //! ```
 //! use provision_controller::testing::{class, pvc, FakeProvisioner, ProvisionStep};
@@ -11,8 +32,11 @@
 //! ```
 
 mod builders;
+pub mod conformance;
+mod harness;
 
 pub use builders::{ClassBuilder, PvBuilder, PvcBuilder, class, pv, pvc};
+pub use harness::{DEFAULT_LIMIT, DriverTest, HarnessError, TEST_CLASS};
 
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},

@@ -551,3 +551,31 @@ async fn a_cleanup_hands_over_the_volume_that_exists_and_never_creates_one() {
     assert_eq!(handle(&found), handle(&made));
     assert_eq!(sim.volumes().len(), 1);
 }
+
+/// The driver conformance suite of provision-controller against `CnsProvisioner` on the
+/// simulator: every clause of the provisioner contract holds, including what a refused
+/// class (an unknown parameter) answers.
+#[tokio::test]
+async fn the_cns_provisioner_keeps_the_provisioner_contract() {
+    use provision_controller::testing::conformance::{Clause, Conformance, Outcome};
+
+    let sim = sim().await;
+    let provisioner = provisioner(&sim).await;
+    let mut vsphere = class(&[("datastoreurl", DS_URL)]);
+    vsphere.reclaim_policy = Some("Delete".into());
+    let mut refused = class(&[("nosuchparameter", "x")]);
+    refused.metadata.name = Some("refused".into());
+    let report = Conformance::new(vsphere_cns::CSI_DRIVER)
+        .class(vsphere)
+        .refused_class(refused)
+        .retries(20, Duration::from_millis(100))
+        .check(&provisioner)
+        .await;
+    report.assert_conforms();
+    assert_eq!(
+        report.outcome(Clause::ErrorsTellTheTruth),
+        Some(&Outcome::Passed),
+        "{report}"
+    );
+    assert!(sim.volumes().is_empty(), "the suite deletes what it made");
+}

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{Context as _, anyhow};
 use kube_client::Client;
 use kube_client::config::{KubeConfigOptions, Kubeconfig};
+use kube_controller_kit::error::chain;
 use provision_controller::http::Health;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -390,19 +391,9 @@ pub async fn connect_real(
     options: &RealOptions,
     lookup: impl Fn(&str) -> Option<String>,
 ) -> anyhow::Result<Real> {
-    let kube_config = match kubeconfig {
-        Some(path) => {
-            let file = Kubeconfig::read_from(path)
-                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
-            kube_client::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("cannot use kubeconfig {}", path.display()))?
-        }
-        None => kube_client::Config::infer()
-            .await
-            .context("cannot find a kubeconfig or in-cluster configuration")?,
-    };
-    let kube = Client::try_from(kube_config).context("cannot build a Kubernetes client")?;
+    let kube_config = kube_config(kubeconfig, lookup("KUBECONFIG").as_deref()).await?;
+    let kube = Client::try_from(kube_config.clone()).context("cannot build a Kubernetes client")?;
+    reachable(&kube, &kube_config).await?;
     // The parser logs its warnings (unknown keys) itself.
     let vsphere = VsphereConfig::load(vsphere_config)?;
     let vc = vsphere.virtual_centers.first().ok_or_else(|| {
@@ -465,6 +456,87 @@ pub async fn connect_real(
         settings,
         host: vc.host.clone(),
     })
+}
+
+/// The client configuration: from the kubeconfig file `path` (`--kubeconfig`), else from
+/// the files `kubeconfig_env` lists (`KUBECONFIG`, merged as kubectl does), else the pod's
+/// service account.
+///
+/// A file that cannot be read or parsed is an error naming the file and, for a parse
+/// error, the line and column only: a kubeconfig holds tokens and keys, so none of its
+/// content is ever quoted.
+///
+/// # Errors
+/// A kubeconfig that is missing, unreadable, not a kubeconfig, or names no usable
+/// cluster; no service account outside a pod.
+pub async fn kube_config(
+    path: Option<&Path>,
+    kubeconfig_env: Option<&str>,
+) -> anyhow::Result<kube_client::Config> {
+    let (file, source) = match (path, kubeconfig_env) {
+        (Some(path), _) => (read_kubeconfig(path)?, path.display().to_string()),
+        (None, Some(list)) => {
+            let mut merged = Kubeconfig::default();
+            for path in std::env::split_paths(list).filter(|p| !p.as_os_str().is_empty()) {
+                merged = merged
+                    .merge(read_kubeconfig(&path)?)
+                    .with_context(|| format!("cannot merge kubeconfig {}", path.display()))?;
+            }
+            (merged, format!("KUBECONFIG={list}"))
+        }
+        (None, None) => {
+            return kube_client::Config::incluster()
+                .map_err(|e| anyhow!("{}", chain(&e)))
+                .context("cannot use the pod's service account");
+        }
+    };
+    kube_client::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| anyhow!("{}", chain(&e)))
+        .with_context(|| format!("cannot use kubeconfig {source}"))
+}
+
+/// Reads one kubeconfig file; its content never appears in an error.
+fn read_kubeconfig(path: &Path) -> anyhow::Result<Kubeconfig> {
+    use kube_client::config::KubeconfigError;
+    match Kubeconfig::read_from(path) {
+        Ok(file) => Ok(file),
+        Err(KubeconfigError::ReadConfig(error, _)) => Err(anyhow!(
+            "cannot read kubeconfig {}: {error}",
+            path.display()
+        )),
+        Err(KubeconfigError::Parse(error)) => {
+            let at = error
+                .location()
+                .map(|l| format!(" at line {}, column {}", l.line(), l.column()))
+                .unwrap_or_default();
+            Err(anyhow!(
+                "kubeconfig {} is not a valid kubeconfig (a YAML error{at}; its content is not shown: it may hold credentials)",
+                path.display()
+            ))
+        }
+        Err(error) => Err(anyhow!(
+            "cannot use kubeconfig {}: {}",
+            path.display(),
+            chain(&error)
+        )),
+    }
+}
+
+/// Asks the API server for its version, so that an unreachable or refusing server is
+/// reported at once, with its address, rather than by every watch retrying.
+///
+/// # Errors
+/// The server cannot be reached or refuses the client.
+pub async fn reachable(client: &Client, config: &kube_client::Config) -> anyhow::Result<()> {
+    match client.apiserver_version().await {
+        Ok(_) => Ok(()),
+        Err(error) => Err(anyhow!(
+            "cannot reach the Kubernetes API server at {}: {}",
+            config.cluster_url,
+            chain(&error)
+        )),
+    }
 }
 
 /// Whether `path` exists (for the default vSphere config).

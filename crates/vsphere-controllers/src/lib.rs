@@ -31,18 +31,19 @@
 
 mod app;
 mod demo;
+pub mod flags;
 pub mod rbac;
 mod run;
-mod signal;
 mod upstream;
 
 pub use app::{
     DEFAULT_VSPHERE_CONFIG, DEMO_BANNER, Found, LOGOUT_TIMEOUT, Mode, Real, RealOptions, Running,
-    STOP_MARGIN, Settings, connect_real, exists, select_mode, start_controllers,
+    STOP_MARGIN, Settings, connect_real, exists, kube_config, reachable, select_mode,
+    start_controllers,
 };
 pub use demo::{CLASS, DemoOptions, DemoReport, Row, run_demo};
+pub use provision_controller::signal::{Signal, shutdown_signal};
 pub use run::{Options, RunError, parse_datastore, run};
-pub use signal::{Signal, shutdown_signal};
 pub use upstream::{
     CRD_MANIFEST, CRD_NOT_READY, CRD_RETRY_FIRST, CRD_RETRY_MAX, DEFAULT_FSS_NAME,
     DEFAULT_FSS_NAMESPACE, FeatureStates, TKGS_HA, install_crd, parse_feature_state,

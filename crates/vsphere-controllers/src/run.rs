@@ -71,7 +71,8 @@ impl fmt::Display for RunError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Usage(message) => f.write_str(message),
-            Self::Failed(error) => write!(f, "{error:#}"),
+            // Each cause once: a cause that repeats its source's text is not printed twice.
+            Self::Failed(error) => f.write_str(&kube_controller_kit::error::chain(error.as_ref())),
         }
     }
 }
@@ -132,6 +133,9 @@ pub async fn run(
     shutdown: impl Future,
     out: &mut (dyn Write + Send),
 ) -> Result<(), RunError> {
+    if !options.demo {
+        missing_files(options, &env).map_err(RunError::Usage)?;
+    }
     let found = Found {
         kubeconfig_flag: options.kubeconfig.clone(),
         kubeconfig_env: env("KUBECONFIG").is_some(),
@@ -168,6 +172,37 @@ pub async fn run(
         }
     }
     Ok(())
+}
+
+/// A configuration file named by a flag or by `KUBECONFIG` that does not exist: an error
+/// naming each (found-or-not is decided only among files that exist).
+fn missing_files(options: &Options, env: impl Fn(&str) -> Option<String>) -> Result<(), String> {
+    let mut missing = Vec::new();
+    if let Some(path) = &options.vsphere_config
+        && !exists(path)
+    {
+        missing.push(format!("--vsphere-config {}", path.display()));
+    }
+    if let Some(path) = &options.kubeconfig
+        && !exists(path)
+    {
+        missing.push(format!("--kubeconfig {}", path.display()));
+    } else if options.kubeconfig.is_none()
+        && let Some(list) = env("KUBECONFIG")
+    {
+        let paths: Vec<PathBuf> = std::env::split_paths(&list)
+            .filter(|p| !p.as_os_str().is_empty())
+            .collect();
+        // kubectl skips the files of the list that do not exist, but not all of them.
+        if !paths.is_empty() && !paths.iter().any(|p| exists(p)) {
+            missing.push(format!("KUBECONFIG={list}"));
+        }
+    }
+    match missing.as_slice() {
+        [] => Ok(()),
+        [one] => Err(format!("{one}: no such file")),
+        many => Err(format!("no such files: {}", many.join(", "))),
+    }
 }
 
 async fn demo(

@@ -148,8 +148,11 @@ async fn run_with_demo_runs_the_demo_whatever_the_environment_says() {
 
 #[tokio::test]
 async fn run_with_half_a_configuration_is_a_usage_error_exiting_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("x.conf");
+    std::fs::write(&conf, "").unwrap();
     let options = Options {
-        vsphere_config: Some(PathBuf::from("/etc/x.conf")),
+        vsphere_config: Some(conf.clone()),
         ..options()
     };
     let mut out = Vec::new();
@@ -165,7 +168,7 @@ async fn run_with_half_a_configuration_is_a_usage_error_exiting_2() {
     assert_eq!(err.exit_code(), 2);
     let message = err.to_string();
     assert!(
-        message.contains("/etc/x.conf") && message.contains("no kubeconfig"),
+        message.contains(&conf.display().to_string()) && message.contains("no kubeconfig"),
         "{message}"
     );
     assert!(out.is_empty(), "nothing runs");
@@ -175,15 +178,14 @@ async fn run_with_half_a_configuration_is_a_usage_error_exiting_2() {
         vsphere_config: None,
         ..options
     };
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, "").unwrap();
+    let kubeconfig = kubeconfig.display().to_string();
+    let env = |name: &str| (name == "KUBECONFIG").then(|| kubeconfig.clone());
     if !vsphere_controllers::exists(DEFAULT_VSPHERE_CONFIG.as_ref()) {
-        let err = run(
-            &options,
-            in_a_pod_with_kubeconfig,
-            std::future::pending::<()>(),
-            &mut out,
-        )
-        .await
-        .unwrap_err();
+        let err = run(&options, env, std::future::pending::<()>(), &mut out)
+            .await
+            .unwrap_err();
         assert!(
             err.to_string().contains("found a kubeconfig (KUBECONFIG)"),
             "{err}"

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 
 use super::{
     Context, State,
-    calls::{OpError, chain, get_volume},
+    calls::{OpError, chain, get_volume, is_api},
     crash_safety,
     volume_object::{create, reuse_existing},
 };
@@ -117,6 +117,12 @@ impl Saver {
                         succeeded(ctx, &claim.claim, &name).await;
                         return Ok(true);
                     }
+                    Err(err) if invalid(&err).is_some() => {
+                        // The server will refuse this PV however often it is sent: the
+                        // driver must change it. The asset is kept; the claim is
+                        // provisioned again after its backoff.
+                        return Err(refused_as_invalid(ctx, claim, &name, err).await);
+                    }
                     Err(err) => {
                         tracing::warn!(pv = %name, error = %chain(&err), "failed to save volume; retrying in background");
                         let unsaved = {
@@ -163,6 +169,15 @@ async fn store_blocking(
             Ok(_) => {
                 succeeded(ctx, &claim.claim, &name).await;
                 return Ok(());
+            }
+            Err(err) if invalid(&err).is_some() => {
+                // 422 Invalid: sending the same PV again cannot succeed (Go retries it
+                // CreateProvisionedPVRetryCount times, 50 s by default, before any event).
+                if ctx.config.crash_safe_provisioning {
+                    return Err(refused_as_invalid(ctx, claim, &name, err).await);
+                }
+                last = Some(err);
+                break;
             }
             Err(err) => {
                 tracing::info!(pv = %name, attempt, error = %chain(&err), "failed to save persistentvolume");
@@ -238,6 +253,39 @@ async fn store_blocking(
             .await;
     }
     Err((State::Finished, save_error))
+}
+
+/// The API server's message when `err` is its 422 Invalid answer (the PV the driver
+/// returned breaks a validation rule; the message names the field).
+fn invalid(err: &OpError) -> Option<&str> {
+    match err {
+        OpError::Api { source, .. } if is_api(source, |s| s.code == 422) => match source {
+            kube_client::Error::Api(status) => Some(status.message.as_str()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Reports a PV the API server refused as invalid, at once, with a Warning event that
+/// quotes the server (which names the field); the asset is kept, so the claim must
+/// remember that it may exist without a PV.
+async fn refused_as_invalid(
+    ctx: &Context,
+    claim: &ClaimView,
+    name: &str,
+    err: OpError,
+) -> (State, OpError) {
+    let message = invalid(&err).unwrap_or_default();
+    let note = format!(
+        "The API server refused the PersistentVolume {name} the driver returned for claim {} as invalid: {message}. Keeping the volume; the driver must return a valid PV (capacity, access modes, reclaim policy, one volume source).",
+        claim.key
+    );
+    tracing::error!(pvc = %claim.key, pv = name, error = %chain(&err), "the API server refused the provisioned PV as invalid; keeping the volume");
+    ctx.events
+        .warning(&*claim.claim, events::PROVISIONING_FAILED, note)
+        .await;
+    (State::InBackground, err)
 }
 
 /// Whether a PV of `volume`'s name exists now (then it is reused, see [`reuse_existing`],

@@ -125,6 +125,12 @@ impl PvcBuilder {
     }
 }
 
+impl From<PvcBuilder> for PersistentVolumeClaim {
+    fn from(builder: PvcBuilder) -> Self {
+        builder.build()
+    }
+}
+
 /// Starts a volume builder: phase `Available`, reclaim policy `Delete`, 1Gi, host path.
 pub fn pv(name: &str) -> PvBuilder {
     PvBuilder(PersistentVolume {

@@ -1,6 +1,7 @@
 //! Whole-controller tests: a real `kube::Client` against kube-sim with its PV binder, and
 //! the recording `FakeProvisioner`.
 
+mod conformance;
 mod crash_safe;
 mod delete;
 mod in_flight;

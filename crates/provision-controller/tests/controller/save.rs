@@ -566,3 +566,49 @@ async fn a_volume_saved_hook_that_fails_twice_is_asked_again_until_it_succeeds()
     assert!(env.events("data", PROVISIONING_FAILED).await.is_empty());
     env.stop().await;
 }
+
+/// A PV the API server refuses as invalid (422) fails the attempt at once, with a Warning
+/// event that quotes the server naming the field; Go retries the same PV 5 times 10 s
+/// apart (the default `pv_save`) before its first event.
+#[tokio::test]
+async fn a_volume_the_server_refuses_as_invalid_fails_the_claim_at_once() {
+    use provision_controller::testing::{DriverTest, HarnessError, pvc, volume_for};
+
+    struct NoCapacity;
+    #[async_trait::async_trait]
+    impl Provisioner for NoCapacity {
+        async fn provision(
+            &self,
+            options: &ProvisionOptions,
+        ) -> Result<PersistentVolume, ProvisionError> {
+            let mut volume = volume_for(options);
+            volume.spec.as_mut().unwrap().capacity = None;
+            Ok(volume)
+        }
+        async fn delete(&self, _: &PersistentVolume) -> Result<(), DeleteError> {
+            Ok(())
+        }
+    }
+
+    let test = DriverTest::start(ME, NoCapacity)
+        .await
+        .unwrap()
+        .limit(Duration::from_secs(5));
+    let error = test.provision(pvc("data")).await.unwrap_err();
+    let HarnessError::NotBound { events, .. } = &error else {
+        panic!("{error}");
+    };
+    assert!(
+        events.contains("Warning ProvisioningFailed: The API server refused the PersistentVolume")
+            && events.contains("spec.capacity: Required value"),
+        "{events}"
+    );
+    let creates = test
+        .sim()
+        .requests()
+        .iter()
+        .filter(|r| r.verb == "create" && r.resource == "persistentvolumes")
+        .count();
+    assert_eq!(creates, 1, "one attempt, one create");
+    test.stop().await.unwrap();
+}

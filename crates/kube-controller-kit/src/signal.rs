@@ -1,4 +1,9 @@
 //! The signals that stop the process: SIGTERM (what the kubelet sends) and SIGINT (Ctrl-C).
+//!
+//! A controller in a pod must stop gracefully on SIGTERM: the kubelet sends it, and a
+//! process that only waits for Ctrl-C (`tokio::signal::ctrl_c`) is killed at once, leaving
+//! its lease held until it expires. [`shutdown_signal`] waits for either signal; pass it
+//! as the `shutdown` future of a controller's `run`.
 
 use std::fmt;
 use std::future::Future;
@@ -17,6 +22,7 @@ pub enum Signal {
 impl Signal {
     /// The exit code of a process killed by this signal (128 + its number: 143 for
     /// SIGTERM, 130 for SIGINT), for a binary that exits at once on a second signal.
+    #[must_use]
     pub fn exit_code(self) -> u8 {
         match self {
             Self::Terminate => 128 + 15,
@@ -36,9 +42,9 @@ impl fmt::Display for Signal {
 
 /// Installs handlers for SIGTERM and SIGINT now, and returns a future that completes with
 /// the first of them to arrive (a signal that arrives before the future is polled is not
-/// lost). Pass it, or a future awaiting it, as the `shutdown` of [`run`](crate::run) or
-/// [`Running::run_until`](crate::Running::run_until): both start the graceful stop, that
-/// is the drain, the lease release and the vCenter logout.
+/// lost). Pass it, or a future awaiting it, as the `shutdown` of a controller's `run`
+/// (provision-controller's `ProvisionController::run`, vsphere-controllers' `run`): the
+/// graceful stop then starts, that is the drain and the lease release.
 ///
 /// Only a binary should call this: once installed, the handlers replace the default
 /// action of both signals (ending the process) for the rest of the process's life, so a
@@ -52,7 +58,7 @@ impl fmt::Display for Signal {
 ///
 /// ```no_run
 /// # async fn doc() -> Result<(), Box<dyn std::error::Error>> {
-/// let signal = vsphere_controllers::shutdown_signal()?;
+/// let signal = kube_controller_kit::signal::shutdown_signal()?;
 /// let shutdown = async move {
 ///     let signal = signal.await;
 ///     eprintln!("{signal}: stopping");
