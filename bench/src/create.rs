@@ -2,7 +2,7 @@
 //! `driver_creates_per_s` of `provision`, where the same creators run beside the
 //! controller: how much the controller slows another client of the API server.
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 use anyhow::Context as _;
 use futures::StreamExt;
