@@ -34,6 +34,7 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
         .await;
     let seconds = started.elapsed().as_secs_f64();
     eprintln!("{created} claims created in {seconds:.2} s; deleting them");
+    let connections_peak = env.server_connections_peak().await?;
     claims
         .delete_collection(&DeleteParams::default(), &ListParams::default())
         .await
@@ -45,5 +46,6 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
         "creators": env.args.in_flight,
         "seconds": (seconds * 100.0).round() / 100.0,
         "creates_per_s": (created as f64 / seconds * 10.0).round() / 10.0,
+        "sim_connections_peak": connections_peak,
     }))
 }

@@ -326,6 +326,28 @@ impl Env {
             .context("cannot read kube-sim's /metrics")?;
         Ok(Some(parse_metrics(&text)))
     }
+
+    /// The most client connections kube-sim had open at once since it started (the
+    /// driver's, the controller's); `None` against a cluster.
+    pub(crate) async fn server_connections_peak(&self) -> anyhow::Result<Option<u64>> {
+        if self.args.kubeconfig.is_some() {
+            return Ok(None);
+        }
+        let request = http::Request::get("/metrics")
+            .body(Vec::new())
+            .context("a /metrics request")?;
+        let text = self
+            .driver
+            .request_text(request)
+            .await
+            .context("cannot read kube-sim's /metrics")?;
+        Ok(text.lines().find_map(|line| {
+            line.strip_prefix("kube_sim_open_connections_peak ")?
+                .trim()
+                .parse()
+                .ok()
+        }))
+    }
 }
 
 /// Parses `kube_sim_requests_total{verb="..",resource="..",...,client=".."} N` lines.

@@ -148,6 +148,7 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
     env::settle(&env.probe.api, SETTLE_QUIET, SETTLE_LIMIT).await;
     let s2 = env.probe.snapshot();
     let server2 = env.server_counts().await?;
+    let connections_peak = env.server_connections_peak().await?;
     let (peak_provision, sim_peak_provision) = env.probe.take_peaks();
     if incomplete.is_none() {
         eprintln!("all Bound; deleting {created} claims");
@@ -236,6 +237,7 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
             "driver_creates_per_s": per_second(created, sent_in),
             "latency_created_to_pv": latency(timeline.latencies(Step::Sent, Step::Created)),
             "latency_created_to_bound": latency(timeline.latencies(Step::Sent, Step::Ready)),
+            "sim_connections_peak": connections_peak,
         },
         "delete": {
             "seconds": round(delete_span.as_secs_f64(), 2),

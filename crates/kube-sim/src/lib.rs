@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod binder;
+mod conn;
 mod crd;
 mod delete;
 mod error;

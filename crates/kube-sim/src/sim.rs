@@ -8,6 +8,7 @@ use serde_json::json;
 use tempfile::TempDir;
 use tokio::task::JoinHandle;
 
+use crate::conn::CountingListener;
 use crate::error::{Error, Result};
 use crate::fault::FaultRule;
 use crate::load::{Gate, LoadModel, RequestCount};
@@ -191,6 +192,7 @@ impl Builder {
             kube_client::Client::try_from(kube_client::Config::new(uri)).map_err(Error::Client)?;
 
         let gate = Arc::new(Gate::new(self.load));
+        let listener = CountingListener::new(listener, gate.clone());
         let router = http::router(http::Front {
             shared: shared.clone(),
             gate: gate.clone(),
@@ -327,6 +329,21 @@ impl KubeSim {
     #[must_use]
     pub fn request_counts(&self) -> Vec<RequestCount> {
         self.gate.request_counts()
+    }
+
+    /// Client connections open now (on the socket: the PV binder has none). Each costs
+    /// the server [`LoadModel::per_connection`]; `GET /metrics` serves it as
+    /// `kube_sim_open_connections`.
+    #[must_use]
+    pub fn open_connections(&self) -> usize {
+        self.gate.connections()
+    }
+
+    /// The most client connections open at once since the sim started
+    /// (`kube_sim_open_connections_peak` at `/metrics`).
+    #[must_use]
+    pub fn peak_connections(&self) -> usize {
+        self.gate.peak_connections()
     }
 
     /// Forgets the logged requests.
@@ -518,6 +535,71 @@ mod load_tests {
         let event = events.next().await.unwrap().unwrap();
         assert!(matches!(event, kube_client::api::WatchEvent::Added(_)));
         assert!(written.elapsed() >= delay, "{:?}", written.elapsed());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_patch_takes_the_patch_cost_and_a_create_the_write_cost() {
+        use kube_client::api::{Patch, PatchParams};
+
+        let (write, patch) = (Duration::from_millis(100), Duration::from_millis(300));
+        let load = LoadModel::none()
+            .writes(Cost::fixed(write))
+            .patches(Cost::fixed(patch));
+        let sim = KubeSim::builder().load(load).start().await.unwrap();
+        let volumes: Api<PersistentVolume> = Api::all(in_process(&sim));
+        let started = Instant::now();
+        volumes
+            .create(&PostParams::default(), &volume("a"))
+            .await
+            .unwrap();
+        let created_in = started.elapsed();
+        assert!((write..patch).contains(&created_in), "{created_in:?}");
+        let body = json!({"metadata": {"labels": {"a": "b"}}});
+        for kind in [Patch::Merge(&body), Patch::Strategic(&body)] {
+            let started = Instant::now();
+            volumes
+                .patch("a", &PatchParams::default(), &kind)
+                .await
+                .unwrap();
+            assert!(started.elapsed() >= patch, "{:?}", started.elapsed());
+        }
+    }
+
+    #[tokio::test]
+    async fn open_connections_are_counted_until_closed() {
+        let sim = KubeSim::start().await.unwrap();
+        let addr = sim.url().trim_start_matches("http://").to_owned();
+        let until = |want: usize| {
+            let sim = &sim;
+            async move {
+                for _ in 0..500 {
+                    if sim.open_connections() == want {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                panic!("{} connections open, wanted {want}", sim.open_connections());
+            }
+        };
+        until(0).await;
+        let mut conns = Vec::new();
+        for _ in 0..3 {
+            conns.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+        }
+        until(3).await;
+        conns.truncate(1);
+        until(1).await;
+        assert_eq!(sim.peak_connections(), 3);
+        // Served at /metrics too (the request's own connection counts).
+        let request = ::http::Request::get("/metrics").body(Vec::new()).unwrap();
+        let resp = sim.client().send(request.map(Into::into)).await.unwrap();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let text = String::from_utf8(body.to_vec()).unwrap();
+        assert!(text.contains("kube_sim_open_connections 2\n"), "{text}");
+        assert!(
+            text.contains("kube_sim_open_connections_peak 3\n"),
+            "{text}"
+        );
     }
 
     #[tokio::test]

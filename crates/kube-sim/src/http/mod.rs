@@ -77,6 +77,7 @@ fn class_of(method: &Method, route: &Route, query: &str) -> Option<Class> {
             (!watch).then_some(Class::Read)
         }
         _ if *method == Method::GET || *method == Method::HEAD => Some(Class::Read),
+        Route::Resource(_) if *method == Method::PATCH => Some(Class::Patch),
         _ => Some(Class::Write),
     }
 }
@@ -213,8 +214,16 @@ fn metrics_response(gate: &Gate) -> Response {
         out,
         "# HELP kube_sim_requests_in_flight Reads and writes in flight (watches not counted).\n\
          # TYPE kube_sim_requests_in_flight gauge\n\
-         kube_sim_requests_in_flight {}\n",
-        gate.in_flight()
+         kube_sim_requests_in_flight {}\n\
+         # HELP kube_sim_open_connections Open client connections.\n\
+         # TYPE kube_sim_open_connections gauge\n\
+         kube_sim_open_connections {}\n\
+         # HELP kube_sim_open_connections_peak The most client connections open at once since the start.\n\
+         # TYPE kube_sim_open_connections_peak gauge\n\
+         kube_sim_open_connections_peak {}\n",
+        gate.in_flight(),
+        gate.connections(),
+        gate.peak_connections(),
     );
     let mut resp = (StatusCode::OK, out).into_response();
     resp.headers_mut().insert(
