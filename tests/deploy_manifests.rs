@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Container, Probe, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use provision_controller::LeaderElection;
 use provision_controller::rbac::{
-    CLUSTER_PERMISSIONS, LEADER_ELECTION_PERMISSIONS, Names, Permission,
+    CLUSTER_PERMISSIONS, JOURNAL_PERMISSIONS, LEADER_ELECTION_PERMISSIONS, Names, Permission,
 };
 
 /// One granted verb: group, resource, verb, and the one object it is limited to (`None`:
@@ -136,7 +136,12 @@ fn the_example_rbac_grants_exactly_what_the_controller_uses() {
     );
     assert_eq!(
         granted(&docs, "Role"),
-        flatten(LEADER_ELECTION_PERMISSIONS, &lease)
+        flatten(
+            LEADER_ELECTION_PERMISSIONS
+                .iter()
+                .chain(JOURNAL_PERMISSIONS),
+            &lease
+        )
     );
     let (account, namespace) = bound_account(&docs);
     assert_eq!(
@@ -146,7 +151,7 @@ fn the_example_rbac_grants_exactly_what_the_controller_uses() {
 }
 
 #[test]
-fn only_lease_create_is_unlimited_by_name_in_the_leader_election_roles() {
+fn only_lease_create_and_the_journal_are_unlimited_by_name_in_the_namespaced_roles() {
     for yaml in [
         include_str!("../examples/deploy/provisioner-rbac.yaml"),
         include_str!("../examples/deploy/vsphere-rbac.yaml"),
@@ -156,7 +161,16 @@ fn only_lease_create_is_unlimited_by_name_in_the_leader_election_roles() {
             .filter(|(.., name)| name.is_none())
             .map(|(_, resource, verb, _)| format!("{verb} {resource}"))
             .collect();
-        assert_eq!(unlimited, ["create leases"]);
+        let mut want = vec!["create leases".to_owned()];
+        want.extend(
+            JOURNAL_PERMISSIONS
+                .iter()
+                .flat_map(|p| p.verbs.iter().map(move |v| format!("{v} {}", p.resource))),
+        );
+        let (mut got, mut want) = (unlimited, want);
+        got.sort();
+        want.sort();
+        assert_eq!(got, want);
     }
 }
 
@@ -177,6 +191,7 @@ fn the_vsphere_rbac_grants_exactly_what_both_controllers_use() {
     );
     let namespaced = rbac::LEADER_ELECTION_PERMISSIONS
         .iter()
+        .chain(rbac::JOURNAL_PERMISSIONS)
         .chain(rbac::FEATURE_STATES_PERMISSIONS);
     assert_eq!(granted(&docs, "Role"), flatten(namespaced, &lease));
     bound_account(&docs);

@@ -278,6 +278,7 @@ fn validate_builtin(def: &ResourceDef, obj: &Value, causes: &mut Vec<Cause>) -> 
             }
             check_one_of(obj, "type", &["Normal", "Warning"], causes);
         }
+        ("", "configmaps") => check_config_map(obj, causes),
         ("", "pods") => {
             let containers = at(obj, &["spec", "containers"]).and_then(Value::as_array);
             if containers.is_none_or(Vec::is_empty) {
@@ -287,6 +288,68 @@ fn validate_builtin(def: &ResourceDef, obj: &Value, causes: &mut Vec<Cause>) -> 
         _ => {}
     }
     Ok(())
+}
+
+/// The most bytes a ConfigMap's `data` and `binaryData` may hold together (the real
+/// server's `MaxSecretSize`, 1 MiB).
+pub(crate) const MAX_CONFIG_MAP_BYTES: usize = 1024 * 1024;
+
+/// Whether `key` may name a ConfigMap entry: `[-._a-zA-Z0-9]+`, at most 253 bytes, not `.`
+/// or `..` (the real server's `IsConfigMapKey`).
+fn is_config_map_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 253
+        && key != "."
+        && key != ".."
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// A ConfigMap's keys and size, as the real server checks them: every key valid and
+/// unique across `data` and `binaryData`, values of `data` strings, and all values
+/// together at most [`MAX_CONFIG_MAP_BYTES`] (`Too long: must have at most 1048576 bytes`).
+fn check_config_map(obj: &Value, causes: &mut Vec<Cause>) {
+    let mut total = 0usize;
+    let mut seen = std::collections::HashSet::new();
+    for field in ["data", "binaryData"] {
+        let Some(map) = at(obj, &[field]).and_then(Value::as_object) else {
+            continue;
+        };
+        for (key, value) in map {
+            if !is_config_map_key(key) {
+                causes.push(Cause::invalid(
+                    format!("{field}[{key}]"),
+                    &Value::String(key.clone()),
+                    "a valid config key must consist of alphanumeric characters, '-', '_' or '.' \
+                     (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation \
+                     is '[-._a-zA-Z0-9]+')",
+                ));
+            }
+            if !seen.insert(key.clone()) {
+                causes.push(Cause::invalid(
+                    format!("{field}[{key}]"),
+                    &Value::String(key.clone()),
+                    "duplicate of key present in data",
+                ));
+            }
+            match value.as_str() {
+                Some(v) => total += v.len(),
+                None => causes.push(Cause::invalid(
+                    format!("{field}[{key}]"),
+                    value,
+                    "must be a string",
+                )),
+            }
+        }
+    }
+    if total > MAX_CONFIG_MAP_BYTES {
+        causes.push(Cause {
+            reason: "FieldValueTooLong",
+            message: format!("Too long: must have at most {MAX_CONFIG_MAP_BYTES} bytes"),
+            field: String::new(),
+        });
+    }
 }
 
 /// Validates an object about to be stored.
@@ -497,6 +560,36 @@ mod tests {
         Registry::with_builtins()
             .lookup("", "v1", "persistentvolumeclaims")
             .unwrap()
+    }
+
+    #[test]
+    fn config_maps_are_checked_for_keys_and_size_as_the_real_server_does() {
+        let def = Registry::with_builtins()
+            .lookup("", "v1", "configmaps")
+            .unwrap();
+        let cm = |data: Value| json!({"metadata": {"name": "j", "namespace": "ns"}, "data": data});
+        assert!(validate(&def, &cm(json!({"e.abc-1_2": "{}"}))).is_ok());
+        let bad_key = validate(&def, &cm(json!({"a/b": "x"}))).unwrap_err();
+        assert_eq!(bad_key.code, 422, "{bad_key:?}");
+        assert!(bad_key.message.contains("data[a/b]"), "{}", bad_key.message);
+        let exactly = "x".repeat(MAX_CONFIG_MAP_BYTES);
+        assert!(validate(&def, &cm(json!({ "k": exactly }))).is_ok());
+        let over = validate(&def, &cm(json!({"k": exactly, "l": "y"}))).unwrap_err();
+        assert_eq!(over.code, 422);
+        assert!(
+            over.message
+                .contains("Too long: must have at most 1048576 bytes"),
+            "{}",
+            over.message
+        );
+        let both =
+            json!({"metadata": {"name": "j"}, "data": {"k": "x"}, "binaryData": {"k": "eA=="}});
+        assert!(
+            validate(&def, &both)
+                .unwrap_err()
+                .message
+                .contains("duplicate")
+        );
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Annotation and finalizer names the controller reads and writes, with typed getters
+//! Annotation and finalizer names the controller reads and writes (Go's: the controller
+//! writes no key of its own on users' objects), with typed getters
 //! (and, for the crate, the `namespace/name` a claim is named by in logs and events, and
 //! `ClaimView`: all of this read off a claim once, when its sync starts).
 
@@ -28,71 +29,6 @@ pub const ANN_ALPHA_SELECTED_NODE: &str = "volume.alpha.kubernetes.io/selected-n
 #[doc(alias = "finalizerPV")]
 pub const FINALIZER_PV: &str = "external-provisioner.volume.kubernetes.io/finalizer";
 
-/// Claim finalizer of crash-safe provisioning
-/// ([`Config::crash_safe_provisioning`](crate::Config::crash_safe_provisioning)): put on a
-/// claim before the driver is asked for its asset, removed once a PV records the asset (or
-/// the driver answered that none exists). No Go counterpart
-/// (kubernetes-csi/external-provisioner#486).
-pub const FINALIZER_PROVISIONING: &str = "external-provisioner.volume.kubernetes.io/provisioning";
-
-/// On a claim, next to [`FINALIZER_PROVISIONING`]: the provisioner that put the finalizer
-/// there, so that it alone finishes or cleans up the claim, even after the claim's
-/// storage-provisioner annotation or class changed. Written and removed together with the
-/// finalizer. No Go counterpart.
-pub const ANN_PROVISIONING_OWNER: &str =
-    "external-provisioner.volume.kubernetes.io/provisioning-owner";
-
-/// On a claim, next to [`FINALIZER_PROVISIONING`]: the StorageClass the provisioning started
-/// with, as JSON (its name, uid, provisioner, parameters, reclaim policy, mount options,
-/// binding mode and allowed topologies), so that the claim is finished or cleaned up with
-/// that class even after the class was deleted or changed. Written and removed together
-/// with the finalizer; left out for a class whose JSON exceeds 16 KiB. No Go counterpart.
-pub const ANN_PROVISIONING_CLASS: &str =
-    "external-provisioner.volume.kubernetes.io/provisioning-class";
-
-/// On a PV we provisioned for a driver with late assets
-/// ([`Provisioner::late_asset_window`](crate::Provisioner::late_asset_window)): the time
-/// (RFC 3339) at which its late-asset window ends, written with the PV when it is saved.
-/// From then on the driver owes the PV its last sweep
-/// ([`Provisioner::volume_saved`](crate::Provisioner::volume_saved)); whichever controller
-/// leads then makes it (the one that saved the PV may be gone) and removes the annotation
-/// once the driver answered without failing. No Go counterpart.
-pub const ANN_LATE_ASSET_SWEEP: &str = "external-provisioner.volume.kubernetes.io/late-asset-sweep";
-
-/// On a PV that crash-safe provisioning saved only to record an asset its claim will not
-/// use (the claim was deleted, bound to another PV, or asks another provisioner now):
-/// `"true"`. Such a PV is released at once; when it is reclaimed inside its late-asset
-/// window it stays (Released, with our finalizer when it has one) until the window ends,
-/// and its name is deleted again then, so a create of its name that another replica (or
-/// an earlier life of this one) sent and that lands late goes too, whichever controller
-/// leads by then. No Go counterpart.
-pub const ANN_CLEANUP_RECORD: &str = "external-provisioner.volume.kubernetes.io/cleanup-record";
-
-/// On a PV we provisioned for a driver with late assets: `"true"` when a create of its
-/// name may have been sent by another process than the one that saved it, or with an
-/// outcome that process does not know: the claim showed the crash-safety finalizer (or
-/// what is left of it once stripped) when that process's successful attempt began (put
-/// there by another replica, an earlier life of this one, or an earlier attempt of this
-/// one that the driver answered `NoChange`), or the driver answered `InBackground` (or
-/// timed out) for it first. Such a PV, reclaimed inside its late-asset
-/// window, stays (Released) until the window ends, as a cleanup record does
-/// ([`ANN_CLEANUP_RECORD`]), and its name is deleted again then, whichever controller
-/// leads by then: a create that lands late goes too even when every replica restarted
-/// meanwhile. A PV provisioned in one go by one process goes at once. No Go counterpart.
-pub const ANN_CREATES_MAY_LAND: &str = "external-provisioner.volume.kubernetes.io/creates-may-land";
-
-/// Whether `volume` is kept until its late-asset window ends when reclaimed inside it: a
-/// cleanup record ([`ANN_CLEANUP_RECORD`]) or a PV of a create that may land late
-/// ([`ANN_CREATES_MAY_LAND`]).
-pub(crate) fn kept_for_window(volume: &PersistentVolume) -> bool {
-    is_cleanup_record(volume) || annotation(&volume.metadata, ANN_CREATES_MAY_LAND) == Some("true")
-}
-
-/// Whether `volume` is a cleanup record ([`ANN_CLEANUP_RECORD`] is `"true"`).
-pub(crate) fn is_cleanup_record(volume: &PersistentVolume) -> bool {
-    annotation(&volume.metadata, ANN_CLEANUP_RECORD) == Some("true")
-}
-
 fn annotation<'a>(
     meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
     key: &str,
@@ -105,18 +41,6 @@ fn annotation<'a>(
 pub fn storage_provisioner(claim: &PersistentVolumeClaim) -> Option<&str> {
     annotation(&claim.metadata, ANN_STORAGE_PROVISIONER)
         .or_else(|| annotation(&claim.metadata, ANN_BETA_STORAGE_PROVISIONER))
-}
-
-/// The provisioner that put [`FINALIZER_PROVISIONING`] on the claim ([`ANN_PROVISIONING_OWNER`]).
-#[must_use]
-pub fn provisioning_owner(claim: &PersistentVolumeClaim) -> Option<&str> {
-    annotation(&claim.metadata, ANN_PROVISIONING_OWNER)
-}
-
-/// The class snapshot [`ANN_PROVISIONING_CLASS`] on the claim, as written (JSON).
-#[must_use]
-pub fn provisioning_class(claim: &PersistentVolumeClaim) -> Option<&str> {
-    annotation(&claim.metadata, ANN_PROVISIONING_CLASS)
 }
 
 /// The node the scheduler chose: [`ANN_SELECTED_NODE`], else its alpha form.
@@ -179,15 +103,6 @@ pub fn has_finalizer(volume: &PersistentVolume, finalizer: &str) -> bool {
         .is_some_and(|f| f.iter().any(|x| x == finalizer))
 }
 
-/// Whether the claim carries [`FINALIZER_PROVISIONING`].
-pub(crate) fn has_provisioning_finalizer(claim: &PersistentVolumeClaim) -> bool {
-    claim
-        .metadata
-        .finalizers
-        .as_ref()
-        .is_some_and(|f| f.iter().any(|x| x == FINALIZER_PROVISIONING))
-}
-
 /// The claim as `namespace/name`, for logs, events and errors.
 pub(crate) fn claim_key(claim: &PersistentVolumeClaim) -> String {
     format!(
@@ -198,8 +113,7 @@ pub(crate) fn claim_key(claim: &PersistentVolumeClaim) -> String {
 }
 
 /// A claim as the claim flow reads it: the object, with what the flow decides by read
-/// off it once, when the claim's sync starts (the getters above, the crash-safety
-/// finalizer and its annotations). Every step of a claim's way takes what it needs from
+/// off it once, when the claim's sync starts (the getters above). Every step of a claim's way takes what it needs from
 /// here instead of reading the claim again.
 #[derive(Clone, Debug)]
 pub(crate) struct ClaimView {
@@ -219,12 +133,6 @@ pub(crate) struct ClaimView {
     pub(crate) has_selected_node: bool,
     /// Whether it asks for `volumeMode: Block` ([`is_block`]).
     pub(crate) is_block: bool,
-    /// Whether the claim carries [`FINALIZER_PROVISIONING`].
-    pub(crate) has_intent: bool,
-    /// Who put that finalizer there ([`provisioning_owner`]).
-    pub(crate) owner: Option<String>,
-    /// The class snapshot written with it, as JSON ([`provisioning_class`]).
-    pub(crate) recorded_class: Option<String>,
 }
 
 impl ClaimView {
@@ -238,9 +146,6 @@ impl ClaimView {
             selected_node: selected_node(&claim).map(str::to_owned),
             has_selected_node: has_selected_node(&claim),
             is_block: is_block(&claim),
-            has_intent: has_provisioning_finalizer(&claim),
-            owner: provisioning_owner(&claim).map(str::to_owned),
-            recorded_class: provisioning_class(&claim).map(str::to_owned),
             claim,
         }
     }

@@ -172,14 +172,6 @@ impl VolumeChange {
             Self::Full(v) => v.name_any(),
         }
     }
-
-    /// The volume as the watch saw it; `None` when a compact entry cannot be rebuilt.
-    pub(crate) fn volume(&self) -> Option<Arc<PersistentVolume>> {
-        match self {
-            Self::Compact(v) => compact::rebuild(v),
-            Self::Full(v) => Some(Arc::clone(v)),
-        }
-    }
 }
 
 impl VolumeCache {

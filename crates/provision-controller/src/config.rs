@@ -69,6 +69,9 @@ impl Default for Config {
             metrics_path: "/metrics".into(),
             shutdown_grace: Self::DEFAULT_SHUTDOWN_GRACE,
             crash_safe_provisioning: true,
+            journal_commit_delay: Self::DEFAULT_JOURNAL_COMMIT_DELAY,
+            journal_capacity: Self::DEFAULT_JOURNAL_CAPACITY,
+            provisioning_held_warning: Self::DEFAULT_PROVISIONING_HELD_WARNING,
             infeasible_retry_delay: Self::DEFAULT_INFEASIBLE_RETRY_DELAY,
         }
     }
@@ -94,6 +97,13 @@ impl Config {
     /// `terminationGracePeriodSeconds`, so a pod's in-flight work gets all the time the
     /// kubelet gives it before SIGKILL.
     pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+    /// Default for [`Config::journal_commit_delay`]: 100 ms.
+    pub const DEFAULT_JOURNAL_COMMIT_DELAY: Duration = Duration::from_millis(100);
+    /// Default for [`Config::journal_capacity`]: a million entries.
+    pub const DEFAULT_JOURNAL_CAPACITY: NonZeroUsize =
+        NonZeroUsize::new(1_000_000).expect("not zero");
+    /// Default for [`Config::provisioning_held_warning`]: 10 minutes.
+    pub const DEFAULT_PROVISIONING_HELD_WARNING: Duration = Duration::from_secs(10 * 60);
     /// Default for [`Config::infeasible_retry_delay`]: 5 minutes (Go `DefaultRetryIntervalMax`).
     pub const DEFAULT_INFEASIBLE_RETRY_DELAY: Duration = Duration::from_secs(5 * 60);
 
@@ -311,24 +321,40 @@ options! {
     shutdown_grace: Duration;
     /// Crash-safe provisioning. Default on.
     ///
-    /// Before the driver is asked for an asset, the claim gets the finalizer
-    /// [`FINALIZER_PROVISIONING`](crate::annotations::FINALIZER_PROVISIONING) (with the
-    /// class the provisioning starts with); it is removed once a PV records the asset, or
-    /// once the driver answered that none exists. A controller that restarts at any point
-    /// therefore finds every claim whose asset may exist without a PV, and finishes it,
-    /// saving a PV for the asset also when the claim was deleted or bound elsewhere
-    /// meanwhile (that PV is then released and reclaimed as usual). Go leaks the asset
-    /// (kubernetes-csi/external-provisioner#486). A PV that cannot be saved keeps its
-    /// asset: the claim is provisioned and saved again (Go deletes the asset, which can
-    /// destroy one that another replica's PV names). Requires `patch` on claims and a
-    /// driver whose `provision` is idempotent by `pv_name` (see
-    /// [`Provisioner`](crate::Provisioner)).
+    /// Before the driver is asked for an asset, the controller records the claim in its
+    /// provisioning journal ([`journal`](crate::journal): ConfigMaps in its own namespace,
+    /// the Lease's), and waits until that record is durable; the record is settled once a
+    /// PV records the asset, or removed once the driver answered that none exists. A
+    /// controller that restarts at any point therefore finds every claim whose asset may
+    /// exist without a PV, and finishes it, saving a PV for the asset also when the claim
+    /// was deleted or bound elsewhere meanwhile (that PV is then released and reclaimed as
+    /// usual). Go leaks the asset (kubernetes-csi/external-provisioner#486). A PV that
+    /// cannot be saved keeps its asset: the claim is provisioned and saved again (Go deletes
+    /// the asset, which can destroy one that another replica's PV names). With
+    /// [`Provisioner::late_asset_window`](crate::Provisioner::late_asset_window) the record
+    /// stays until the window has passed and the driver made its last sweep. Users' claims
+    /// and PVs carry nothing of it. Requires `configmaps` access in the controller's
+    /// namespace (see [`rbac`](crate::rbac)) and a driver whose `provision` is idempotent
+    /// by `pv_name` (see [`Provisioner`](crate::Provisioner)).
     ///
-    /// Turning it off stops adding the finalizer, and a PV that cannot be saved has its
-    /// asset deleted (after a read right before each attempt shows no PV of its name);
-    /// claims that still carry the finalizer are finished or cleaned up as before, so
-    /// switching never strands a claim.
+    /// Turning it off writes no journal (Go's behaviour), and a PV that cannot be saved has
+    /// its asset deleted (after a read right before each attempt shows no PV of its name);
+    /// a journal left from before is not read.
     crash_safe_provisioning: bool;
+    /// How long an intent waits for company before the journal write that makes it durable
+    /// (every claim that reaches that point meanwhile shares the write); settles and
+    /// removals wait ten times as long. Longer: fewer writes, later driver calls. Default
+    /// [`Config::DEFAULT_JOURNAL_COMMIT_DELAY`] (100 ms). No Go counterpart.
+    journal_commit_delay: Duration;
+    /// How many entries the journal holds at most: an intent that would exceed it waits
+    /// until settles and removals make room (provisioning is held back, nothing is
+    /// dropped). Default [`Config::DEFAULT_JOURNAL_CAPACITY`]. No Go counterpart.
+    journal_capacity: NonZeroUsize;
+    /// A claim whose journal intent is older than this gets a `ProvisioningHeld` Warning
+    /// event (once per controller process), so that a provisioning the driver keeps
+    /// answering with `InBackground` or `NoChange` is visible on the claim. Default
+    /// [`Config::DEFAULT_PROVISIONING_HELD_WARNING`] (10 minutes). No Go counterpart.
+    provisioning_held_warning: Duration;
     /// How long a claim the driver called infeasible
     /// ([`ProvisionError::Infeasible`](crate::ProvisionError::Infeasible)) waits before it
     /// is provisioned again; re-creating its class ends the wait at once (Go

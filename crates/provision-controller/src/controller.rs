@@ -3,7 +3,6 @@
 mod calls;
 mod claim;
 mod crash_safety;
-mod late;
 mod names;
 mod run;
 mod save;
@@ -28,6 +27,7 @@ use kube_client::Client;
 use prometheus_client::registry::Registry;
 
 use crate::{
+    LeaderElection,
     cache::{Caches, SharedCache},
     config::Config,
     error::Result,
@@ -55,33 +55,25 @@ use crate::{
 /// - With leader election, only the replica holding the lease runs workers; the others
 ///   keep their caches synced and answer probes and scrapes.
 /// - With [`Config::crash_safe_provisioning`] (the default), a claim whose asset may exist
-///   without a saved PV carries
-///   [`FINALIZER_PROVISIONING`](crate::annotations::FINALIZER_PROVISIONING),
-///   [`ANN_PROVISIONING_OWNER`](crate::annotations::ANN_PROVISIONING_OWNER) and
-///   [`ANN_PROVISIONING_CLASS`](crate::annotations::ANN_PROVISIONING_CLASS) (the class it
-///   started with), so any later controller of that owner finishes it, whatever the
-///   claim's annotation or class say now, even when its class was deleted. When the
-///   claim will not get its PV the normal way (deleted, bound to another PV, now asking
-///   another provisioner, or vanished while its provisioning ran in the background), the
-///   asset is recorded in a PV all the same, and that PV is reclaimed once the PV
-///   controller releases it; a live claim that now asks another provisioner gets it bound.
+///   without a saved PV is recorded in the controller's provisioning journal
+///   ([`journal`](crate::journal)) before the driver is called, with the class it
+///   started with, so any later controller of that provisioner finishes it, whatever the
+///   claim's annotation or class say now, even when its class was deleted. When the claim
+///   will not get its PV the normal way (deleted, bound to another PV, now asking another
+///   provisioner), the asset is recorded in a PV all the same, and that PV is reclaimed
+///   once the PV controller releases it; a live claim that now asks another provisioner
+///   gets it bound. Users' claims and PVs carry nothing of this.
 /// - With crash-safe provisioning, provisioning and cleanup never delete an asset: only the
 ///   volume flow does, for a Released PV. Without it, a PV that could not be saved has its
 ///   asset deleted (Go), but only after a fresh read right before each attempt finds no PV
-///   of its name. A PV saved first under the same name by another replica is kept, and
-///   the driver releases ours ([`Provisioner::delete_duplicate`]); after every save the
-///   driver hears of the PV that records the asset ([`Provisioner::volume_saved`]).
-/// - With [`Provisioner::late_asset_window`], the driver hears again of each PV we
-///   provisioned that is younger than the window and not being deleted: at its first
-///   sync in this process (unless this process just saved it) and once when the window
-///   has passed since its creation, bounded by [`Config::provision_timeout`]. A PV this
-///   process never swept is swept once at its first sync while younger than the window
-///   plus a takeover grace (the window again, plus the lease timings with leader
-///   election), so the last sweep is made after a failover too.
-/// - A failed [`Provisioner::volume_saved`] (after a save or a late-asset sweep) fails
-///   nothing and is made again by the volume workers, after 1 s doubling up to
-///   [`Config::resync_period`], until it succeeds, while the PV exists, is ours and is
-///   not being deleted; only the leading replica does so, never after shutdown.
+///   of its name. A PV saved first under the same name by another replica is kept; after
+///   every save the driver hears of the PV that records the asset
+///   ([`Provisioner::volume_saved`]), and releases any other asset of the name.
+/// - With [`Provisioner::late_asset_window`] and crash-safe provisioning, the journal
+///   keeps each provisioned claim until the window has passed since its PV was saved;
+///   whichever replica leads then makes the last sweep ([`Provisioner::volume_saved`]
+///   again, or a cleanup when the PV is gone), retried until the driver answers without
+///   failing.
 /// - [`Provisioner::delete`] is called only after a fresh read of the PV shows the same
 ///   object still Released with reclaim policy Delete.
 #[doc(alias = "NewProvisionController")]
@@ -278,13 +270,10 @@ pub(crate) struct Context {
     /// Claims the driver called infeasible, by UID (Go `slowSet`): not provisioned again
     /// before [`Config::infeasible_retry_delay`] unless their class was re-created.
     pub(crate) infeasible: Mutex<HashMap<String, Infeasible>>,
-    /// Claim UID -> the resourceVersion the cache showed when the API server answered
-    /// that the claim is gone ([`Context::mark_gone`]).
-    reported_gone: Mutex<HashMap<String, Option<String>>>,
-    /// Claims deleted while they showed a provisioning of ours started and not finished
-    /// (their finalizers stripped by hand), by UID: their last state as the watch saw it,
-    /// to be cleaned up from (see [`Context::record_vanished`]).
-    vanished: Mutex<HashMap<String, Vanished>>,
+    /// The provisioning journal (with crash-safe provisioning).
+    pub(crate) journal: Option<Arc<crate::journal::Journal>>,
+    /// Claims that got the `ProvisioningHeld` event in this process, by UID.
+    pub(crate) held_warned: Mutex<std::collections::HashSet<String>>,
     pub(crate) events: Events,
     pub(crate) metrics: Option<ControllerMetrics>,
     pub(crate) claim_queue: Arc<WorkQueue>,
@@ -293,12 +282,6 @@ pub(crate) struct Context {
     /// Whether watch events are queued: only while leading (standbys keep their caches
     /// warm without queuing work).
     pub(crate) accepting: AtomicBool,
-    /// Claim UID -> our own finalizer writes not yet seen in the cache, whose watch events
-    /// are not queued again (they would only repeat the sync that wrote them).
-    pub(crate) own_writes: Mutex<HashMap<String, OwnWrite>>,
-    /// PVs whose driver hears of them again: when their late-asset window ends
-    /// ([`Provisioner::late_asset_window`]), or after a failed [`Provisioner::volume_saved`].
-    pub(crate) late: late::LateAssets,
     /// The driver calls that may run at once ([`Config::threads`]): claim workers hold a
     /// slot of `provision` only around the driver's provision calls, volume workers one of
     /// `delete` only around its delete calls, so API round trips never hold one.
@@ -337,7 +320,7 @@ impl DriverSlots {
         calls::call(limit, call).await
     }
 
-    /// A driver call of the volume flow (`delete`, `delete_duplicate`, `volume_saved`),
+    /// A driver call of the volume flow (`delete`, `volume_saved`),
     /// as [`provisioning`](Self::provisioning) with a delete slot.
     pub(crate) async fn deleting<T>(
         &self,
@@ -377,13 +360,6 @@ impl InProgress {
     }
 }
 
-/// A claim that vanished while a provisioning of ours had started
-/// ([`Context::record_vanished`]).
-pub(crate) struct Vanished {
-    claim: Arc<PersistentVolumeClaim>,
-    seen: tokio::time::Instant,
-}
-
 /// Go's `ProvisioningState` after an attempt: what the controller must remember of the
 /// claim in [`Context::in_progress`] ([`Context::remember`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -400,66 +376,6 @@ pub(crate) enum State {
 pub(crate) struct Infeasible {
     since: tokio::time::Instant,
     class_uid: Option<String>,
-}
-
-/// Our writes of a claim that the cache does not show yet, and those still in flight:
-/// one sync may write a claim twice (the finalizer added before the driver is called,
-/// removed after a final answer), and the watch event of each, which may arrive before
-/// the answer to the write, would otherwise queue the claim again, whose sync writes
-/// twice again.
-#[derive(Default)]
-pub(crate) struct OwnWrite {
-    /// The resource versions we wrote, oldest first (at most [`OwnWrite::KEPT`]).
-    resource_versions: std::collections::VecDeque<String>,
-    /// Whether the last one carried the crash-safety finalizer.
-    intent: bool,
-    /// Writes sent whose answer has not come yet.
-    in_flight: u32,
-    /// Resource versions of watch events that came while a write was in flight and were
-    /// not known to be ours: ours if an answer names them, else queued once every write
-    /// in flight is answered.
-    early: Vec<String>,
-    /// More early events came than are kept: the claim is queued once every write in
-    /// flight is answered.
-    early_overflow: bool,
-}
-
-impl OwnWrite {
-    /// The most writes (and early events) of one claim remembered: a sync writes a claim
-    /// at most twice.
-    const KEPT: usize = 4;
-
-    fn idle(&self) -> bool {
-        self.resource_versions.is_empty()
-            && self.in_flight == 0
-            && self.early.is_empty()
-            && !self.early_overflow
-    }
-}
-
-/// A write of a claim in flight ([`Context::begin_own_write`]): its watch event is not
-/// queued once [`OwnWriteGuard::done`] names the version written. Dropped without it
-/// (the write failed, timed out or panicked), events seen meanwhile are queued.
-pub(crate) struct OwnWriteGuard<'a> {
-    ctx: &'a Context,
-    uid: String,
-    open: bool,
-}
-
-impl OwnWriteGuard<'_> {
-    /// The write succeeded: `claim` is the claim as the API server answered it.
-    pub(crate) fn done(mut self, claim: &PersistentVolumeClaim) {
-        self.open = false;
-        self.ctx.end_own_write(&self.uid, Some(claim));
-    }
-}
-
-impl Drop for OwnWriteGuard<'_> {
-    fn drop(&mut self) {
-        if self.open {
-            self.ctx.end_own_write(&self.uid, None);
-        }
-    }
 }
 
 impl Context {
@@ -486,6 +402,31 @@ impl Context {
                 metrics.as_ref().map(|m| m.queue(queue_name)),
             ))
         };
+        let journal = config.crash_safe_provisioning.then(|| {
+            let (namespace, lease_name) =
+                crate::journal::location(&client, &name, config.leader_election.as_ref());
+            let identity = LeaderElection::default_identity();
+            let writer: String = identity
+                .chars()
+                .rev()
+                .take(8)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            Arc::new(crate::journal::Journal::new(
+                client.clone(),
+                crate::journal::JournalConfig {
+                    namespace,
+                    lease_name,
+                    writer,
+                    commit_delay: config.journal_commit_delay,
+                    capacity: config.journal_capacity.get(),
+                    call_limit: config.provision_timeout,
+                },
+                metrics.clone(),
+            ))
+        });
         Self {
             claim_queue: queue("claims"),
             volume_queue: queue("volumes"),
@@ -498,13 +439,11 @@ impl Context {
             caches,
             in_progress: Mutex::default(),
             infeasible: Mutex::default(),
-            reported_gone: Mutex::default(),
-            vanished: Mutex::default(),
+            journal,
+            held_warned: Mutex::default(),
             events,
             metrics,
             accepting: AtomicBool::new(false),
-            own_writes: Mutex::default(),
-            late: late::LateAssets::default(),
             driver_slots: DriverSlots::new(usize::from(config.threads.get())),
             cleanups: Mutex::default(),
             config,
@@ -550,53 +489,6 @@ impl Context {
         window
             .checked_sub(now.saturating_duration_since(first))
             .filter(|left| !left.is_zero())
-    }
-
-    /// Records claim `uid`, seen deleted by the claim watch while it showed a provisioning
-    /// of ours started and not finished: its finalizers were stripped by hand, and the
-    /// process that ran the provisioning may stop before it cleans up (the copy it kept
-    /// goes with it). Every process records it, standbys too; the claim's sync then cleans
-    /// up from this copy (`claim::sync_claim`), here or in the process that leads next
-    /// (queued by [`Context::queue_everything`]). A record goes when its cleanup ended; a
-    /// standby's, and one nothing works on, once older than [`Context::vanished_bound`].
-    pub(crate) fn record_vanished(&self, uid: &str, claim: Arc<PersistentVolumeClaim>) {
-        let mut vanished = self.vanished();
-        if !self.accepting() {
-            let bound = self.vanished_bound();
-            vanished.retain(|_, v| v.seen.elapsed() <= bound);
-        }
-        vanished.entry(uid.to_owned()).or_insert_with(|| {
-            tracing::info!(pvc = %crate::annotations::claim_key(&claim), claim_uid = uid,
-                "claim deleted with its finalizers stripped while a provisioning of ours had started; its asset is looked for");
-            Vanished {
-                claim,
-                seen: tokio::time::Instant::now(),
-            }
-        });
-    }
-
-    /// The copy of claim `uid` recorded by [`Context::record_vanished`].
-    pub(crate) fn vanished_claim(&self, uid: &str) -> Option<Arc<PersistentVolumeClaim>> {
-        self.vanished().get(uid).map(|v| Arc::clone(&v.claim))
-    }
-
-    /// Forgets the record of vanished claim `uid` (its cleanup ended).
-    pub(crate) fn forget_vanished(&self, uid: &str) {
-        self.vanished().remove(uid);
-    }
-
-    /// How long a record of a vanished claim lasts when nothing works on it: the
-    /// late-asset window and the takeover grace ([`late::grace`]), plus a resync period.
-    /// The leader works on it within that time, or the process that leads next does.
-    fn vanished_bound(&self) -> std::time::Duration {
-        let window = self.provisioner.late_asset_window().unwrap_or_default();
-        late::grace(&self.config, window).saturating_add(self.config.resync_period)
-    }
-
-    fn vanished(&self) -> MutexGuard<'_, HashMap<String, Vanished>> {
-        self.vanished
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Forgets the first look of claim `uid`'s cleanup (it ended).
@@ -655,34 +547,6 @@ impl Context {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Records that the API server answered that `claim` (as cached) is gone or being
-    /// deleted, before anything was asked of the driver for it.
-    pub(crate) fn mark_gone(&self, uid: &str, claim: &PersistentVolumeClaim) {
-        self.reported_gone
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(uid.to_owned(), claim.metadata.resource_version.clone());
-    }
-
-    /// Whether the cache still shows `claim` as it was when the API server reported it
-    /// gone ([`mark_gone`](Self::mark_gone)): a cache behind its watch (one waiting out
-    /// its backoff after an outage shows deleted claims for up to half a minute) is not
-    /// worked on again until it moves. A newer version forgets the record.
-    pub(crate) fn reported_gone(&self, uid: &str, claim: &PersistentVolumeClaim) -> bool {
-        let mut gone = self
-            .reported_gone
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match gone.get(uid) {
-            Some(version) if *version == claim.metadata.resource_version => true,
-            Some(_) => {
-                gone.remove(uid);
-                false
-            }
-            None => false,
-        }
-    }
-
     /// Records that the driver called the claim infeasible with `class`; an earlier record
     /// that has not expired keeps its time (Go: a slow set keeps the first time).
     pub(crate) fn mark_infeasible(&self, uid: &str, class: Option<&StorageClass>) {
@@ -718,166 +582,53 @@ impl Context {
         Some(remaining)
     }
 
-    fn accepting(&self) -> bool {
+    pub(crate) fn accepting(&self) -> bool {
         self.accepting.load(Ordering::Acquire)
-    }
-
-    fn own_writes(&self) -> MutexGuard<'_, HashMap<String, OwnWrite>> {
-        self.own_writes
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Remembers that we wrote this version of the claim.
-    pub(crate) fn note_own_write(&self, claim: &PersistentVolumeClaim) {
-        if let Some(uid) = &claim.metadata.uid {
-            Self::record_write(&mut self.own_writes(), uid, claim);
-        }
-    }
-
-    /// Records `claim` as our write in `own` (under `uid`); an event already seen for
-    /// it is consumed.
-    fn record_write(own: &mut HashMap<String, OwnWrite>, uid: &str, claim: &PersistentVolumeClaim) {
-        let Some(rv) = &claim.metadata.resource_version else {
-            return;
-        };
-        let write = own.entry(uid.to_owned()).or_default();
-        write.intent = crate::annotations::has_provisioning_finalizer(claim);
-        if let Some(at) = write.early.iter().position(|e| e == rv) {
-            // Its event came before its answer: the cache shows it already.
-            write.early.remove(at);
-            return;
-        }
-        if write.resource_versions.len() >= OwnWrite::KEPT {
-            write.resource_versions.pop_front();
-        }
-        write.resource_versions.push_back(rv.clone());
-    }
-
-    /// Marks a write of the claim `uid` as sent: watch events of the claim that come
-    /// before its answer wait for it ([`OwnWriteGuard`]).
-    pub(crate) fn begin_own_write(&self, uid: &str) -> OwnWriteGuard<'_> {
-        let mut own = self.own_writes();
-        let write = own.entry(uid.to_owned()).or_default();
-        write.in_flight = write.in_flight.saturating_add(1);
-        OwnWriteGuard {
-            ctx: self,
-            uid: uid.to_owned(),
-            open: true,
-        }
-    }
-
-    /// A write of the claim `uid` was answered (`written`: the claim written) or failed.
-    /// Once no write is in flight, events that came meanwhile and were not ours queue
-    /// the claim.
-    fn end_own_write(&self, uid: &str, written: Option<&PersistentVolumeClaim>) {
-        let foreign = {
-            let mut own = self.own_writes();
-            if let Some(claim) = written {
-                Self::record_write(&mut own, uid, claim);
-            }
-            let Some(write) = own.get_mut(uid) else {
-                return;
-            };
-            write.in_flight = write.in_flight.saturating_sub(1);
-            let foreign = write.in_flight == 0 && (!write.early.is_empty() || write.early_overflow);
-            if write.in_flight == 0 {
-                write.early.clear();
-                write.early_overflow = false;
-            }
-            if write.idle() {
-                own.remove(uid);
-            }
-            foreign
-        };
-        if foreign && self.accepting() {
-            self.claim_queue.add(uid.to_owned());
-        }
-    }
-
-    /// Whether this watch event need not queue the claim: it shows one of our own writes
-    /// not seen yet (consumed, with any earlier one: events come in order), or it came
-    /// while a write of ours is in flight (decided when that write is answered).
-    fn is_own_write(&self, uid: &str, claim: &PersistentVolumeClaim) -> bool {
-        let mut own = self.own_writes();
-        let Some(write) = own.get_mut(uid) else {
-            return false;
-        };
-        let Some(rv) = claim.metadata.resource_version.as_deref() else {
-            return false;
-        };
-        if let Some(at) = write.resource_versions.iter().position(|w| w == rv) {
-            write.resource_versions.drain(..=at);
-            if write.idle() {
-                own.remove(uid);
-            }
-            return true;
-        }
-        if write.in_flight == 0 {
-            return false;
-        }
-        if write.early.len() >= OwnWrite::KEPT {
-            write.early_overflow = true;
-        } else {
-            write.early.push(rv.to_owned());
-        }
-        true
-    }
-
-    /// Whether our last write of the claim, not yet seen in the cache, left it without our
-    /// crash-safety finalizer: only we add it, so the server does not have it either, and
-    /// a cached claim that still shows it is older than that write.
-    pub(crate) fn wrote_intent_removed(&self, uid: &str) -> bool {
-        self.own_writes().get(uid).is_some_and(|w| !w.intent)
     }
 
     /// Queues every cached claim and volume (at resync, and when leadership starts).
     pub(crate) fn queue_everything(&self) -> (usize, usize) {
         self.caches.prune_index();
-        // Every claim is synced now anyway; this also bounds how long a record of a
-        // write that no watch event confirms (a no-op patch) can be trusted. Writes in
-        // flight stay: their answers are still to come.
-        self.own_writes().retain(|_, w| {
-            w.resource_versions.clear();
-            w.in_flight > 0
-        });
         let delay = self.config.infeasible_retry_delay;
         self.infeasible().retain(|_, e| e.since.elapsed() < delay);
-        self.reported_gone
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .retain(|uid, _| self.caches.claim_by_uid(uid).is_some());
         let claims = self.caches.claims.state();
         let volumes = self.caches.volumes.names();
-        self.late.retain(|name| self.caches.volume_exists(name));
         for claim in &claims {
             if let Some(uid) = self.caches.index_claim(claim) {
                 self.claim_queue.add(uid);
             }
         }
-        // Vanished claims still to be cleaned up (recorded while standing by, too); an old
-        // one that no retry holds is dropped.
-        let bound = self.vanished_bound();
-        let vanished: Vec<String> = {
-            let mut map = self.vanished();
-            map.retain(|uid, v| {
-                v.seen.elapsed() <= bound || self.claim_queue.num_requeues(uid) > 0
-            });
-            map.keys().cloned().collect()
-        };
-        for uid in vanished {
-            self.claim_queue.add(uid);
-        }
+        self.queue_journal();
         let queued_volumes = volumes.len();
         for volume in volumes {
             self.volume_queue.add(volume);
         }
-        // Deleted PVs whose last sweep is owed (recorded while standing by, too); one not
-        // due yet is queued again for its time.
-        for name in late::afterlife_names(self) {
-            self.volume_queue.add(name);
-        }
         (claims.len(), queued_volumes)
+    }
+
+    /// Queues the claim of every journal entry: an intent at once (its claim may be gone:
+    /// nothing else queues it), a settled entry at the time its last sweep is due.
+    pub(crate) fn queue_journal(&self) {
+        let Some(journal) = &self.journal else {
+            return;
+        };
+        let now = crate::journal::now_secs();
+        let entries = journal.entries();
+        self.held_warned
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|uid| entries.iter().any(|(u, e)| u == uid && e.is_intent()));
+        for (uid, entry) in entries {
+            match entry.due {
+                None => self.claim_queue.add(uid),
+                Some(due) => {
+                    let wait = u64::try_from(due.saturating_sub(now)).unwrap_or(0);
+                    self.claim_queue
+                        .add_after(uid, std::time::Duration::from_secs(wait + 1));
+                }
+            }
+        }
+        journal.report();
     }
 
     /// Queues the unbound claims of `class` (it was created or changed).

@@ -24,11 +24,15 @@ pub const PROVISIONING_FAILED: &str = "ProvisioningFailed";
 /// On a claim: the PV was saved.
 pub const PROVISIONING_SUCCEEDED: &str = "ProvisioningSucceeded";
 /// On a claim: an asset could not be cleaned up (without crash-safe provisioning, the PV
-/// could not be saved and the asset not deleted either; the duplicate of a PV another
-/// replica saved first could not be released; the asset of a claim that will not get our
+/// could not be saved and the asset not deleted either; the asset of a claim that will not get our
 /// PV the normal way could not be recorded in a PV, or cannot be looked for without the
 /// claim's class).
 pub const PROVISIONING_CLEANUP_FAILED: &str = "ProvisioningCleanupFailed";
+/// On a claim: its provisioning has been held in the journal (started, with no
+/// volume and no final answer from the driver) for longer than
+/// [`Config::provisioning_held_warning`](crate::Config::provisioning_held_warning). No Go
+/// counterpart.
+pub const PROVISIONING_HELD: &str = "ProvisioningHeld";
 /// On a PV: deleting its asset failed.
 pub const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
 

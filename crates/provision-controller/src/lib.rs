@@ -91,6 +91,7 @@
 //!   `patch` on claims.
 //! - **Leader election uses a Lease** (Go's copy uses an Endpoints lock).
 
+pub mod journal;
 pub mod metrics;
 pub(crate) mod queue;
 pub mod ratelimit;

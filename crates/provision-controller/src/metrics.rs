@@ -16,6 +16,9 @@
 //! | `controller_persistentvolume_delete_duration_seconds` | histogram | `class` | time to delete, successes only |
 //! | `controller_claims_in_progress` | gauge | | claims whose provisioning continues in the background |
 //! | `controller_unsaved_persistentvolumes` | gauge | | provisioned PVs still waiting to be saved |
+//! | `controller_journal_entries` | gauge | `state` | entries of the provisioning journal: `intent` (an asset may exist without a PV) or `settled` (a late-asset sweep still due) |
+//! | `controller_journal_oldest_entry_seconds` | gauge | `state` | age of the oldest journal entry of that state (0 without one) |
+//! | `controller_journal_writes_total` | counter | | writes of journal objects (each covers every entry change pending for that object) |
 //! | `controller_leader` | gauge | | 1 while this replica holds the leader lease (always 1 while running without leader election), else 0 |
 //! | `workqueue_depth` | gauge | `name` | keys waiting to be processed |
 //! | `workqueue_adds_total` | counter | `name` | keys added |
@@ -82,6 +85,11 @@ struct ClassLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueueLabels {
     name: &'static str,
 }
@@ -129,6 +137,9 @@ pub struct ControllerMetrics {
     delete_duration: HistogramFamily<ClassLabels>,
     claims_in_progress: Gauge,
     unsaved_pvs: Gauge,
+    journal_entries: Family<StateLabels, Gauge>,
+    journal_oldest: Family<StateLabels, Gauge>,
+    journal_writes: Counter,
     leader: Gauge,
     queue_depth: Family<QueueLabels, Gauge>,
     queue_adds: Family<QueueLabels, Counter>,
@@ -156,6 +167,9 @@ impl ControllerMetrics {
             delete_duration: Family::new_with_constructor(operation_histogram),
             claims_in_progress: Gauge::default(),
             unsaved_pvs: Gauge::default(),
+            journal_entries: Family::default(),
+            journal_oldest: Family::default(),
+            journal_writes: Counter::default(),
             leader: Gauge::default(),
             queue_depth: Family::default(),
             queue_adds: Family::default(),
@@ -219,6 +233,21 @@ impl ControllerMetrics {
             "controller_unsaved_persistentvolumes",
             "Provisioned persistent volumes not yet saved to the API server",
             self.unsaved_pvs.clone(),
+        );
+        registry.register(
+            "controller_journal_entries",
+            "Entries of the provisioning journal, by state (intent: an asset may exist without a PV; settled: a late-asset sweep is still due)",
+            self.journal_entries.clone(),
+        );
+        registry.register(
+            "controller_journal_oldest_entry_seconds",
+            "Age in seconds of the oldest provisioning journal entry, by state",
+            self.journal_oldest.clone(),
+        );
+        registry.register(
+            "controller_journal_writes",
+            "Writes of provisioning journal objects",
+            self.journal_writes.clone(),
         );
         registry.register(
             "controller_leader",
@@ -324,6 +353,21 @@ impl ControllerMetrics {
     /// Sets the number of provisioned PVs still waiting to be saved.
     pub fn set_unsaved_pvs(&self, n: i64) {
         self.unsaved_pvs.set(n);
+    }
+
+    /// Sets the provisioning journal's entries of `state` (`intent` or `settled`) and the
+    /// age in seconds of the oldest of them.
+    pub fn set_journal(&self, state: &'static str, entries: i64, oldest_seconds: i64) {
+        let labels = StateLabels { state };
+        self.journal_entries.get_or_create(&labels).set(entries);
+        self.journal_oldest
+            .get_or_create(&labels)
+            .set(if entries == 0 { 0 } else { oldest_seconds });
+    }
+
+    /// Counts one write of a provisioning journal object.
+    pub fn journal_write(&self) {
+        self.journal_writes.inc();
     }
 
     /// Sets whether this replica currently holds the leader lease.

@@ -99,18 +99,18 @@ impl ProvisionOptions {
 ///   controller adds) and succeeds when the asset is already gone.
 /// - **Two replicas may provision one claim at once** (a failover, a replica cut off
 ///   from the API server whose calls still finish): both must end up describing one
-///   asset (for example the oldest, or the lowest id, of those found by name), or the
-///   loser's is released by [`delete_duplicate`](Provisioner::delete_duplicate). A
-///   driver must never delete, while provisioning, an asset another replica may have
-///   returned: a PV may already name it.
+///   asset (for example the oldest, or the lowest id, of those found by name), or release
+///   the loser's in [`volume_saved`](Provisioner::volume_saved), which is called with
+///   the PV that was saved (by either replica). A driver must never delete, while
+///   provisioning, an asset another replica may have returned: a PV may already name it.
 ///
 /// With [crash-safe provisioning](crate::Config::crash_safe_provisioning) these rules are
 /// what lets a new controller clean up a claim deleted while an earlier one was
-/// provisioning: it calls `provision` with the same options and the class the
-/// provisioning started with (finding the asset), then saves a PV for the asset, which the
-/// PV controller releases and the controller reclaims as usual (a fresh read, then
-/// `delete`). This may create an asset only to delete it when the earlier controller
-/// stopped before reaching the driver.
+/// provisioning: its journal names the claim, the PV name and the class the provisioning
+/// started with; it calls `provision` with those options and
+/// [`cleanup`](ProvisionOptions::cleanup) set (finding the asset), then saves a PV for the
+/// asset, which the PV controller releases and the controller reclaims as usual (a fresh
+/// read, then `delete`).
 ///
 /// ```
 /// use async_trait::async_trait;
@@ -154,45 +154,21 @@ pub trait Provisioner: Send + Sync + 'static {
     /// [`DeleteError::Failed`] is retried with backoff.
     async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError>;
 
-    /// Releases what `duplicate` holds after another PV was saved under its name first.
-    ///
-    /// Two replicas that provision the same claim at once (an overlap of leaders, a
-    /// failover, a replica cut off from the API server) each get a PV from
-    /// [`provision`](Self::provision); only one can be saved, since both carry the same
-    /// name. The other replica's save answers "already exists": the controller then reads
-    /// the saved PV and, when its spec differs from `duplicate`'s, calls this with both.
-    ///
-    /// Delete any asset that `duplicate` names and `saved` does not. **Never touch the
-    /// asset `saved` names**: a claim may be bound to it. The default does nothing, which
-    /// is right for drivers whose asset is identified by the PV name (both PVs then name
-    /// the same asset).
-    ///
-    /// # Errors
-    /// A failure is logged and reported as a `ProvisioningCleanupFailed` event; the claim
-    /// is not retried for it (its PV is saved).
-    async fn delete_duplicate(
-        &self,
-        duplicate: &PersistentVolume,
-        saved: &PersistentVolume,
-    ) -> Result<(), DeleteError> {
-        let _ = (duplicate, saved);
-        Ok(())
-    }
-
     /// Called once the PV `saved` is stored (by this replica, or by another one first):
     /// from now on it is the one record of the claim's asset.
     ///
     /// A driver whose assets are not identified by the PV name alone may hold others made
     /// for the same claim by replicas that raced (a create that timed out and landed
-    /// later, the loser of a race whose replica died before it could release its own):
-    /// release them here. No PV can name them any more: a PV of this name exists, and PV
-    /// names are unique. **Never touch the asset `saved` names.** The default does
-    /// nothing.
+    /// later, the loser of a race to save the PV, whose replica may have died before it
+    /// could release its own): release them here. No PV can name them any more: a PV of
+    /// this name exists, and PV names are unique. **Never touch the asset `saved` names.**
+    /// The default does nothing.
     ///
     /// # Errors
     /// A failure is logged and fails nothing; the asset `saved` names is kept whatever
-    /// happens. The call is made again (1 s doubling, up to the resync period) until it
-    /// succeeds, while the PV exists, is ours and is not being deleted.
+    /// happens. With crash-safe provisioning the call is made again (from the journal,
+    /// by whichever replica leads) until it succeeds, while the PV exists, is ours and is
+    /// not being deleted.
     async fn volume_saved(&self, saved: &PersistentVolume) -> Result<(), DeleteError> {
         let _ = saved;
         Ok(())
@@ -202,14 +178,13 @@ pub trait Provisioner: Send + Sync + 'static {
     /// create that timed out on the client and lands later, possibly sent by a replica
     /// that died or was cut off meanwhile. `None` (the default): never.
     ///
-    /// With `Some(window)`, the controller calls [`volume_saved`](Self::volume_saved)
-    /// again for a PV it provisioned that is younger than `window`: at its first sync in
-    /// this process (so a restarted replica sweeps what its earlier life left in flight),
-    /// and once more when `window` has passed since the PV was created. A PV this process
-    /// never swept whose window has passed is swept once at its first sync while it is
-    /// younger than twice the window plus the time to take over the lease (lease duration,
-    /// renew deadline and two jittered retry periods; nothing without leader election),
-    /// in case the process that saved it stopped leading before its window ended.
+    /// With `Some(window)` and crash-safe provisioning, the controller's journal keeps
+    /// each claim it provisioned until `window` has passed since its PV was saved, and
+    /// whichever replica leads then makes the last sweep: [`volume_saved`](Self::volume_saved)
+    /// again when the PV exists, else (the PV was deleted meanwhile) a cleanup `provision`
+    /// call that saves a PV for an asset that landed, which is then reclaimed. A cleanup
+    /// that finds no asset believes it only once `window` has passed since it first
+    /// looked.
     fn late_asset_window(&self) -> Option<std::time::Duration> {
         None
     }
@@ -232,13 +207,6 @@ impl<P: Provisioner + ?Sized> Provisioner for Arc<P> {
     }
     async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError> {
         (**self).delete(volume).await
-    }
-    async fn delete_duplicate(
-        &self,
-        duplicate: &PersistentVolume,
-        saved: &PersistentVolume,
-    ) -> Result<(), DeleteError> {
-        (**self).delete_duplicate(duplicate, saved).await
     }
     async fn volume_saved(&self, saved: &PersistentVolume) -> Result<(), DeleteError> {
         (**self).volume_saved(saved).await

@@ -63,8 +63,8 @@ impl Permission {
 
 /// Cluster-wide permissions (a ClusterRole).
 ///
-/// - claims: `list`/`watch` (cache), `get`+`patch` (crash-safety finalizer), `get`+`update`
-///   (reschedule: remove the selected node);
+/// - claims: `list`/`watch` (cache), `get`+`update` (reschedule: remove the selected
+///   node); the controller writes nothing else on claims;
 /// - volumes: `list`/`watch` (cache), `create` (save), `get`+`delete` (delete),
 ///   `patch` (protection finalizer);
 /// - storage classes: `list`/`watch` (cache); no nodes: the selected node is passed by
@@ -75,7 +75,7 @@ pub const CLUSTER_PERMISSIONS: &[Permission] = &[
     Permission::new(
         "",
         "persistentvolumeclaims",
-        &["get", "list", "watch", "update", "patch"],
+        &["get", "list", "watch", "update"],
     ),
     Permission::new(
         "",
@@ -93,6 +93,18 @@ pub const LEADER_ELECTION_PERMISSIONS: &[Permission] = &[
     Permission::new("coordination.k8s.io", "leases", &["create"]),
     Permission::new("coordination.k8s.io", "leases", &["get", "update"]).only(Names::LeaseName),
 ];
+
+/// Permissions in the controller's namespace (the Lease's, a Role) for the provisioning
+/// journal of crash-safe provisioning ([`journal`](crate::journal)): ConfigMaps named
+/// `<lease name>-journal-<seq>`, which RBAC cannot list by a name pattern, so the rule
+/// covers the namespace's ConfigMaps: `list` (load the journal), `get` (read one again
+/// after a conflict), `create`, `update` and `delete` (write it). Not needed with
+/// [`Config::crash_safe_provisioning`](crate::Config::crash_safe_provisioning) off.
+pub const JOURNAL_PERMISSIONS: &[Permission] = &[Permission::new(
+    "",
+    "configmaps",
+    &["get", "list", "create", "update", "delete"],
+)];
 
 #[cfg(test)]
 mod tests {

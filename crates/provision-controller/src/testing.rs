@@ -84,9 +84,7 @@ pub enum ProvisionStep {
 }
 
 /// What the next [`FakeProvisioner::delete`] (or, with
-/// [`FakeProvisioner::script_delete_duplicate`] and
-/// [`FakeProvisioner::script_volume_saved`], `delete_duplicate` and `volume_saved`) call
-/// does.
+/// [`FakeProvisioner::script_volume_saved`], `volume_saved`) call does.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum DeleteStep {
@@ -104,8 +102,6 @@ struct State {
     delete_script: VecDeque<DeleteStep>,
     provision_calls: Vec<ProvisionOptions>,
     delete_calls: Vec<String>,
-    duplicate_script: VecDeque<DeleteStep>,
-    duplicate_calls: Vec<(PersistentVolume, PersistentVolume)>,
     saved_script: VecDeque<DeleteStep>,
     saved_calls: Vec<PersistentVolume>,
     assets: BTreeSet<String>,
@@ -152,7 +148,8 @@ impl FakeProvisioner {
         self
     }
     /// Answers `late_asset_window() == Some(window)` (default `None`), so the controller
-    /// calls `volume_saved` again for young PVs it provisioned.
+    /// keeps its journal entries until the window has passed and calls `volume_saved`
+    /// again then.
     #[must_use]
     pub fn with_late_asset_window(mut self, window: std::time::Duration) -> Self {
         self.late_window = Some(window);
@@ -169,18 +166,6 @@ impl FakeProvisioner {
     pub fn script_delete(self, steps: impl IntoIterator<Item = DeleteStep>) -> Self {
         self.lock().delete_script.extend(steps);
         self
-    }
-    /// Appends steps for the next `delete_duplicate` calls (`Succeed` and `Ignored`
-    /// change nothing: the fake's assets are named by the PV name, which both PVs share).
-    #[must_use]
-    pub fn script_delete_duplicate(self, steps: impl IntoIterator<Item = DeleteStep>) -> Self {
-        self.lock().duplicate_script.extend(steps);
-        self
-    }
-    /// Every `delete_duplicate` call so far, in order: (the duplicate, the saved PV).
-    #[must_use]
-    pub fn duplicate_calls(&self) -> Vec<(PersistentVolume, PersistentVolume)> {
-        self.lock().duplicate_calls.clone()
     }
     /// Appends steps for the next `volume_saved` calls (`Succeed` and `Ignored` change
     /// nothing: the fake holds one asset per PV name).
@@ -308,30 +293,6 @@ impl Provisioner for FakeProvisioner {
                 Ok(())
             }
             DeleteStep::Fail => Err(DeleteError::Failed("fake: delete failed".into())),
-            DeleteStep::Ignored => Err(DeleteError::Ignored {
-                reason: "fake: not mine".into(),
-            }),
-        }
-    }
-
-    async fn delete_duplicate(
-        &self,
-        duplicate: &PersistentVolume,
-        saved: &PersistentVolume,
-    ) -> Result<(), DeleteError> {
-        let mut state = self.lock();
-        state
-            .duplicate_calls
-            .push((duplicate.clone(), saved.clone()));
-        match state
-            .duplicate_script
-            .pop_front()
-            .unwrap_or(DeleteStep::Succeed)
-        {
-            DeleteStep::Succeed => Ok(()),
-            DeleteStep::Fail => Err(DeleteError::Failed(
-                "fake: deleting the duplicate failed".into(),
-            )),
             DeleteStep::Ignored => Err(DeleteError::Ignored {
                 reason: "fake: not mine".into(),
             }),

@@ -3,14 +3,17 @@
 //! The process runs two controllers on one service account: the provision controller
 //! (its rules are [`provision_controller::rbac`]'s) and the `CnsVolumeMetadata` reconciler
 //! ([`METADATA_PERMISSIONS`]). `examples/deploy/vsphere-rbac.yaml` grants exactly
-//! [`CLUSTER_PERMISSIONS`] in a ClusterRole and [`LEADER_ELECTION_PERMISSIONS`] plus
+//! [`CLUSTER_PERMISSIONS`] in a ClusterRole and [`LEADER_ELECTION_PERMISSIONS`],
+//! [`JOURNAL_PERMISSIONS`] (the provisioning journal) and
 //! [`FEATURE_STATES_PERMISSIONS`] in a Role of the Deployment's namespace (which is
 //! upstream's `vmware-system-csi`, where the feature-state ConfigMap lives), rule by rule
 //! (the repository's
 //! `tests/deploy_manifests.rs` keeps them equal). The demo's own calls (installing the
 //! CRD and a StorageClass, creating claims) are not the controllers' and need no rule.
 
-pub use provision_controller::rbac::{LEADER_ELECTION_PERMISSIONS, Names, Permission};
+pub use provision_controller::rbac::{
+    JOURNAL_PERMISSIONS, LEADER_ELECTION_PERMISSIONS, Names, Permission,
+};
 
 /// What the `CnsVolumeMetadata` reconciler ([`cnsmetadata::run_while_leading`]) calls,
 /// cluster-wide:

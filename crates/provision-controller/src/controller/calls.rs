@@ -23,12 +23,13 @@ pub(crate) enum OpError {
     Panicked { what: String, message: String },
     #[error("storageclass {name:?} not found")]
     ClassNotFound { name: String },
-    #[error("claim {claim} is gone or being deleted")]
-    ClaimGone { claim: String },
-    /// Our finalizer was added to a claim being deleted (a server that accepts it): the
-    /// claim is retried, and its next sync cleans up and removes the finalizer.
-    #[error("claim {claim} is being deleted, and got our finalizer all the same")]
-    AddedToDeletedClaim { claim: String },
+    /// The provisioning journal could not record the claim's intent: the driver is not
+    /// called, and the claim is retried.
+    #[error("recording the provisioning of claim {claim} in the journal failed: {message}")]
+    Journal { claim: String, message: String },
+    /// The driver failed the last late-asset sweep of a PV: retried.
+    #[error("the driver failed the last late-asset sweep of persistentvolume {pv}")]
+    Sweep { pv: String },
     #[error("claim {claim} has no uid")]
     NoUid { claim: String },
     #[error("failed to provision volume with StorageClass {class:?}")]

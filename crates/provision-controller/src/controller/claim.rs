@@ -128,18 +128,14 @@ pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> 
 }
 
 /// The claim with this UID, read once: the cached one, else the copy kept while its
-/// provisioning runs in the background (`entry`). With crash-safe provisioning such a
-/// copy means the claim vanished (its finalizers stripped by hand), and `true` says so:
-/// nothing would record its asset, so it is cleaned up.
-///
-/// A claim the watch saw deleted while it showed a provisioning of ours started
-/// ([`Context::record_vanished`]: its finalizers were stripped, perhaps while another
-/// process ran the provisioning) is found as that copy, gone, and cleaned up too.
+/// provisioning runs in the background (`entry`), else the one its journal entry
+/// describes. With crash-safe provisioning such a copy means the claim is gone, and `true`
+/// says so: its asset, if any, is cleaned up.
 fn find_claim(ctx: &Context, uid: &str, entry: Option<&InProgress>) -> Option<(ClaimView, bool)> {
     let (claim, gone) = match (ctx.caches.claim_by_uid(uid), entry) {
         (Some(claim), _) => (claim, false),
         (None, Some(entry)) => (Arc::clone(&entry.claim), ctx.config.crash_safe_provisioning),
-        (None, None) => (ctx.vanished_claim(uid)?, true),
+        (None, None) => (Arc::new(crash_safety::entry(ctx, uid)?.claim(uid)), true),
     };
     Some((ClaimView::new(claim), gone))
 }
@@ -158,10 +154,6 @@ async fn provision(
     // answers, whatever the claim, its class or the qualifier say now: forgetting it
     // would leak the asset being created (Go forgets it here).
     let in_progress = ctx.is_in_progress(uid);
-    if !in_progress && ctx.reported_gone(uid, &claim.claim) {
-        tracing::debug!(pvc = %claim.key, "the API server reported the claim gone; waiting for the cache to catch up");
-        return (State::NoChange, Ok(()));
-    }
     if !in_progress && let Some(wait) = ctx.infeasible_wait(uid, class.as_deref()) {
         let delayed = OpError::Delayed {
             uid: uid.to_owned(),
@@ -282,33 +274,14 @@ async fn provision_claim(
 
     let crash_safe = ctx.config.crash_safe_provisioning;
     let uid = &claim.uid;
-    // Whether a create of its name may have been sent by another process than this one,
-    // or with an outcome this process does not know (see `ANN_CREATES_MAY_LAND`): this
-    // process had an answer in the background, or the claim showed a provisioning
-    // started before this process worked on it (ours removed since does not count).
-    let creates_may_land = in_progress
-        || (claim.has_intent && !ctx.wrote_intent_removed(uid))
-        || crash_safety::stripped_intent(claim, ctx.names());
-    // A cached claim that shows our finalizer may predate our own removal of it.
-    if crash_safe && (!claim.has_intent || ctx.wrote_intent_removed(uid)) {
-        if claim.claim.metadata.deletion_timestamp.is_some() {
+    if crash_safe {
+        if claim.claim.metadata.deletion_timestamp.is_some() && !in_progress {
             return Ok(Outcome::Stopped("claim is being deleted"));
         }
-        match crash_safety::set_claim_intent(ctx, &claim.claim, crash_safety::Intent::Add(&class))
+        // The driver may create an asset from now on: the journal names it first.
+        crash_safety::record_intent(ctx, claim, &class, &options.pv_name)
             .await
-        {
-            Ok(()) => {}
-            // The cache is behind (a watch that waits out its backoff after an outage may
-            // show a deleted claim for half a minute): nothing was asked of the driver, so
-            // nothing is owed. Not tried again until the cache shows the claim changed
-            // (or gone): retrying with backoff, or at each resync, would patch a gone
-            // claim over and over.
-            Err(OpError::ClaimGone { .. }) if !in_progress => {
-                ctx.mark_gone(uid, &claim.claim);
-                return Ok(Outcome::Stopped("claim is gone or being deleted"));
-            }
-            Err(e) => return Err((State::NoChange, e)),
-        }
+            .map_err(|e| (State::NoChange, e))?;
     }
 
     // Only the driver call holds a driver slot: the API writes around it do not.
@@ -318,7 +291,7 @@ async fn provision_claim(
         .await;
     // A final answer: the driver holds no asset for the claim, nothing to record.
     if crash_safe && matches!(&answer, Ok(Err(e)) if crash_safety::holds_no_asset(e)) {
-        crash_safety::drop_intent(ctx, claim).await;
+        crash_safety::no_asset(ctx, uid);
     }
     let mut volume = match answer {
         Ok(Ok(volume)) => volume,
@@ -370,16 +343,13 @@ async fn provision_claim(
     ensure_name(&mut volume, &options.pv_name, claim);
     tracing::info!(pv = ?volume.metadata.name, "volume provisioned");
 
-    decorate(ctx, claim, &class, &mut volume, creates_may_land);
+    decorate(ctx, claim, &class, &mut volume);
     let name = volume.metadata.name.clone().unwrap_or_default();
+    // A saved PV settles the claim's journal entry (`volume_object::create`); one waiting
+    // in the background saver does not: its intent stays until the saver is done.
     let saved = ctx.saver.store(ctx, claim, volume).await?;
-    // Only a PV really saved records the asset; one waiting in the background saver
-    // does not (its claim keeps the crash-safety finalizer until the saver is done).
     if saved {
         ctx.caches.mark_saved(&name);
-        if crash_safe || claim.has_intent {
-            crash_safety::drop_intent(ctx, claim).await;
-        }
     }
     Ok(Outcome::Provisioned)
 }
@@ -412,7 +382,7 @@ async fn error_handling(
 
 /// Removes the selected-node annotation so the scheduler picks again (Go `rescheduleProvisioning`).
 ///
-/// The claim is read fresh (our copy may predate our own finalizer write) and written
+/// The claim is read fresh (our copy may be behind) and written
 /// with an update, which fails with a conflict when it changed meanwhile; when the
 /// scheduler already chose another node than the one we tried, nothing is removed.
 async fn reschedule_claim(ctx: &Context, view: &ClaimView) -> Result<(), OpError> {

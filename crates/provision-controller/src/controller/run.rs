@@ -225,9 +225,19 @@ pub(super) async fn run(
         }
     }
 
-    // Leading (or running without election): queue everything and start the workers.
+    // Leading (or running without election): read the journal (what the last leader
+    // started), queue everything and start the workers.
     health.set_role(Role::Leading);
     set_leader(&ctx, true);
+    if let Some(journal) = &ctx.journal {
+        match journal.reload().await {
+            Ok(entries) => tracing::info!(entries, "provisioning journal read"),
+            Err(error) => {
+                tracing::warn!(error = %crate::controller::calls::chain(&error), "failed to read the provisioning journal; read again at the next resync")
+            }
+        }
+        bg.tasks.spawn(Arc::clone(journal).run_committer());
+    }
     ctx.accepting.store(true, Ordering::Release);
     let (queued_claims, queued_volumes) = ctx.queue_everything();
     let mut workers = JoinSet::new();
@@ -338,7 +348,7 @@ pub(super) async fn run(
         if unsaved > 0 {
             tracing::warn!(
                 unsaved,
-                "stopping with provisioned volumes whose PV is not saved; their claims keep the crash-safety finalizer when it is on"
+                "stopping with provisioned volumes whose PV is not saved; the journal keeps their claims when crash safety is on"
             );
         }
     }
@@ -383,19 +393,7 @@ fn spawn_feeders(
     tasks.spawn(claims.for_each(move |claim| {
         match feed.caches.index_claim(&claim) {
             Some(uid) => {
-                // Gone from the cache: deleted. One that shows a provisioning of ours
-                // started (its finalizers stripped by hand) is recorded by every replica,
-                // standbys too: the one running the provisioning may stop.
-                if feed.config.crash_safe_provisioning
-                    && feed.caches.claim_by_uid(&uid).is_none()
-                    && super::crash_safety::stripped_intent(
-                        &crate::annotations::ClaimView::new(Arc::clone(&claim)),
-                        feed.names(),
-                    )
-                {
-                    feed.record_vanished(&uid, Arc::clone(&claim));
-                }
-                if feed.accepting() && !feed.is_own_write(&uid, &claim) {
+                if feed.accepting() {
                     feed.claim_queue.add(uid);
                 }
             }
@@ -407,13 +405,6 @@ fn spawn_feeders(
     tasks.spawn(volumes.for_each(move |change| {
         let name = change.name();
         feed.caches.volume_seen(&name);
-        // Gone from the cache: deleted. Whoever deleted it, a create of its name may still
-        // land (every replica records it, standbys too: the one that deleted it may stop).
-        if !feed.caches.volumes.contains(&name)
-            && let Some(volume) = change.volume()
-        {
-            super::late::deleted(&feed, &volume);
-        }
         if feed.accepting() {
             feed.volume_queue.add(name);
         }

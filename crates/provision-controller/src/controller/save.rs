@@ -1,6 +1,6 @@
 //! Saving provisioned PVs (Go `volume_store.go`) as [`Config::pv_save`](crate::Config)
 //! says: blocking with retries and cleanup, or a background queue that retries forever
-//! (whose saves remove the claim's crash-safety finalizer).
+//! (whose saves settle the claim's journal entry).
 //!
 //! In a claim's way: the last step of a provisioning attempt (`claim`), after the PV was
 //! built (`volume_object`, which also creates it).
@@ -97,7 +97,7 @@ impl Saver {
     ///
     /// With the blocking strategy an error means no PV was saved, with what the claim
     /// must remember: [`State::InBackground`] when the asset was kept (always with crash-safe
-    /// provisioning: the claim keeps its finalizer and is provisioned, and saved, again),
+    /// provisioning: the claim keeps its journal intent and is provisioned, and saved, again),
     /// [`State::Finished`] when, without crash safety, no PV exists and the asset was
     /// deleted (or a cleanup event was sent). The background strategy never fails.
     pub(crate) async fn store(
@@ -112,7 +112,7 @@ impl Saver {
                 .map(|()| true),
             Self::Background(bg) => {
                 let name = volume.metadata.name.clone().unwrap_or_default();
-                match create(ctx, &volume, Some(&claim.claim)).await {
+                match create(ctx, &volume).await {
                     Ok(_) => {
                         succeeded(ctx, &claim.claim, &name).await;
                         return Ok(true);
@@ -165,7 +165,7 @@ async fn store_blocking(
         if attempt > 0 {
             tokio::time::sleep(pauses[attempt - 1]).await;
         }
-        match create(ctx, &volume, Some(&claim.claim)).await {
+        match create(ctx, &volume).await {
             Ok(_) => {
                 succeeded(ctx, &claim.claim, &name).await;
                 return Ok(());
@@ -188,7 +188,7 @@ async fn store_blocking(
     let save_error = last.expect("at least one attempt was made");
 
     if ctx.config.crash_safe_provisioning {
-        // Never delete: the claim keeps its crash-safety finalizer and stays in progress,
+        // Never delete: the claim keeps its journal intent and stays in progress,
         // so it is provisioned again (the driver finds the asset) and saved later. A
         // delete here could destroy an asset that another replica's PV names meanwhile.
         return match saved_meanwhile(ctx, claim, &volume).await {
@@ -301,7 +301,9 @@ async fn saved_meanwhile(
     let name = volume.metadata.name.as_deref().unwrap_or_default();
     match get_volume(&ctx.client, ctx.config.provision_timeout, name).await? {
         Some(saved) => {
-            reuse_existing(ctx, Some(&claim.claim), volume, &saved).await;
+            reuse_existing(volume, &saved);
+            let claim_uid = (!claim.uid.is_empty()).then_some(claim.uid.as_str());
+            crash_safety::after_save(ctx, claim_uid, &saved).await;
             succeeded(ctx, &claim.claim, name).await;
             Ok(true)
         }
@@ -341,16 +343,17 @@ pub(crate) async fn run_background_worker(ctx: Arc<Context>) {
     };
     while let Some(name) = bg.queue.get().await {
         let volume = bg.pending().get(&name).cloned();
-        let claim_ref = volume
+        let claim = volume
             .as_ref()
             .and_then(|v| v.spec.as_ref())
-            .and_then(|s| s.claim_ref.clone());
-        let claim_uid = claim_ref.as_ref().and_then(|r| r.uid.as_deref());
-        let claim = claim_uid.and_then(|uid| ctx.caches.claim_by_uid(uid));
+            .and_then(|s| s.claim_ref.as_ref())
+            .and_then(|r| r.uid.as_deref())
+            .and_then(|uid| ctx.caches.claim_by_uid(uid));
         match volume {
             None => bg.queue.forget(&name),
-            Some(volume) => match create(&ctx, &volume, claim.as_deref()).await {
+            Some(volume) => match create(&ctx, &volume).await {
                 Ok(_) => {
+                    // `create` settled the claim's journal entry: the PV records the asset.
                     let unsaved = {
                         let mut pending = bg.pending();
                         pending.remove(&name);
@@ -361,21 +364,6 @@ pub(crate) async fn run_background_worker(ctx: Arc<Context>) {
                     ctx.caches.mark_saved(&name);
                     if let Some(claim) = &claim {
                         succeeded(&ctx, claim, &name).await;
-                    }
-                    // The PV now records the asset: the claim's crash-safety finalizer goes.
-                    if let Some((Some(ns), Some(claim_name))) = claim_ref
-                        .as_ref()
-                        .map(|r| (r.namespace.as_deref(), r.name.as_deref()))
-                        && let Err(err) = crash_safety::set_intent(
-                            &ctx,
-                            ns,
-                            claim_name,
-                            claim_uid,
-                            crash_safety::Intent::Remove,
-                        )
-                        .await
-                    {
-                        tracing::warn!(pv = %name, error = %chain(&err), "failed to remove the crash-safety finalizer; retried at the next sync");
                     }
                 }
                 Err(err) => {

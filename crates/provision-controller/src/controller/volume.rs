@@ -1,5 +1,5 @@
 //! The volume flow: `finalizer_change` and `should_delete` (pure), then `sync_volume` and
-//! `delete_volume` (I/O), with the late-asset sweep of young PVs first (`late`). Go: `syncVolume`, `handleProtectionFinalizer`, `shouldDelete`,
+//! `delete_volume` (I/O). Go: `syncVolume`, `handleProtectionFinalizer`, `shouldDelete`,
 //! `deleteVolumeOperation`.
 
 use std::sync::Arc;
@@ -14,7 +14,6 @@ use tokio::time::Instant;
 use super::{
     Context,
     calls::{CallError, OpError, api, call, chain, get_volume, is_api, is_other_uid},
-    late,
     names::{Names, is_ours},
 };
 use crate::{
@@ -114,11 +113,9 @@ pub(crate) fn still_reclaimable(
 /// Processes the volume with this name; an error requeues it.
 pub(crate) async fn sync_volume(ctx: &Context, name: &str) -> Result<(), OpError> {
     let Some(volume) = ctx.caches.volume(name) else {
-        late::sweep(ctx, name, None).await;
         tracing::debug!(pv = name, "volume no longer exists");
         return Ok(());
     };
-    late::sweep(ctx, name, Some(&volume)).await;
     let Some(volume) = handle_protection_finalizer(ctx, volume).await? else {
         tracing::debug!(pv = name, "volume no longer exists");
         return Ok(());
@@ -163,20 +160,14 @@ pub(crate) async fn sync_volume(ctx: &Context, name: &str) -> Result<(), OpError
         .and_then(|s| s.storage_class_name.clone())
         .unwrap_or_default();
     let start = Instant::now();
-    // A PV kept after its asset was deleted ([`Deletion::Kept`]) counts once, when its
-    // asset goes (in this process; a restart counts it again when it deletes the PV).
-    let counted = ctx.late.was_kept(&fresh);
     let result = delete_volume(ctx, &fresh).await;
     match (&result, &ctx.metrics) {
-        (Ok(Deletion::Deleted | Deletion::Kept), Some(m)) if !counted => {
+        (Ok(Deletion::Deleted), Some(m)) => {
             m.delete_succeeded(&class, start.elapsed());
         }
         (Ok(Deletion::Ignored), Some(m)) => m.delete_stopped(&class),
         (Err(_), Some(m)) => m.delete_failed(&class, start.elapsed()),
         _ => {}
-    }
-    if matches!(result, Ok(Deletion::Deleted)) {
-        ctx.late.forget_kept(&fresh);
     }
     result.map(|_| ())
 }
@@ -246,14 +237,11 @@ async fn patch_finalizer(
 enum Deletion {
     /// The asset, then the PV.
     Deleted,
-    /// The asset; the PV stays until its late-asset window ends.
-    Kept,
     /// Nothing: the driver ignored the volume.
     Ignored,
 }
 
-/// Deletes the asset, then the PV, then our finalizer (Go `deleteVolumeOperation`); a PV
-/// whose late-asset window has not ended stays until it has.
+/// Deletes the asset, then the PV, then our finalizer (Go `deleteVolumeOperation`).
 #[tracing::instrument(skip_all, fields(pv = volume.metadata.name.as_deref().unwrap_or_default()))]
 async fn delete_volume(ctx: &Context, volume: &PersistentVolume) -> Result<Deletion, OpError> {
     let limit = ctx.config.deletion_timeout;
@@ -279,24 +267,6 @@ async fn delete_volume(ctx: &Context, volume: &PersistentVolume) -> Result<Delet
         return Err(err);
     }
     tracing::info!("volume deleted");
-    // Until the PV's late-asset window ends, a create of its name that another replica
-    // sent (or this process, before a restart) may still land, and nothing but this PV
-    // records that the name must then be swept: a record in this process's memory would
-    // go with it. So the PV stays (Released) until the window ends; its sync then deletes
-    // again (the driver's delete releases what landed meanwhile) and removes the PV.
-    // Only a PV that records an asset its claim never used (crash-safety cleanup), or
-    // whose provisioning another process (or an earlier life of this one) worked on, or
-    // whose create's outcome was unknown: a PV provisioned in one go goes at once, and the
-    // replicas that see it go make its last sweep.
-    if annotations::kept_for_window(volume)
-        && let Some((due, wait)) = late::window_left(ctx, volume)
-    {
-        tracing::info!(?wait, %due, "the persistentvolume stays until its late-asset window ends, then its name is deleted again");
-        ctx.late.keep(volume);
-        ctx.volume_queue.add_after(name, wait);
-        return Ok(Deletion::Kept);
-    }
-
     let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
     // A PV re-created under the same name meanwhile is not ours to delete (409).
     let params = DeleteParams {
@@ -330,8 +300,6 @@ async fn delete_volume(ctx: &Context, volume: &PersistentVolume) -> Result<Delet
         }
     }
     tracing::info!("persistentvolume deleted");
-    // A create of its name that another replica sent may still land.
-    late::deleted(ctx, volume);
     Ok(Deletion::Deleted)
 }
 

@@ -1,13 +1,14 @@
 //! The PV object a claim gets: built from the driver's volume ([`decorate`],
 //! [`ensure_name`], [`claim_reference`]; Go: the part of `provisionClaimOperation` after
 //! the driver returned) and created on the API server ([`create`]: a PV saved first under
-//! its name counts as saved, [`reuse_existing`]; then the driver hears of the saved PV).
+//! its name counts as saved, [`reuse_existing`]; then the driver hears of the saved PV and
+//! the claim's journal entry is settled).
 //!
 //! In a claim's way: after the driver answered, before and under the saving strategy
 //! (`save`); the crash-safety cleanup builds and creates its PV here too.
 
 use k8s_openapi::api::{
-    core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim},
+    core::v1::{ObjectReference, PersistentVolume},
     storage::v1::StorageClass,
 };
 
@@ -15,28 +16,18 @@ use kube_client::{Api, api::PostParams};
 
 use super::{
     Context,
-    calls::{OpError, api, chain, get_volume, is_api},
-    late,
+    calls::{OpError, api, get_volume, is_api},
+    crash_safety,
 };
-use crate::{
-    DeleteError,
-    annotations::{
-        ANN_CREATES_MAY_LAND, ANN_LATE_ASSET_SWEEP, ANN_PROVISIONED_BY, ClaimView, FINALIZER_PV,
-        claim_key,
-    },
-    events,
-};
+use crate::annotations::{ANN_PROVISIONED_BY, ClaimView, FINALIZER_PV};
 
-/// What the controller adds to the driver's PV: claimRef, storageClassName, the
-/// protection finalizer (when configured), `pv.kubernetes.io/provisioned-by` and, for a
-/// driver with late assets, [`ANN_LATE_ASSET_SWEEP`] (when its late-asset window ends)
-/// and, when `creates_may_land` (see [`ANN_CREATES_MAY_LAND`]), that annotation.
+/// What the controller adds to the driver's PV, as Go does: claimRef, storageClassName,
+/// the protection finalizer (when configured) and `pv.kubernetes.io/provisioned-by`.
 pub(crate) fn decorate(
     ctx: &Context,
     claim: &ClaimView,
     class: &StorageClass,
     volume: &mut PersistentVolume,
-    creates_may_land: bool,
 ) {
     let spec = volume.spec.get_or_insert_with(Default::default);
     if let Ok(claim_ref) = claim_reference(claim) {
@@ -63,17 +54,6 @@ pub(crate) fn decorate(
         .annotations
         .get_or_insert_with(Default::default);
     annotations.insert(ANN_PROVISIONED_BY.to_owned(), provisioned_by);
-    // The last late-asset sweep is owed from the end of the window on, to be made by
-    // whichever controller leads then (see `late`).
-    if let Some(due) = late::sweep_due_annotation(
-        ctx.provisioner.late_asset_window(),
-        k8s_openapi::jiff::Timestamp::now(),
-    ) {
-        annotations.insert(ANN_LATE_ASSET_SWEEP.to_owned(), due);
-        if creates_may_land {
-            annotations.insert(ANN_CREATES_MAY_LAND.to_owned(), "true".to_owned());
-        }
-    }
 }
 
 /// Gives a nameless PV from the driver the name it must have (`pv_name`); a PV with
@@ -115,16 +95,19 @@ pub(crate) fn claim_reference(view: &ClaimView) -> Result<ObjectReference, OpErr
 }
 
 /// Creates the PV and returns the PV saved under its name; an existing one counts as
-/// saved (Go), after [`reuse_existing`]. Either way the driver hears of the saved PV
-/// ([`Provisioner::volume_saved`](crate::Provisioner::volume_saved)). `claim` is the
-/// claim events go to, if any.
+/// saved (Go), after [`reuse_existing`]. Either way the driver hears of the saved PV and
+/// the claim's journal entry is settled ([`crash_safety::after_save`]).
 pub(crate) async fn create(
     ctx: &Context,
     volume: &PersistentVolume,
-    claim: Option<&PersistentVolumeClaim>,
 ) -> Result<PersistentVolume, OpError> {
     let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let name = volume.metadata.name.as_deref().unwrap_or_default();
+    let claim_uid = volume
+        .spec
+        .as_ref()
+        .and_then(|s| s.claim_ref.as_ref())
+        .and_then(|r| r.uid.clone());
     match api(
         ctx.config.provision_timeout,
         || format!("create persistentvolume {name}"),
@@ -133,13 +116,14 @@ pub(crate) async fn create(
     .await
     {
         Ok(created) => {
-            volume_saved(ctx, &created).await;
+            crash_safety::after_save(ctx, claim_uid.as_deref(), &created).await;
             Ok(created)
         }
         Err(OpError::Api { source, .. }) if is_api(&source, |s| s.is_already_exists()) => {
             match get_volume(&ctx.client, ctx.config.provision_timeout, name).await? {
                 Some(saved) => {
-                    reuse_existing(ctx, claim, volume, &saved).await;
+                    reuse_existing(volume, &saved);
+                    crash_safety::after_save(ctx, claim_uid.as_deref(), &saved).await;
                     Ok(saved)
                 }
                 None => Err(OpError::VolumeGone {
@@ -172,70 +156,20 @@ pub(crate) fn same_source(a: &PersistentVolume, b: &PersistentVolume) -> bool {
     volume_source(a) == volume_source(b)
 }
 
-/// Tells the driver that `saved` is stored
-/// ([`Provisioner::volume_saved`](crate::Provisioner::volume_saved)); a failure is logged,
-/// fails nothing, and is retried by the volume worker until the driver answers without
-/// failing (see [`late`]).
-async fn volume_saved(ctx: &Context, saved: &PersistentVolume) {
-    // The first sync of the PV here then only waits for the end of its late-asset window.
-    late::saved(ctx, saved);
-    late::volume_saved(ctx, saved).await;
-}
-
 /// Another PV was saved under the name of `ours` first (another replica provisioned the
-/// same claim): when it names another asset, the driver releases ours
-/// ([`Provisioner::delete_duplicate`](crate::Provisioner::delete_duplicate)); then the
-/// driver hears of the saved PV ([`Provisioner::volume_saved`](crate::Provisioner::volume_saved)).
-/// Never fails: a failure is logged and reported on the claim, and the save counts as done.
-pub(crate) async fn reuse_existing(
-    ctx: &Context,
-    claim: Option<&PersistentVolumeClaim>,
-    ours: &PersistentVolume,
-    saved: &PersistentVolume,
-) {
-    release_duplicate(ctx, claim, ours, saved).await;
-    volume_saved(ctx, saved).await;
-}
-
-async fn release_duplicate(
-    ctx: &Context,
-    claim: Option<&PersistentVolumeClaim>,
-    ours: &PersistentVolume,
-    saved: &PersistentVolume,
-) {
+/// same claim, or an earlier attempt of this one saved it): it counts as saved. When it
+/// names another asset, ours is released by the driver's
+/// [`Provisioner::volume_saved`](crate::Provisioner::volume_saved) of the saved PV, which
+/// the caller makes next (it releases every other asset of the name).
+pub(crate) fn reuse_existing(ours: &PersistentVolume, saved: &PersistentVolume) {
     let name = ours.metadata.name.as_deref().unwrap_or_default();
     if same_source(ours, saved) {
         tracing::info!(pv = name, "persistentvolume already exists, reusing");
-        return;
-    }
-    tracing::warn!(
-        pv = name,
-        "another PV with another volume source was saved under this name first; releasing the duplicate"
-    );
-    let outcome = ctx
-        .driver_slots
-        .deleting(
-            ctx.config.provision_timeout,
-            ctx.provisioner.delete_duplicate(ours, saved),
-        )
-        .await;
-    let error = match outcome {
-        Ok(Ok(()) | Err(DeleteError::Ignored { .. })) => {
-            tracing::info!(pv = name, "released the duplicate of the saved PV");
-            return;
-        }
-        Ok(Err(DeleteError::Failed(e))) => chain(&*e),
-        Err(e) => chain(&e.into_op("delete_duplicate")),
-    };
-    tracing::error!(pv = name, %error, "releasing the duplicate of the saved PV failed; delete it manually");
-    if let Some(claim) = claim {
-        let note = format!(
-            "Error deleting the duplicate of provisioned volume {name} for claim {}: {error}. Please delete manually.",
-            claim_key(claim)
+    } else {
+        tracing::warn!(
+            pv = name,
+            "another PV with another volume source was saved under this name first; the driver releases ours"
         );
-        ctx.events
-            .warning(claim, events::PROVISIONING_CLEANUP_FAILED, note)
-            .await;
     }
 }
 
@@ -245,7 +179,7 @@ mod tests {
     use crate::testing::pvc;
 
     /// The claim as its sync reads it.
-    fn view(claim: PersistentVolumeClaim) -> ClaimView {
+    fn view(claim: k8s_openapi::api::core::v1::PersistentVolumeClaim) -> ClaimView {
         ClaimView::new(std::sync::Arc::new(claim))
     }
 

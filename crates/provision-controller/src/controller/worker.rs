@@ -10,7 +10,7 @@ use std::{future::Future, sync::Arc};
 use tracing::Instrument;
 
 use super::{Context, calls, calls::OpError, claim, crash_safety, volume};
-use crate::{annotations::ClaimView, queue::WorkQueue};
+use crate::queue::WorkQueue;
 
 /// One worker of a flow: takes keys from `queue` until it shuts down; for each, runs
 /// `sync` (a panic anywhere in it, in a hook or a bug, fails that key only: the worker
@@ -53,7 +53,6 @@ fn settle_claim(ctx: &Context, uid: &str, result: Result<(), OpError>) {
             ctx.claim_queue.forget(uid);
             ctx.set_in_progress(uid, None);
             ctx.forget_cleanup(uid);
-            ctx.forget_vanished(uid);
         }
         // Waiting after an infeasible answer is no failure: queued again once the
         // wait is over (or at once when the claim's class is re-created).
@@ -79,33 +78,16 @@ fn settle_claim(ctx: &Context, uid: &str, result: Result<(), OpError>) {
             if threshold == 0 || failures < threshold {
                 tracing::warn!(claim_uid = %uid, failures, %error, "retrying claim");
                 ctx.claim_queue.add_rate_limited(uid.to_owned());
-            } else if ctx.is_in_progress(uid)
-                || cleaning_up(ctx, uid)
-                || ctx.vanished_claim(uid).is_some()
-            {
+            } else if ctx.is_in_progress(uid) || crash_safety::entry(ctx, uid).is_some() {
                 // Go drops the claim here and can leak the volume being provisioned.
                 tracing::warn!(claim_uid = %uid, failures, %error,
-                    "retrying claim past the threshold: its provisioning runs in the background or its asset is being cleaned up");
+                    "retrying claim past the threshold: its provisioning runs in the background or its journal entry is not done");
                 ctx.claim_queue.add_rate_limited(uid.to_owned());
             } else {
                 tracing::error!(claim_uid = %uid, failures, threshold, %error, "giving up on claim");
             }
         }
     }
-}
-
-/// Whether the claim's asset is being cleaned up (it is being deleted, bound to another
-/// PV, or asks another provisioner now): it keeps our finalizer until then, so giving
-/// up would leave it Terminating or leak the asset.
-fn cleaning_up(ctx: &Context, uid: &str) -> bool {
-    let Some(claim) = ctx.caches.claim_by_uid(uid) else {
-        return false;
-    };
-    // The plan calls the volume-name hook, whose panic must not end the worker.
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        crash_safety::intent_plan(ctx, &ClaimView::new(claim)) == crash_safety::Plan::CleanUp
-    }))
-    .unwrap_or(false)
 }
 
 pub(crate) async fn volume_worker(ctx: Arc<Context>) {
@@ -149,6 +131,11 @@ pub(crate) async fn resync(ctx: Arc<Context>) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
+        if let Some(journal) = &ctx.journal
+            && let Err(error) = journal.reload().await
+        {
+            tracing::warn!(error = %calls::chain(&error), "failed to read the provisioning journal; using what this process knows");
+        }
         ctx.queue_everything();
     }
 }
@@ -509,10 +496,7 @@ mod tests {
     }
 
     mod in_progress;
-    mod late;
-    mod own_writes;
     mod panics;
-    mod safety;
 
     #[tokio::test]
     async fn a_failing_volume_is_retried_until_the_delete_threshold() {

@@ -5,7 +5,7 @@ mod conformance;
 mod crash_safe;
 mod delete;
 mod in_flight;
-mod late;
+
 mod provision;
 mod robust;
 mod save;
@@ -153,6 +153,7 @@ impl Env {
 
     /// Stops the controller (checking that `run` ended cleanly) and starts a new one on
     /// `driver` against the same sim: a replica restarted, or the next leader.
+    #[allow(dead_code)]
     pub(crate) async fn restart(
         &mut self,
         config: Config,
@@ -298,4 +299,24 @@ pub(crate) fn claim(name: &str) -> PersistentVolumeClaim {
 
 pub(crate) fn pvc_in(name: &str, class: &str) -> PersistentVolumeClaim {
     pvc(name).storage_class(class).build()
+}
+
+/// Whether the provisioning journal holds an intent (a provisioning whose asset no PV
+/// records); `uid`: for that claim only.
+pub(crate) async fn has_intent(env: &Env, uid: Option<&str>) -> bool {
+    let maps: kube_client::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube_client::Api::all(env.sim.client());
+    let params = kube_client::api::ListParams::default()
+        .labels(provision_controller::journal::JOURNAL_LABEL);
+    maps.list(&params)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .flat_map(|cm| cm.data.clone().unwrap_or_default())
+        .any(|(key, value)| {
+            key.strip_prefix("e.")
+                .is_some_and(|u| uid.is_none_or(|want| want == u))
+                && !value.contains("\"d\":")
+        })
 }

@@ -14,7 +14,6 @@ use kube_client::{Api, api::PostParams};
 use kube_sim::{FaultRule, Verb};
 use provision_controller::{
     Config, DeleteError, ProvisionError, ProvisionOptions, Provisioner, PvSaveStrategy,
-    annotations::FINALIZER_PROVISIONING,
     events::{PROVISIONING_CLEANUP_FAILED, PROVISIONING_FAILED},
     testing::{DeleteStep, FakeProvisioner, ProvisionStep, pv},
 };
@@ -260,24 +259,20 @@ async fn a_claim_deleted_while_its_pv_waits_in_the_background_saver_is_finished_
     })
     .await;
     env.delete_claim("data").await;
-    settle().await;
-    let data = env.claims().get("data").await.unwrap();
-    assert!(
-        data.metadata
-            .finalizers
-            .unwrap_or_default()
-            .contains(&FINALIZER_PROVISIONING.to_owned()),
-        "the claim keeps its crash-safety finalizer while no PV records the asset"
-    );
-    assert!(env.fake.delete_calls().is_empty(), "the asset is kept");
-
-    env.sim.clear_faults();
     let claims = env.claims();
-    eventually("claim gone", || {
+    eventually("claim gone at once", || {
         let claims = claims.clone();
         async move { claims.get_opt("data").await.ok()?.is_none().then_some(()) }
     })
     .await;
+    settle().await;
+    assert!(
+        crate::has_intent(&env, Some(&uid)).await,
+        "the journal keeps the intent while no PV records the asset"
+    );
+    assert!(env.fake.delete_calls().is_empty(), "the asset is kept");
+
+    env.sim.clear_faults();
     env.volume_gone(&name).await;
     assert!(env.fake.assets().is_empty(), "{:?}", env.fake.assets());
     assert_eq!(env.fake.delete_calls(), [name], "reclaimed once released");
@@ -323,19 +318,8 @@ fn host_path(volume: &PersistentVolume) -> String {
 }
 
 async fn wait_intent_removed(env: &Env) {
-    let claims = env.claims();
-    eventually("crash-safety finalizer removed", || {
-        let claims = claims.clone();
-        async move {
-            let c = claims.get("data").await.ok()?;
-            let ours = c
-                .metadata
-                .finalizers
-                .iter()
-                .flatten()
-                .any(|f| f == FINALIZER_PROVISIONING);
-            (!ours).then_some(())
-        }
+    eventually("journal intent settled", || async {
+        (!crate::has_intent(env, None).await).then_some(())
     })
     .await;
 }
@@ -351,15 +335,10 @@ async fn releases_the_duplicate(strategy: PvSaveStrategy) {
         "/other-replica/asset",
         "the saved PV stays"
     );
-    eventually("duplicate released", || async {
-        (!env.fake.duplicate_calls().is_empty()).then_some(())
+    eventually("the driver hears of the saved PV", || async {
+        (!env.fake.volume_saved_calls().is_empty()).then_some(())
     })
     .await;
-    let calls = env.fake.duplicate_calls();
-    assert_eq!(calls.len(), 1);
-    let (duplicate, saved) = &calls[0];
-    assert_eq!(host_path(duplicate), format!("/fake/{name}"));
-    assert_eq!(host_path(saved), "/other-replica/asset");
     assert!(env.fake.delete_calls().is_empty(), "never a whole delete");
     let told: Vec<_> = env
         .fake
@@ -370,7 +349,7 @@ async fn releases_the_duplicate(strategy: PvSaveStrategy) {
     assert_eq!(
         told,
         ["/other-replica/asset"],
-        "the driver hears of the saved PV"
+        "the driver hears of the saved PV, and releases ours (another asset of the name) there"
     );
     wait_intent_removed(&env).await;
     assert_eq!(
@@ -403,28 +382,7 @@ async fn a_pv_saved_first_with_the_same_source_is_reused_without_a_release() {
     env.bound_volume("data").await;
     wait_intent_removed(&env).await;
     settle().await;
-    assert!(env.fake.duplicate_calls().is_empty());
     assert!(env.fake.delete_calls().is_empty());
-    env.stop().await;
-}
-
-#[tokio::test]
-async fn a_failed_duplicate_release_is_reported_and_the_claim_is_not_retried() {
-    let fake = FakeProvisioner::new().script_delete_duplicate([DeleteStep::Fail]);
-    let (env, uid, name) = mid_provision(quick(), fake).await;
-    saved_by_another_replica(&env, &uid, &name, "/other-replica/asset").await;
-    env.fake.unblock();
-    let event = env.wait_event("data", PROVISIONING_CLEANUP_FAILED).await;
-    let note = event.note.unwrap_or_default();
-    assert!(note.contains("Please delete manually"), "{note}");
-    assert!(
-        note.contains("fake: deleting the duplicate failed"),
-        "{note}"
-    );
-    env.bound_volume("data").await;
-    settle().await;
-    assert_eq!(env.fake.provision_calls().len(), 1);
-    assert_eq!(env.fake.duplicate_calls().len(), 1);
     env.stop().await;
 }
 
@@ -466,14 +424,9 @@ async fn a_failed_save_keeps_the_asset_while_it_is_unknown_whether_a_pv_exists()
     .await;
     assert!(env.fake.delete_calls().is_empty(), "the asset is kept");
     assert_eq!(env.fake.assets().len(), 1);
-    let data = env.claims().get("data").await.unwrap();
     assert!(
-        data.metadata
-            .finalizers
-            .iter()
-            .flatten()
-            .any(|f| f == FINALIZER_PROVISIONING),
-        "the claim keeps its crash-safety finalizer"
+        crate::has_intent(&env, Some(&uid)).await,
+        "the journal keeps the claim's intent"
     );
 
     env.sim.clear_faults();

@@ -3,22 +3,29 @@
 
 use kube_client::api::{Patch, PatchParams};
 use provision_controller::{
-    annotations::{
-        ANN_BETA_STORAGE_PROVISIONER, ANN_CLEANUP_RECORD, ANN_PROVISIONING_CLASS,
-        ANN_STORAGE_PROVISIONER, FINALIZER_PROVISIONING,
-    },
+    annotations::{ANN_BETA_STORAGE_PROVISIONER, ANN_STORAGE_PROVISIONER},
     testing::{FakeProvisioner, ProvisionStep, class, pv as pv_of},
 };
 
 use super::*;
 
-fn has_intent(claim: &PersistentVolumeClaim) -> bool {
-    claim
-        .metadata
-        .finalizers
-        .iter()
-        .flatten()
-        .any(|f| f == FINALIZER_PROVISIONING)
+/// The claim uid of our PV name `pvc-<uid>`.
+fn uid_of(pv: &str) -> &str {
+    pv.strip_prefix("pvc-").unwrap()
+}
+
+/// Whether a claim carries nothing of ours: no finalizer or annotation other than Go's.
+fn untouched(claim: &PersistentVolumeClaim) -> bool {
+    let ours = |k: &String| {
+        k.starts_with("external-provisioner.") || k.contains("rust-storage-controllers")
+    };
+    !claim.metadata.finalizers.iter().flatten().any(ours)
+        && !claim
+            .metadata
+            .annotations
+            .iter()
+            .flatten()
+            .any(|(k, _)| ours(k))
 }
 
 /// A controller that is mid-call in the driver when it is stopped (gracefully with a
@@ -36,14 +43,22 @@ async fn stopped_mid_provision(sim: &KubeSim, kill: bool) -> (FakeProvisioner, S
         .await
         .expect("the driver is called");
     let claim = claims(sim).get("data").await.unwrap();
-    assert!(has_intent(&claim), "intent recorded before the driver call");
-    let recorded = claim
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ANN_PROVISIONING_CLASS))
-        .expect("the class is recorded with the finalizer");
-    let recorded: StorageClass = serde_json::from_str(recorded).unwrap();
+    assert!(
+        untouched(&claim),
+        "the claim carries nothing of ours: {:?}",
+        claim.metadata
+    );
+    let journal = journal(sim).await;
+    let (_, entry, recorded) = journal
+        .iter()
+        .find(|(u, ..)| u == uid_of(&pv))
+        .expect("intent recorded in the journal before the driver call");
+    assert!(entry.get("d").is_none(), "an intent: {entry}");
+    assert_eq!(entry["n"], "default/data");
+    assert_eq!(entry["v"], pv.as_str());
+    let recorded = recorded
+        .clone()
+        .expect("the class is recorded with the intent");
     assert_eq!(recorded.metadata.name.as_deref(), Some("fast"));
     assert_eq!(recorded.provisioner, ME);
     if kill {
@@ -64,18 +79,17 @@ async fn deleted_claim_ends_without_asset(kill: bool) {
     let sim = sim().await;
     let (fake, pv) = stopped_mid_provision(&sim, kill).await;
     delete_claim(&sim, "data").await;
-    let claim = claims(&sim).get("data").await.unwrap();
-    assert!(
-        claim.metadata.deletion_timestamp.is_some() && has_intent(&claim),
-        "the finalizer keeps the deleted claim until its asset is dealt with"
-    );
-
-    let second = Replica::start(&sim, fake.clone(), config(None), false);
     let claims = claims(&sim);
-    eventually("claim gone", || async {
+    eventually("claim gone at once, with no controller running", || async {
         claims.get_opt("data").await.ok()?.is_none().then_some(())
     })
     .await;
+    assert!(
+        has_intent(&sim, uid_of(&pv)).await,
+        "the journal keeps what the cleanup needs"
+    );
+
+    let second = Replica::start(&sim, fake.clone(), config(None), false);
     // The cleanup saved a PV for the asset; the claim being gone, it is released and
     // reclaimed.
     volume_gone(&sim, &pv).await;
@@ -92,16 +106,10 @@ async fn deleted_claim_ends_without_asset(kill: bool) {
     );
     let saved = fake.volume_saved_calls();
     assert_eq!(saved.len(), 1, "the cleanup's save");
-    assert_eq!(
-        saved[0]
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ANN_CLEANUP_RECORD))
-            .map(String::as_str),
-        Some("true"),
-        "the cleanup's PV says it only records the asset"
-    );
+    eventually("journal entry gone", || async {
+        journal(&sim).await.is_empty().then_some(())
+    })
+    .await;
     second.stop().await.unwrap();
 }
 
@@ -149,7 +157,8 @@ async fn a_claim_bound_to_another_volume_while_its_controller_was_stopped_mid_pr
     let second = Replica::start(&sim, fake.clone(), config(None), false);
     let claims = claims(&sim);
     eventually("finalizer removed", || async {
-        (!has_intent(&claims.get("data").await.ok()?)).then_some(())
+        (!has_intent(&sim, uid_of(&pv)).await && untouched(&claims.get("data").await.ok()?))
+            .then_some(())
     })
     .await;
     // The PV saved for the asset names a claim bound elsewhere: the PV controller
@@ -197,7 +206,8 @@ async fn a_claim_that_asks_another_provisioner_after_its_controller_was_stopped_
     let second = Replica::start(&sim, fake.clone(), config(None), false);
     let claims = claims(&sim);
     eventually("finalizer removed", || async {
-        (!has_intent(&claims.get("data").await.ok()?)).then_some(())
+        (!has_intent(&sim, uid_of(&pv)).await && untouched(&claims.get("data").await.ok()?))
+            .then_some(())
     })
     .await;
     bound(&sim, "data", &pv).await;
@@ -220,10 +230,9 @@ async fn a_claim_whose_class_was_deleted_while_its_controller_was_stopped_is_fin
     let second = Replica::start(&sim, fake.clone(), config(None), false);
     bound(&sim, "data", &pv).await;
     let claims = claims(&sim);
-    eventually("finalizer and its annotations removed", || async {
+    eventually("intent settled", || async {
         let c = claims.get("data").await.ok()?;
-        let annotations = c.metadata.annotations.clone().unwrap_or_default();
-        (!has_intent(&c) && !annotations.contains_key(ANN_PROVISIONING_CLASS)).then_some(())
+        (untouched(&c) && !has_intent(&sim, uid_of(&pv)).await).then_some(())
     })
     .await;
     let calls = fake.provision_calls();
@@ -341,7 +350,8 @@ async fn a_live_claim_is_finished_by_the_next_controller() {
     bound(&sim, "data", &pv).await;
     let claims = claims(&sim);
     eventually("finalizer removed", || async {
-        (!has_intent(&claims.get("data").await.ok()?)).then_some(())
+        (!has_intent(&sim, uid_of(&pv)).await && untouched(&claims.get("data").await.ok()?))
+            .then_some(())
     })
     .await;
     assert_eq!(fake.assets().len(), 1, "one asset, found again by name");
@@ -374,7 +384,7 @@ async fn a_graceful_shutdown_lets_the_operation_in_flight_finish_then_releases_t
     stopping.await.unwrap().expect("a clean stop");
 
     bound(&sim, "data", &pv).await;
-    assert!(!has_intent(&claims(&sim).get("data").await.unwrap()));
+    assert!(untouched(&claims(&sim).get("data").await.unwrap()));
     assert_eq!(
         lease_holder(&sim.client()).await,
         None,

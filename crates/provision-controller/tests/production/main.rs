@@ -9,7 +9,6 @@ mod failover;
 mod late;
 mod namespace;
 mod probes;
-mod stripped;
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
@@ -248,4 +247,39 @@ pub(crate) async fn wait_holder(sim: &KubeSim, identity: &str) {
         async move { (lease_holder(&client).await.as_deref() == Some(identity)).then_some(()) }
     })
     .await;
+}
+
+/// Every entry of every provisioning journal in the cluster: (claim uid, entry JSON, the
+/// class snapshot it refers to, if any).
+pub(crate) async fn journal(
+    sim: &KubeSim,
+) -> Vec<(String, serde_json::Value, Option<StorageClass>)> {
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::all(sim.client());
+    let params = kube_client::api::ListParams::default()
+        .labels(provision_controller::journal::JOURNAL_LABEL);
+    let mut out = Vec::new();
+    for cm in maps.list(&params).await.unwrap().items {
+        let data = cm.data.unwrap_or_default();
+        for (key, value) in &data {
+            let Some(uid) = key.strip_prefix("e.") else {
+                continue;
+            };
+            let entry: serde_json::Value = serde_json::from_str(value).unwrap();
+            let class = entry["c"]
+                .as_str()
+                .and_then(|c| data.get(&format!("k.{c}")))
+                .map(|json| serde_json::from_str(json).unwrap());
+            out.push((uid.to_owned(), entry, class));
+        }
+    }
+    out
+}
+
+/// Whether the journal holds an intent (a provisioning whose asset no PV records) for the
+/// claim `uid`.
+pub(crate) async fn has_intent(sim: &KubeSim, uid: &str) -> bool {
+    journal(sim)
+        .await
+        .iter()
+        .any(|(u, e, _)| u == uid && e.get("d").is_none())
 }
