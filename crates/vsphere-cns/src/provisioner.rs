@@ -175,8 +175,6 @@ pub enum ProvisionerError {
 ///   a PV names:
 ///   - by [`Provisioner::volume_saved`], once a PV of that name is saved (by any replica):
 ///     the other volumes of this cluster with the PV's name are deleted;
-///   - by [`Provisioner::delete_duplicate`], when a replica's PV lost the race to be saved:
-///     the volume that PV names is deleted;
 ///   - by `delete`, when the PV is deleted: the PV's volume and every other one of its name,
 ///     and again until a create of that name this provisioner sent can no longer land
 ///     (see below).
@@ -587,6 +585,42 @@ fn cns(name: &str, source: Error) -> ProvisionerError {
     }
 }
 
+impl CnsProvisioner {
+    #[instrument(skip_all, fields(pv = duplicate.metadata.name.as_deref().unwrap_or_default()))]
+    /// Deletes the CNS volume `duplicate` names when it is not the one `saved` names
+    /// (a replica's PV that lost the race to be saved). The controller no longer calls
+    /// this (its `volume_saved` sweep of the saved PV releases every other volume of the
+    /// name); kept for tools that clean up by hand.
+    ///
+    /// # Errors
+    /// The CNS delete failed.
+    pub async fn delete_duplicate(
+        &self,
+        duplicate: &PersistentVolume,
+        saved: &PersistentVolume,
+    ) -> Result<(), DeleteError> {
+        let Some(id) = our_handle(duplicate).filter(|id| !id.as_str().is_empty()) else {
+            debug!("the duplicate PV names no cns volume; nothing to release");
+            return Ok(());
+        };
+        let saved_handle = saved
+            .spec
+            .as_ref()
+            .and_then(|s| s.csi.as_ref())
+            .map(|c| c.volume_handle.as_str());
+        if saved_handle == Some(id.as_str()) {
+            debug!(volume_id = %id, "the saved PV names the same cns volume; nothing to release");
+            return Ok(());
+        }
+        warn!(volume_id = %id, saved = saved_handle.unwrap_or_default(),
+            "another PV of this name was saved first; deleting the cns volume only the duplicate names");
+        self.delete_id(&id)
+            .await
+            .map_err(|e| DeleteError::Failed(Box::new(e)))
+    }
+
+}
+
 /// The volume handle of `volume` when it is a CSI PV of [`CSI_DRIVER`].
 fn our_handle(volume: &PersistentVolume) -> Option<CnsVolumeId> {
     let csi = volume.spec.as_ref().and_then(|s| s.csi.as_ref())?;
@@ -722,32 +756,6 @@ impl Provisioner for CnsProvisioner {
         // The saved PV is the one record of the claim's volume: no PV can name another
         // volume of its name any more.
         self.delete_leftovers(name, &id)
-            .await
-            .map_err(|e| DeleteError::Failed(Box::new(e)))
-    }
-
-    #[instrument(skip_all, fields(pv = duplicate.metadata.name.as_deref().unwrap_or_default()))]
-    async fn delete_duplicate(
-        &self,
-        duplicate: &PersistentVolume,
-        saved: &PersistentVolume,
-    ) -> Result<(), DeleteError> {
-        let Some(id) = our_handle(duplicate).filter(|id| !id.as_str().is_empty()) else {
-            debug!("the duplicate PV names no cns volume; nothing to release");
-            return Ok(());
-        };
-        let saved_handle = saved
-            .spec
-            .as_ref()
-            .and_then(|s| s.csi.as_ref())
-            .map(|c| c.volume_handle.as_str());
-        if saved_handle == Some(id.as_str()) {
-            debug!(volume_id = %id, "the saved PV names the same cns volume; nothing to release");
-            return Ok(());
-        }
-        warn!(volume_id = %id, saved = saved_handle.unwrap_or_default(),
-            "another PV of this name was saved first; deleting the cns volume only the duplicate names");
-        self.delete_id(&id)
             .await
             .map_err(|e| DeleteError::Failed(Box::new(e)))
     }
