@@ -45,8 +45,15 @@ const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// No kubeconfig and no in-cluster service account were found, or they were unusable.
-    #[error("cannot find a Kubernetes configuration (kubeconfig or in-cluster service account)")]
-    Infer(#[source] kube_client::config::InferConfigError),
+    /// `reason` says why, and never quotes a kubeconfig's content (it may hold a token or
+    /// a key).
+    #[error(
+        "cannot find a usable Kubernetes configuration (kubeconfig or in-cluster service account): {reason}"
+    )]
+    Infer {
+        /// Why inference failed.
+        reason: String,
+    },
     /// The configuration's TLS or authentication settings are unusable.
     #[error("cannot build a Kubernetes client for {cluster_url}")]
     Build {
@@ -73,7 +80,9 @@ pub enum ClientError {
 /// # Panics
 /// Outside a Tokio runtime: the client spawns its buffer task.
 pub async fn infer() -> Result<(Client, Config), ClientError> {
-    let config = Config::infer().await.map_err(ClientError::Infer)?;
+    let config = Config::infer().await.map_err(|error| ClientError::Infer {
+        reason: infer_reason(&error),
+    })?;
     let client = from_config(config.clone())?;
     Ok((client, config))
 }
@@ -277,9 +286,46 @@ fn is_watch(request: &Request<Body>) -> bool {
     })
 }
 
+/// Why `Config::infer` failed, without the text of a kubeconfig that does not parse (the
+/// YAML parser's message quotes the offending line, which may hold a credential).
+fn infer_reason(error: &kube_client::config::InferConfigError) -> String {
+    use kube_client::config::KubeconfigError;
+    let kubeconfig = std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<KubeconfigError>());
+    match kubeconfig {
+        Some(kubeconfig) => kubeconfig_reason(kubeconfig),
+        None => error.to_string(),
+    }
+}
+
+fn kubeconfig_reason(error: &kube_client::config::KubeconfigError) -> String {
+    use kube_client::config::KubeconfigError;
+    match error {
+        KubeconfigError::Parse(_) => "the kubeconfig is not valid YAML (its content is not \
+                                      shown: it may hold credentials)"
+            .to_owned(),
+        other => format!("kubeconfig: {other}; not in a cluster either"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kubeconfig_that_does_not_parse_is_named_without_its_content() {
+        let error = kube_client::config::Kubeconfig::from_yaml(
+            "clusters: [\n  token: s3cr3t-token-value\n  {{{",
+        )
+        .expect_err("not YAML");
+        assert!(
+            error.to_string().contains("s3cr3t"),
+            "kube's own message quotes the line, which this test guards against: {error}"
+        );
+        let reason = kubeconfig_reason(&error);
+        assert!(!reason.contains("s3cr3t"), "{reason}");
+        assert!(reason.contains("not valid YAML"), "{reason}");
+    }
 
     fn request(uri: &str) -> Request<Body> {
         Request::get(uri).body(Body::empty()).unwrap()
