@@ -273,9 +273,19 @@ async fn a_claim_deleted_while_its_pv_waits_in_the_background_saver_is_finished_
     assert!(env.fake.delete_calls().is_empty(), "the asset is kept");
 
     env.sim.clear_faults();
+    // The PV gets saved (nothing waits for it: the claim is already gone), released by
+    // the binder and reclaimed; only then is the PV deleted.
+    eventually("asset reclaimed", || async {
+        env.fake.assets().is_empty().then_some(())
+    })
+    .await;
     env.volume_gone(&name).await;
-    assert!(env.fake.assets().is_empty(), "{:?}", env.fake.assets());
     assert_eq!(env.fake.delete_calls(), [name], "reclaimed once released");
+    // Settles are group-committed, so the intent goes a moment later.
+    eventually("the intent goes once a PV records the asset", || async {
+        (!crate::has_intent(&env, Some(&uid)).await).then_some(())
+    })
+    .await;
     env.stop().await;
 }
 

@@ -90,8 +90,12 @@ async fn deleted_claim_ends_without_asset(kill: bool) {
     );
 
     let second = Replica::start(&sim, fake.clone(), config(None), false);
-    // The cleanup saved a PV for the asset; the claim being gone, it is released and
-    // reclaimed.
+    // The cleanup saves a PV for the asset; the claim being gone, it is released and
+    // reclaimed, and then the PV goes.
+    eventually("asset reclaimed", || async {
+        fake.assets().is_empty().then_some(())
+    })
+    .await;
     volume_gone(&sim, &pv).await;
     assert!(
         fake.assets().is_empty(),

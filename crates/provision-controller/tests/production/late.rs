@@ -1,86 +1,92 @@
 //! A PV deleted inside its late-asset window, across a failover: the last sweep of its
-//! name is made by the replica that leads when the window ends, whoever deleted it.
+//! name is made when the window ends by the replica that leads then, from the settled
+//! journal entry, whoever deleted the PV.
 
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use kube_client::api::{DeleteParams, PostParams};
-use provision_controller::testing::{FakeProvisioner, pv};
+use provision_controller::testing::FakeProvisioner;
 
-use crate::{ME, Replica, config, election, eventually, sim, volumes, wait_holder};
+use crate::{
+    Replica, bound, config, create_claim, delete_claim, election, eventually, journal, sim,
+    volumes, wait_holder,
+};
 
-/// How often `fake` was handed the PV `name` by `volume_saved`.
-fn sweeps(fake: &FakeProvisioner, name: &str) -> usize {
-    fake.volume_saved_calls()
-        .iter()
-        .filter(|v| v.metadata.name.as_deref() == Some(name))
-        .count()
-}
-
-// Chaos seeds 50035 and 60133: a PV was deleted inside its window, the replica that
-// deleted it stopped, and a create of its name landed later; the record of the sweep owed
-// at the window's end had gone with that replica. A standby whose watch saw the PV go
-// makes that sweep once it leads.
+// Chaos seeds 50035 and 60133 (under the former PV-annotation mechanism): a PV was deleted
+// inside its window, the replica that deleted it stopped, and a create of its name landed
+// later. The settled journal entry holds the due time of the last sweep, so the standby
+// that takes over makes it, at the window's end and not before.
 #[tokio::test]
 async fn a_pv_deleted_inside_its_window_is_swept_at_its_end_by_the_standby_that_took_over() {
     let sim = sim().await;
     let window = Duration::from_secs(8);
-    let a_fake = FakeProvisioner::new().with_late_asset_window(window);
-    let a = Replica::start(&sim, a_fake.clone(), config(Some(election("a"))), false);
+    // One backend for both replicas.
+    let fake = FakeProvisioner::new().with_late_asset_window(window);
+    let a = Replica::start(&sim, fake.clone(), config(Some(election("a"))), false);
     wait_holder(&sim, "a").await;
-    let b_fake = FakeProvisioner::new().with_late_asset_window(window);
-    let b = Replica::start(&sim, b_fake.clone(), config(Some(election("b"))), false);
+    let b = Replica::start(&sim, fake.clone(), config(Some(election("b"))), false);
 
-    // A young PV of ours (no claim: nothing else happens to it); the leader sweeps it at
-    // its first sync.
-    let name = "pvc-young";
-    let created = volumes(&sim)
-        .create(&PostParams::default(), &pv(name).provisioned_by(ME).build())
-        .await
-        .unwrap();
-    let created_at = created.metadata.creation_timestamp.as_ref().unwrap().0;
-    eventually("the leader's first sweep", || async {
-        (sweeps(&a_fake, name) > 0).then_some(())
+    let pv = create_claim(&sim, "data").await;
+    let uid = pv.strip_prefix("pvc-").unwrap().to_owned();
+    bound(&sim, "data", &pv).await;
+    let saved_at = Timestamp::now();
+    let entry = || async {
+        journal(&sim)
+            .await
+            .into_iter()
+            .find(|(u, ..)| *u == uid)
+            .map(|(_, e, _)| e)
+    };
+    let settled = eventually("the entry settled with its due time", || async {
+        entry().await.filter(|e| e.get("d").is_some())
     })
     .await;
-    // Give the standby's watch time to see the PV before it goes.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let due = settled["d"].as_i64().unwrap();
 
-    // Deleted by someone else inside its window, then the leader dies: its memory of the
-    // owed sweep goes with it.
-    volumes(&sim)
-        .delete(name, &DeleteParams::default())
-        .await
-        .unwrap();
-    let window_end = created_at + window;
-    assert!(
-        Timestamp::now() < window_end,
-        "the test needs the deletion inside the window"
-    );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The claim is deleted inside the window: its PV is reclaimed at once (no PV is kept
+    // for its window), and the entry stays for the sweep.
+    delete_claim(&sim, "data").await;
+    eventually("asset reclaimed", || async {
+        fake.delete_calls().contains(&pv).then_some(())
+    })
+    .await;
+    let volumes = volumes(&sim);
+    eventually("pv deleted", || async {
+        volumes.get_opt(&pv).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    // A create sent before the save lands now, and the leader dies.
+    fake.add_asset(&pv);
     a.kill().await;
     wait_holder(&sim, "b").await;
     assert!(
-        Timestamp::now() < window_end,
+        saved_at + window > Timestamp::now(),
         "the test needs the takeover inside the window"
     );
+    assert!(entry().await.is_some(), "the settled entry outlives its PV");
 
     // Not before the window's end...
-    let before_end = Duration::try_from(window_end.duration_since(Timestamp::now()))
-        .unwrap_or_default()
-        .saturating_sub(Duration::from_millis(500));
-    tokio::time::sleep(before_end).await;
-    assert_eq!(
-        sweeps(&b_fake, name),
-        0,
+    let until_due = Duration::from_secs(
+        u64::try_from(due - Timestamp::now().as_second()).unwrap_or_default(),
+    )
+    .saturating_sub(Duration::from_millis(700));
+    tokio::time::sleep(until_due).await;
+    assert!(
+        fake.assets().contains(&pv),
         "the sweep waits for the window's end"
     );
-    // ...but once it has passed.
-    eventually("the standby's last sweep of the deleted PV", || async {
-        (sweeps(&b_fake, name) > 0).then_some(())
+    // ...but once it has passed, the standby finds the late asset, saves a PV for it and
+    // reclaims it; then the entry goes.
+    eventually("the late asset reclaimed by the standby", || async {
+        fake.assets().is_empty().then_some(())
+    })
+    .await;
+    assert_eq!(fake.delete_calls(), [pv.clone(), pv.clone()]);
+    eventually("the entry removed after the last sweep", || async {
+        entry().await.is_none().then_some(())
     })
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(sweeps(&b_fake, name), 1, "once, and never again");
+    assert_eq!(fake.delete_calls().len(), 2, "swept once, never again");
     b.stop().await.unwrap();
 }
