@@ -1,14 +1,15 @@
 //! The controller in production shape against kube-sim: leader election between
-//! replicas, failover, graceful handover, lease loss, the metrics and probe endpoint, and
-//! crash-safe provisioning. Short lease timings (2 s lease, 1 s renew deadline, 200 ms
-//! retry period) keep the tests fast; assertions are on counts and states, with generous
-//! time bounds only where the timing is the behaviour under test.
+//! replicas, failover, graceful handover, lease loss, the metrics and probe endpoint,
+//! crash-safe provisioning and the uninstall. Short lease timings (2 s lease, 1 s renew
+//! deadline, 200 ms retry period) keep the tests fast; assertions are on counts and
+//! states, with generous time bounds only where the timing is the behaviour under test.
 
 mod crash;
 mod failover;
 mod late;
 mod namespace;
 mod probes;
+mod uninstall;
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
