@@ -10,6 +10,8 @@
 //! [`shutdown_signal`] as the shutdown: SIGTERM and SIGINT both start the graceful stop
 //! (the drain, the lease release, the vCenter logout), bounded by
 //! [`Settings::stop_deadline`]. [`rbac`] lists the API permissions both controllers use.
+//! [`uninstall`] (the binary's `uninstall` subcommand) removes what the provision
+//! controller leaves in the cluster once it no longer runs.
 //!
 //! # One leader
 //! With [`Settings::leader_election`] on (the binary's default), the provision controller
@@ -34,6 +36,7 @@ mod demo;
 pub mod flags;
 pub mod rbac;
 mod run;
+mod uninstall;
 mod upstream;
 
 pub use app::{
@@ -44,6 +47,7 @@ pub use app::{
 pub use demo::{CLASS, DemoOptions, DemoReport, Row, run_demo};
 pub use provision_controller::signal::{Signal, shutdown_signal};
 pub use run::{Options, RunError, parse_datastore, run};
+pub use uninstall::{UninstallOptions, uninstall};
 pub use upstream::{
     CRD_MANIFEST, CRD_NOT_READY, CRD_RETRY_FIRST, CRD_RETRY_MAX, DEFAULT_FSS_NAME,
     DEFAULT_FSS_NAMESPACE, FeatureStates, TKGS_HA, install_crd, parse_feature_state,

@@ -134,7 +134,12 @@ pub async fn run(
     out: &mut (dyn Write + Send),
 ) -> Result<(), RunError> {
     if !options.demo {
-        missing_files(options, &env).map_err(RunError::Usage)?;
+        missing_files(
+            options.vsphere_config.as_deref(),
+            options.kubeconfig.as_deref(),
+            &env,
+        )
+        .map_err(RunError::Usage)?;
     }
     let found = Found {
         kubeconfig_flag: options.kubeconfig.clone(),
@@ -176,18 +181,22 @@ pub async fn run(
 
 /// A configuration file named by a flag or by `KUBECONFIG` that does not exist: an error
 /// naming each (found-or-not is decided only among files that exist).
-fn missing_files(options: &Options, env: impl Fn(&str) -> Option<String>) -> Result<(), String> {
+pub(crate) fn missing_files(
+    vsphere_config: Option<&Path>,
+    kubeconfig: Option<&Path>,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<(), String> {
     let mut missing = Vec::new();
-    if let Some(path) = &options.vsphere_config
+    if let Some(path) = vsphere_config
         && !exists(path)
     {
         missing.push(format!("--vsphere-config {}", path.display()));
     }
-    if let Some(path) = &options.kubeconfig
+    if let Some(path) = kubeconfig
         && !exists(path)
     {
         missing.push(format!("--kubeconfig {}", path.display()));
-    } else if options.kubeconfig.is_none()
+    } else if kubeconfig.is_none()
         && let Some(list) = env("KUBECONFIG")
     {
         let paths: Vec<PathBuf> = std::env::split_paths(&list)
