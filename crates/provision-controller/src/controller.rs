@@ -3,7 +3,7 @@
 mod calls;
 mod claim;
 mod crash_safety;
-mod names;
+pub(crate) mod names;
 mod run;
 mod save;
 mod volume;

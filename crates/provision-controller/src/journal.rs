@@ -198,7 +198,7 @@ pub(crate) enum Change {
     /// Writes the entry (and its class snapshot).
     Put {
         uid: String,
-        entry: Entry,
+        entry: Box<Entry>,
         class: Option<(String, String)>,
     },
     /// Marks the entry settled with its last sweep due at this time (no-op without entry;
@@ -223,7 +223,8 @@ impl Change {
                 if let Some((key, json)) = class {
                     shard.classes.insert(key.clone(), json.clone());
                 }
-                shard.entries.insert(uid.clone(), entry.clone()) != Some(entry.clone())
+                let entry = Entry::clone(entry);
+                shard.entries.insert(uid.clone(), entry.clone()) != Some(entry)
             }
             Self::Settle { uid, due } => match shard.entries.get_mut(uid) {
                 Some(entry) if entry.due.is_none_or(|d| d < *due) => {
@@ -539,7 +540,7 @@ impl Journal {
         self.enqueue(
             Change::Put {
                 uid: uid.to_owned(),
-                entry,
+                entry: Box::new(entry),
                 class,
             },
             self.commit_delay,
@@ -941,7 +942,7 @@ pub struct UninstallReport {
     /// The entries they held.
     pub records: Vec<JournalRecord>,
     /// The PVs whose finalizer
-    /// [`FINALIZER_PV`](crate::annotations::FINALIZER_PV) was removed.
+    /// [`FINALIZER_PV`] was removed.
     pub finalizers_removed: Vec<String>,
 }
 
@@ -971,6 +972,7 @@ pub struct UninstallReport {
 pub struct Uninstall {
     client: Client,
     provisioner_name: String,
+    additional_names: Vec<String>,
     election: LeaderElection,
     remove_pv_finalizers: bool,
 }
@@ -983,9 +985,19 @@ impl Uninstall {
         Self {
             client,
             provisioner_name: provisioner_name.into(),
+            additional_names: Vec::new(),
             election: LeaderElection::default(),
             remove_pv_finalizers: false,
         }
+    }
+
+    /// The other names the controller answered to
+    /// ([`Config::additional_provisioner_names`](crate::Config)): their PVs are the
+    /// controller's too when [`remove_pv_finalizers`](Self::remove_pv_finalizers) is set.
+    #[must_use]
+    pub fn additional_provisioner_names(mut self, names: Vec<String>) -> Self {
+        self.additional_names = names;
+        self
     }
 
     /// The controller's namespace (its Lease's), when not the client's.
@@ -1002,8 +1014,9 @@ impl Uninstall {
         self
     }
 
-    /// Also removes [`FINALIZER_PV`](crate::annotations::FINALIZER_PV) from every PV this
-    /// provisioner made (`pv.kubernetes.io/provisioned-by`): for an uninstall that
+    /// Also removes [`FINALIZER_PV`] from every PV the
+    /// controller would delete (made by this provisioner, `pv.kubernetes.io/provisioned-by`,
+    /// migrated to it, or a static CSI PV of its driver name): for an uninstall that
     /// installs no other provisioner of the same name (Go's library and the CSI
     /// external-provisioner use the same finalizer and would keep using it). A PV being
     /// deleted then goes without its asset being deleted. Default off.
@@ -1025,12 +1038,36 @@ impl Uninstall {
         let params =
             ListParams::default().labels(&format!("{JOURNAL_LABEL}={}", label_value(&lease_name)));
         let mut report = UninstallReport::default();
-        for cm in api.list(&params).await?.items {
+        // An object is deleted as it was read (resourceVersion precondition): one that a
+        // replica still running wrote meanwhile is read again, so that what it holds is
+        // reported before it goes.
+        let mut todo: Vec<ConfigMap> = api.list(&params).await?.items;
+        let mut rounds = 0;
+        while let Some(cm) = todo.pop() {
             let Some(name) = cm.metadata.name.clone() else {
                 continue;
             };
             if object_seq(&lease_name, &name).is_none() {
                 continue;
+            }
+            let delete = DeleteParams {
+                preconditions: Some(Preconditions {
+                    resource_version: cm.metadata.resource_version.clone(),
+                    uid: cm.metadata.uid.clone(),
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(&name, &delete).await {
+                Ok(_) => {}
+                Err(kube_client::Error::Api(s)) if s.code == 404 => continue,
+                Err(kube_client::Error::Api(s)) if s.code == 409 && rounds < 10 => {
+                    rounds += 1;
+                    if let Some(again) = api.get_opt(&name).await? {
+                        todo.push(again);
+                    }
+                    continue;
+                }
+                Err(err) => return Err(err),
             }
             for (uid, entry) in Shard::parse(&cm).entries {
                 report.records.push(JournalRecord {
@@ -1040,17 +1077,16 @@ impl Uninstall {
                     in_flight: entry.is_intent(),
                 });
             }
-            match api.delete(&name, &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(kube_client::Error::Api(s)) if s.code == 404 => {}
-                Err(err) => return Err(err),
-            }
             report.objects_deleted.push(name);
         }
         if self.remove_pv_finalizers {
             let volumes: Api<PersistentVolume> = Api::all(self.client.clone());
             for pv in volumes.list(&ListParams::default()).await?.items {
-                let ours = crate::annotations::provisioned_by(&pv) == Some(&self.provisioner_name);
+                let names = crate::controller::names::Names {
+                    primary: &self.provisioner_name,
+                    additional: &self.additional_names,
+                };
+                let ours = crate::controller::names::is_ours(&pv, names);
                 if !ours || !crate::annotations::has_finalizer(&pv, FINALIZER_PV) {
                     continue;
                 }
@@ -1097,7 +1133,7 @@ mod tests {
         // 1,000 claims/s with a 6-minute window: the objects it takes, each within budget.
         let objects = 360_000 * bytes / BUDGET + 1;
         assert!(objects < 200, "{objects} objects");
-        assert!(BUDGET < 512 * 1024);
+        const { assert!(BUDGET < 512 * 1024) };
     }
 
     #[test]
@@ -1105,11 +1141,11 @@ mod tests {
         let mut shard = Shard::default();
         let put = |uid: &str| Change::Put {
             uid: uid.to_owned(),
-            entry: Entry {
+            entry: Box::new(Entry {
                 due: None,
                 spec: Some(serde_json::json!({"accessModes": ["ReadWriteOnce"]})),
                 ..entry("ns/c")
-            },
+            }),
             class: Some(("0123456789abcdef".into(), "{}".into())),
         };
         assert!(put("u1").apply(&mut shard));

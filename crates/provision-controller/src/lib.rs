@@ -79,16 +79,16 @@
 //! - **Standbys are warm and observable.** Every replica syncs its caches and serves the
 //!   metrics, `/healthz` and `/readyz`; Go starts informers and the metrics server only
 //!   on the leader. A new leader queues its cached claims and volumes at once.
-//! - **Crash-safe provisioning** ([`Config::crash_safe_provisioning`], default on): the
-//!   claim carries [`annotations::FINALIZER_PROVISIONING`] (with the class it started
-//!   with, [`annotations::ANN_PROVISIONING_CLASS`]) while its asset may exist without a
-//!   PV, so a restart between "asset created" and "PV saved" no longer leaks the asset
-//!   (kubernetes-csi/external-provisioner#486). A claim that will not get its PV the
-//!   normal way (deleted, bound elsewhere, renamed) is cleaned up by saving a PV for the
-//!   asset, which is then released and reclaimed as usual; the PV name arbitrates between
-//!   replicas, so no replica deletes an asset another one's PV names. A PV that cannot
-//!   be saved keeps its asset (Go deletes it) and the claim is provisioned again. Needs
-//!   `patch` on claims.
+//! - **Crash-safe provisioning** ([`Config::crash_safe_provisioning`], default on): before
+//!   the driver may create an asset, the controller's own [`journal`] (ConfigMaps in its
+//!   namespace, written in groups) records it until a PV names it, so a restart between
+//!   "asset created" and "PV saved" no longer leaks the asset
+//!   (kubernetes-csi/external-provisioner#486); users' claims carry nothing of it. A
+//!   claim that will not get its PV the normal way (deleted, bound elsewhere, renamed) is
+//!   cleaned up by saving a PV for the asset, which is then released and reclaimed as
+//!   usual; the PV name arbitrates between replicas, so no replica deletes an asset
+//!   another one's PV names. A PV that cannot be saved keeps its asset (Go deletes it)
+//!   and the claim is provisioned again. [`journal::Uninstall`] removes the journal.
 //! - **Leader election uses a Lease** (Go's copy uses an Endpoints lock).
 
 pub mod journal;

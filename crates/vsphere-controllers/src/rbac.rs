@@ -69,7 +69,7 @@ pub const CLUSTER_PERMISSIONS: &[Permission] = &[
     Permission::new(
         "",
         "persistentvolumeclaims",
-        &["get", "list", "watch", "update", "patch"],
+        &["get", "list", "watch", "update"],
     ),
     Permission::new(
         "",

@@ -66,10 +66,9 @@ async fn a_pv_deleted_inside_its_window_is_swept_at_its_end_by_the_standby_that_
     assert!(entry().await.is_some(), "the settled entry outlives its PV");
 
     // Not before the window's end...
-    let until_due = Duration::from_secs(
-        u64::try_from(due - Timestamp::now().as_second()).unwrap_or_default(),
-    )
-    .saturating_sub(Duration::from_millis(700));
+    let until_due =
+        Duration::from_secs(u64::try_from(due - Timestamp::now().as_second()).unwrap_or_default())
+            .saturating_sub(Duration::from_millis(700));
     tokio::time::sleep(until_due).await;
     assert!(
         fake.assets().contains(&pv),

@@ -237,6 +237,19 @@ async fn uninstall_reports_the_provisionings_in_flight_and_leaves_nothing_of_our
     let left = controller_stopped_mid_provision(&sim, &["a", "b"], &["c", "d"], true).await;
     let objects = journal_objects(&sim, LEASE_NAME).await;
     assert!(!objects.is_empty(), "the controller wrote its journal");
+    // An in-tree PV migrated to us: the controller would delete its asset, so it is ours
+    // too.
+    volumes(&sim)
+        .create(
+            &PostParams::default(),
+            &pv_of("pvc-migrated")
+                .provisioned_by("kubernetes.io/in-tree-example")
+                .migrated_to(ME)
+                .finalizer(FINALIZER_PV)
+                .build(),
+        )
+        .await
+        .unwrap();
 
     let report = Uninstall::new(sim.client(), ME)
         .namespace("default")
@@ -256,7 +269,8 @@ async fn uninstall_reports_the_provisionings_in_flight_and_leaves_nothing_of_our
             .collect::<BTreeSet<_>>(),
         objects
     );
-    let ours: BTreeSet<String> = left.bound.iter().map(|(_, pv)| pv.clone()).collect();
+    let mut ours: BTreeSet<String> = left.bound.iter().map(|(_, pv)| pv.clone()).collect();
+    ours.insert("pvc-migrated".to_owned());
     assert_eq!(
         report
             .finalizers_removed
