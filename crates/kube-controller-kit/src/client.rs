@@ -157,8 +157,114 @@ pub(crate) fn build(config: Config) -> Result<Client, kube_client::Error> {
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
         .map_err(BoxError::from)
-        .service(pool);
+        .service(FirstConnection::new(pool));
     Ok(Client::new(service, config.default_namespace))
+}
+
+/// An error that may say the connection could not be made.
+trait ConnectFailure {
+    /// Whether no connection could be made (or the one in use broke before an answer).
+    fn is_connect(&self) -> bool;
+}
+
+impl ConnectFailure for hyper_util::client::legacy::Error {
+    fn is_connect(&self) -> bool {
+        hyper_util::client::legacy::Error::is_connect(self)
+    }
+}
+
+/// Sends requests through the connection pool one at a time until one has been answered,
+/// then all at once.
+///
+/// The pool learns that a connection speaks HTTP/2 (and can carry every request) only once
+/// it is made: requests that start together on a fresh client, as a controller's caches
+/// and first syncs do, would each open a connection of their own. Letting the first one
+/// through alone makes the others find the connection it opened. After a connection
+/// failure the next request goes alone again (the API server restarted, say).
+#[derive(Clone)]
+struct FirstConnection<S> {
+    inner: S,
+    gate: Arc<Gate>,
+}
+
+struct Gate {
+    /// A request was answered since the last connection failure.
+    open: std::sync::atomic::AtomicBool,
+    /// Held by the request that goes alone.
+    alone: tokio::sync::Mutex<()>,
+}
+
+impl<S> FirstConnection<S> {
+    fn new(inner: S) -> Self {
+        Self {
+            inner,
+            gate: Arc::new(Gate {
+                open: std::sync::atomic::AtomicBool::new(false),
+                alone: tokio::sync::Mutex::new(()),
+            }),
+        }
+    }
+}
+
+impl Gate {
+    fn is_open(&self) -> bool {
+        self.open.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Opens the gate after an answer (or an error that is no connection failure), and
+    /// closes it after a connection failure.
+    fn learn<T, E: ConnectFailure>(&self, result: &Result<T, E>) {
+        let open = !matches!(result, Err(error) if error.is_connect());
+        self.open.store(open, std::sync::atomic::Ordering::Release);
+    }
+}
+
+impl<S, B> tower::Service<Request<Body>> for FirstConnection<S>
+where
+    S: tower::Service<Request<Body>, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: ConnectFailure + Send + 'static,
+    B: Send + 'static,
+{
+    type Response = Response<B>;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        // The service that was polled ready takes the call; a clone stays for the next.
+        let ready = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, ready);
+        let gate = self.gate.clone();
+        if gate.is_open() {
+            let call = inner.call(request);
+            return Box::pin(async move {
+                let result = call.await;
+                if matches!(&result, Err(error) if error.is_connect()) {
+                    gate.learn(&result);
+                }
+                result
+            });
+        }
+        Box::pin(async move {
+            let alone = gate.alone.lock().await;
+            if gate.is_open() {
+                // Another request was answered while this one waited.
+                drop(alone);
+                let result = inner.call(request).await;
+                if matches!(&result, Err(error) if error.is_connect()) {
+                    gate.learn(&result);
+                }
+                return result;
+            }
+            let result = inner.call(request).await;
+            gate.learn(&result);
+            result
+        })
+    }
 }
 
 /// A bound on the requests a controller keeps in flight to the API server, shared by
@@ -325,6 +431,95 @@ mod tests {
         let reason = kubeconfig_reason(&error);
         assert!(!reason.contains("s3cr3t"), "{reason}");
         assert!(reason.contains("not valid YAML"), "{reason}");
+    }
+
+    /// A pool stand-in: counts calls in progress and answers when told.
+    #[derive(Clone, Default)]
+    struct Pool {
+        calls: Arc<std::sync::atomic::AtomicUsize>,
+        busiest: Arc<std::sync::atomic::AtomicUsize>,
+        answer: Arc<tokio::sync::Notify>,
+        fail_connect: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    #[derive(Debug)]
+    struct PoolError;
+
+    impl ConnectFailure for PoolError {
+        fn is_connect(&self) -> bool {
+            true
+        }
+    }
+
+    impl tower::Service<Request<Body>> for Pool {
+        type Response = Response<()>;
+        type Error = PoolError;
+        type Future = BoxFuture<'static, Result<Response<()>, PoolError>>;
+
+        fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), PoolError>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _request: Request<Body>) -> Self::Future {
+            use std::sync::atomic::Ordering::SeqCst;
+            let pool = self.clone();
+            Box::pin(async move {
+                let now = pool.calls.fetch_add(1, SeqCst) + 1;
+                pool.busiest.fetch_max(now, SeqCst);
+                pool.answer.notified().await;
+                pool.calls.fetch_sub(1, SeqCst);
+                if pool.fail_connect.load(SeqCst) {
+                    Err(PoolError)
+                } else {
+                    Ok(Response::new(()))
+                }
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn requests_wait_for_the_first_answer_then_go_together() {
+        use std::sync::atomic::Ordering::SeqCst;
+        use tower::ServiceExt;
+        let pool = Pool::default();
+        let gated = FirstConnection::new(pool.clone());
+        let send = || {
+            let gated = gated.clone();
+            tokio::spawn(async move { gated.oneshot(request("/api/v1/pods")).await })
+        };
+        let wait_calls = |n: usize| {
+            let pool = pool.clone();
+            async move {
+                while pool.calls.load(SeqCst) != n {
+                    tokio::task::yield_now().await;
+                }
+            }
+        };
+
+        // A connection failure: the next request goes alone again.
+        pool.fail_connect.store(true, SeqCst);
+        let failed = send();
+        wait_calls(1).await;
+        pool.answer.notify_one();
+        assert!(failed.await.unwrap().is_err());
+        pool.fail_connect.store(false, SeqCst);
+
+        let first: Vec<_> = (0..5).map(|_| send()).collect();
+        wait_calls(1).await;
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(pool.calls.load(SeqCst), 1, "one request at a time before an answer");
+        pool.answer.notify_one();
+        // The four others now go together.
+        wait_calls(4).await;
+        for _ in 0..4 {
+            pool.answer.notify_one();
+        }
+        for call in first {
+            assert!(call.await.unwrap().is_ok());
+        }
+        assert_eq!(pool.busiest.load(SeqCst), 4);
     }
 
     fn request(uri: &str) -> Request<Body> {

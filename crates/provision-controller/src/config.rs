@@ -342,8 +342,10 @@ options! {
     /// a journal left from before is not read.
     crash_safe_provisioning: bool;
     /// How long an intent waits for company before the journal write that makes it durable
-    /// (every claim that reaches that point meanwhile shares the write); settles and
-    /// removals wait ten times as long. Longer: fewer writes, later driver calls. Default
+    /// (every claim that reaches that point meanwhile shares the write), unless half the
+    /// [`sync_workers`](Self::sync_workers()) wait already (then it is written at once);
+    /// settles and removals wait ten times as long. Longer: fewer writes, later driver
+    /// calls. Default
     /// [`Config::DEFAULT_JOURNAL_COMMIT_DELAY`] (100 ms). No Go counterpart.
     journal_commit_delay: Duration;
     /// How many entries the journal holds at most: an intent that would exceed it waits

@@ -421,6 +421,7 @@ impl Context {
                     lease_name,
                     writer,
                     commit_delay: config.journal_commit_delay,
+                    full_group: usize::from(config.sync_workers.get()).div_ceil(2),
                     capacity: config.journal_capacity.get(),
                     call_limit: config.provision_timeout,
                 },

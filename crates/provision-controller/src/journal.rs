@@ -316,6 +316,9 @@ pub(crate) struct JournalConfig {
     pub(crate) lease_name: String,
     pub(crate) writer: String,
     pub(crate) commit_delay: Duration,
+    /// Intents that are written at once, without waiting for the commit delay: half the
+    /// claim workers, which wait for them (a longer wait would only idle the workers).
+    pub(crate) full_group: usize,
     pub(crate) capacity: usize,
     pub(crate) call_limit: Option<Duration>,
 }
@@ -327,6 +330,7 @@ pub(crate) struct Journal {
     label_value: String,
     writer: String,
     commit_delay: Duration,
+    full_group: usize,
     capacity: usize,
     call_limit: Duration,
     state: Mutex<State>,
@@ -402,6 +406,7 @@ impl Journal {
             lease_name: config.lease_name,
             writer: config.writer,
             commit_delay: config.commit_delay,
+            full_group: config.full_group.max(1),
             capacity: config.capacity.max(1),
             call_limit: config.call_limit.unwrap_or(DEFAULT_CALL_LIMIT),
             state: Mutex::default(),
@@ -660,9 +665,11 @@ impl Journal {
                 .map(|p| state.index.get(p.change.uid()).copied())
                 .collect()
         };
+        // A full group of intents goes at once: the claim workers wait for it.
+        let full = pending.iter().filter(|p| p.done.is_some()).count() >= self.full_group;
         let mut due: HashSet<Option<u64>> = HashSet::new();
         for (p, target) in pending.iter().zip(&targets) {
-            if p.due <= now {
+            if p.due <= now || (full && p.done.is_some()) {
                 due.insert(*target);
             }
         }

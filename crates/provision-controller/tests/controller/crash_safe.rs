@@ -99,3 +99,20 @@ async fn crash_safety_writes_no_claim_and_shares_journal_writes() {
         journal.len()
     );
 }
+
+// A group of intents is written once half the claim workers wait on it, not after the
+// commit delay: with one sync worker every intent goes at once, so a commit delay of a
+// minute does not hold a claim back for a minute.
+#[tokio::test]
+async fn a_full_group_of_intents_is_written_without_waiting_for_the_commit_delay() {
+    let config = quiet()
+        .journal_commit_delay(std::time::Duration::from_secs(60))
+        .sync_workers(std::num::NonZeroU16::MIN);
+    let env = Env::start(config, FakeProvisioner::new()).await;
+    env.create_class(fast_class()).await;
+    env.create_claim(claim("data")).await;
+    // `eventually` gives up long before the minute.
+    bound(&env, "data").await;
+    assert_eq!(env.fake.provision_calls().len(), 1);
+    env.stop().await;
+}
