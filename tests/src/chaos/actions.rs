@@ -4,10 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube_client::api::{DeleteParams, Patch, PatchParams, PostParams};
-use provision_controller::annotations::FINALIZER_PROVISIONING;
 use serde_json::json;
 use vsphere_cns::simulator::SimFault;
 
+use super::checks::read_journal;
 use super::faults;
 use super::names;
 use super::objects;
@@ -104,9 +104,24 @@ async fn claim_action(shared: &Shared, claim: usize, action: &Action) {
             }
             describe(&result)
         }
+        // The only finalizer a claim carries is kube-controller-manager's protection (the
+        // controller puts none of its own on claims); anything else stays, so that a
+        // finalizer a controller should not have written is not hidden by the strip.
         Action::StripFinalizers => {
-            let patch = Patch::Merge(json!({"metadata": {"finalizers": null}}));
             let result = retry(|| async {
+                let current = shared.claims().get(&name).await?;
+                let kept: Vec<&String> = current
+                    .metadata
+                    .finalizers
+                    .iter()
+                    .flatten()
+                    .filter(|f| *f != PVC_PROTECTION)
+                    .collect();
+                // With the resourceVersion read: a concurrent change is a 409, retried.
+                let patch = Patch::Merge(json!({"metadata": {
+                    "finalizers": kept,
+                    "resourceVersion": current.metadata.resource_version,
+                }}));
                 shared
                     .claims()
                     .patch(&name, &PatchParams::default(), &patch)
@@ -222,6 +237,9 @@ async fn claim_action(shared: &Shared, claim: usize, action: &Action) {
     shared.log(format!("{name}: {action}: {line}"));
 }
 
+/// The claim finalizer of kube-controller-manager's PVC protection controller.
+const PVC_PROTECTION: &str = "kubernetes.io/pvc-protection";
+
 /// How the records call a volume the harness inserted and then had no use for.
 pub const UNUSED: &str = "an unused";
 
@@ -283,12 +301,11 @@ async fn duplicate(shared: &Shared, claim: usize, name: &str) -> String {
         Ok(None) => return "skipped: the claim is gone".to_owned(),
         Err(e) => return format!("skipped: {e}"),
     };
-    let in_progress = current
-        .metadata
-        .finalizers
-        .iter()
-        .flatten()
-        .any(|f| f == FINALIZER_PROVISIONING);
+    // An intent in the controllers' journal: a create of the name may have been sent.
+    let in_progress = match retry(|| read_journal(shared)).await {
+        Ok(journal) => journal.entries.get(&uid).is_some_and(|e| e.due.is_none()),
+        Err(e) => return format!("skipped: cannot read the journal: {e}"),
+    };
     let provisioned =
         current.spec.as_ref().and_then(|s| s.volume_name.as_deref()) == Some(&volume_name);
     if current.metadata.deletion_timestamp.is_some() || !(in_progress || provisioned) {
@@ -296,8 +313,8 @@ async fn duplicate(shared: &Shared, claim: usize, name: &str) -> String {
     }
     // A claim the driver refuses (a parameter it does not know, a size CNS cannot give)
     // never sends a create, so no volume of its name can appear in a real cluster; one
-    // inserted here between the driver's lookup and the removal of the finalizer would
-    // be a leak no controller could see (tests/refused_claims.rs covers the hand-over of
+    // inserted here between the driver's lookup and the removal of the journal intent
+    // would be a leak no controller could see (tests/refused_claims.rs covers the hand-over of
     // such a volume found at the lookup). Decided here, not in the schedule, so that the
     // seeds' schedules stay the same.
     let spec = current.spec.as_ref();
@@ -339,7 +356,12 @@ async fn duplicate(shared: &Shared, claim: usize, name: &str) -> String {
         .records()
         .inserted
         .insert(id.to_string(), format!("a duplicate named {volume_name}"));
-    format!("cns volume {id} named {volume_name}")
+    let why = if in_progress {
+        "its intent is in the journal"
+    } else {
+        "the claim is bound to its PV"
+    };
+    format!("cns volume {id} named {volume_name} ({why})")
 }
 
 /// Carries out a global step. User requests run in tasks of their own, so that a slow
@@ -371,29 +393,20 @@ pub fn global_action(world: &mut World, action: &Action) -> anyhow::Result<()> {
         Action::ExpireSessions => shared.cns.expire_sessions(),
         Action::Kill { replica } => {
             world.replicas[*replica].kill();
-            shared.disrupted();
-            shared.sight(*replica, false);
         }
         Action::Stop { replica } => {
             world.replicas[*replica].stop();
-            shared.disrupted();
-            shared.sight(*replica, false);
         }
         Action::Start { replica } => {
             world.replicas[*replica].start()?;
-            shared.sight(*replica, true);
         }
         Action::Partition { replica, hang } => {
             world.replicas[*replica].partition().cut(*hang);
             // Established watches break too.
             world.kube.cut_watches();
-            shared.disrupted();
-            shared.sight(*replica, false);
         }
         Action::Heal { replica } => {
             world.replicas[*replica].partition().heal();
-            shared.disrupted();
-            shared.sight(*replica, true);
         }
         Action::DeleteNode { node } => {
             let node = *node;

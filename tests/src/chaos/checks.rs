@@ -1,17 +1,20 @@
-//! The invariants, checked on a snapshot of the API objects and the CNS volumes.
+//! The invariants, checked on a snapshot of the API objects, the provisioning journal and
+//! the CNS volumes.
 //!
 //! Every violation names the objects involved. Some findings are notes, not violations:
 //! a leftover duplicate of a live PV before teardown (deleting the PV removes it), a claim
 //! whose volume exists while it is still being provisioned, and what is out of reach
-//! (docs/production.md): a volume of a claim whose finalizers the user stripped while a
-//! replica was disrupted (nothing in the cluster remembers it), an entry of a deleted
-//! `CnsVolumeMetadata` whose claim was deleted first.
+//! (docs/production.md): an entry of a deleted `CnsVolumeMetadata` whose claim was deleted
+//! first.
 //!
-//! A leftover duplicate of a PV after teardown is a violation, also for a Retain PV whose
-//! late-asset sweep was due during a failover: the next leader sweeps a PV it never swept
-//! while it is younger than the window plus a takeover grace, which covers every
-//! disruption the schedule makes (the out-of-reach case, no leader for longer than that
-//! grace, does not happen here).
+//! A leftover duplicate of a PV after teardown is a violation, whatever happened to the
+//! replicas: the journal holds the last sweep of every PV's late-asset window until it is
+//! made, and every leader loads it.
+//!
+//! The journal is read in its stored form (ConfigMaps labelled [`JOURNAL_LABEL`], one key
+//! `e.<claim uid>` per entry, a JSON value with `n` the claim, `v` the PV name and, once
+//! settled, `d` the Unix second its last sweep is due): once the run is quiet it holds no
+//! intent for a claim that is gone, and no settled entry long past its due time.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -19,17 +22,25 @@ use std::time::Duration;
 
 use cnsmetadata::{CnsVolumeMetadata, CnsVolumeMetadataSpec};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube_client::ResourceExt;
 use kube_client::api::ListParams;
-use provision_controller::annotations::{FINALIZER_PROVISIONING, FINALIZER_PV};
+use provision_controller::annotations::FINALIZER_PV;
+use provision_controller::journal::JOURNAL_LABEL;
 use vsphere_cns::simulator::SimVolume;
 
 use super::names;
 use super::schedule::Entity;
-use super::world::{Records, Shared};
+use super::world::{RESYNC, Records, Shared};
 
-/// How long after a stripped claim a replica disruption makes its leak out of reach.
-const DISRUPTION_MARGIN: Duration = Duration::from_secs(3);
+/// The name domain of Go's provisioner library: the only key of it a controller may write
+/// is [`FINALIZER_PV`], on PVs.
+const GO_DOMAIN: &str = "external-provisioner.volume.kubernetes.io/";
+/// The project's own name domain (the journal's label): never on users' objects.
+const OWN_DOMAIN: &str = "rust-storage-controllers.github.io";
+/// How long past its due time a settled journal entry may stay: its sweep is queued for
+/// the due time, reloaded at every resync, and its removal is written lazily.
+const OVERDUE: Duration = RESYNC.saturating_mul(3);
 
 /// Which invariants apply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +66,85 @@ pub struct Snapshot {
     pub metadata: BTreeMap<String, CnsVolumeMetadata>,
     /// CNS volumes by ID.
     pub cns: BTreeMap<String, SimVolume>,
+    /// The provisioning journal.
+    pub journal: Journal,
+}
+
+/// One entry of the provisioning journal, as stored.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JournalEntry {
+    /// The object that holds it.
+    pub object: String,
+    /// The claim's `namespace/name`.
+    pub claim: String,
+    /// The PV name.
+    pub pv: String,
+    /// Settled: the Unix second its last sweep is due; `None`: an intent (the driver may
+    /// be creating an asset no PV records).
+    pub due: Option<i64>,
+}
+
+/// The provisioning journal, as stored.
+#[derive(Clone, Debug, Default)]
+pub struct Journal {
+    /// Journal objects by name, with their resourceVersions.
+    pub objects: BTreeMap<String, String>,
+    /// Entries by claim UID.
+    pub entries: BTreeMap<String, JournalEntry>,
+    /// Keys that hold no entry the checks can read, with their object.
+    pub unreadable: Vec<String>,
+}
+
+impl Journal {
+    /// Reads the entries of journal objects (ConfigMaps).
+    #[must_use]
+    pub fn parse(objects: &[k8s_openapi::api::core::v1::ConfigMap]) -> Self {
+        let mut journal = Self::default();
+        for cm in objects {
+            let object = cm.name_any();
+            journal
+                .objects
+                .insert(object.clone(), cm.resource_version().unwrap_or_default());
+            for (key, value) in cm.data.iter().flatten() {
+                let Some(uid) = key.strip_prefix("e.") else {
+                    continue;
+                };
+                let parsed: Option<JournalEntry> =
+                    serde_json::from_str(value)
+                        .ok()
+                        .and_then(|v: serde_json::Value| {
+                            Some(JournalEntry {
+                                object: object.clone(),
+                                claim: v.get("n")?.as_str()?.to_owned(),
+                                pv: v.get("v")?.as_str()?.to_owned(),
+                                due: match v.get("d") {
+                                    None => None,
+                                    Some(d) => Some(d.as_i64()?),
+                                },
+                            })
+                        });
+                match parsed {
+                    Some(entry) => {
+                        journal.entries.insert(uid.to_owned(), entry);
+                    }
+                    None => journal.unreadable.push(format!("{object}: {key}: {value}")),
+                }
+            }
+        }
+        journal
+    }
+}
+
+/// Reads the provisioning journal of the controllers (in the Lease's namespace).
+///
+/// # Errors
+/// When the list fails.
+pub async fn read_journal(shared: &Shared) -> kube_client::Result<Journal> {
+    let objects = shared
+        .configmaps()
+        .list(&ListParams::default().labels(JOURNAL_LABEL))
+        .await?;
+    Ok(Journal::parse(&objects.items))
 }
 
 impl Snapshot {
@@ -93,15 +183,18 @@ impl Snapshot {
             .into_iter()
             .map(|v| (v.id.to_string(), v))
             .collect();
+        let journal = read_journal(shared).await?;
         Ok(Self {
             claims,
             volumes,
             metadata,
             cns,
+            journal,
         })
     }
 
-    /// A hash of everything the controllers change (not Leases nor Events).
+    /// A hash of everything the controllers change (not Leases nor Events; the journal
+    /// objects' versions).
     #[must_use]
     pub fn fingerprint(&self) -> u64 {
         let mut h = DefaultHasher::new();
@@ -118,6 +211,7 @@ impl Snapshot {
             id.hash(&mut h);
             format!("{v:?}").hash(&mut h);
         }
+        self.journal.objects.hash(&mut h);
         h.finish()
     }
 }
@@ -190,6 +284,10 @@ fn pv_phase(pv: &PersistentVolume) -> &str {
 pub fn check(snapshot: &Snapshot, records: &Records, phase: Phase) -> Findings {
     let mut findings = Findings::default();
     terminating(snapshot, &mut findings);
+    foreign_keys(snapshot, &mut findings);
+    if phase != Phase::Chaos {
+        journal(snapshot, jiff_now(), &mut findings);
+    }
     volumes(snapshot, records, phase, &mut findings);
     metadata(snapshot, records, phase, &mut findings);
     if phase != Phase::Quiescent {
@@ -205,29 +303,35 @@ pub fn check(snapshot: &Snapshot, records: &Records, phase: Phase) -> Findings {
     findings
 }
 
-/// Nothing stays Terminating because of our finalizers.
+/// Whether a key (annotation, label or finalizer) is one a controller of ours may have
+/// written: under Go's provisioner domain or the project's.
+fn of_ours(key: &str) -> bool {
+    key.starts_with(GO_DOMAIN) || key.contains(OWN_DOMAIN)
+}
+
+/// Nothing stays Terminating because of our finalizers (on claims, none of ours is
+/// allowed at all: see [`foreign_keys`]).
 fn terminating(snapshot: &Snapshot, findings: &mut Findings) {
-    let stuck = |meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-                 ours: &[&str]| {
+    let stuck = |meta: &ObjectMeta, ours: &dyn Fn(&str) -> bool| {
         meta.deletion_timestamp.as_ref()?;
         let held: Vec<&str> = meta
             .finalizers
             .iter()
             .flatten()
             .map(String::as_str)
-            .filter(|f| ours.contains(f))
+            .filter(|f| ours(f))
             .collect();
         (!held.is_empty()).then(|| held.join(", "))
     };
     for (name, claim) in &snapshot.claims {
-        if let Some(held) = stuck(&claim.metadata, &[FINALIZER_PV, FINALIZER_PROVISIONING]) {
+        if let Some(held) = stuck(&claim.metadata, &of_ours) {
             findings.violation(format!(
                 "claim {name} stays Terminating, held by our finalizer {held}"
             ));
         }
     }
     for (name, pv) in &snapshot.volumes {
-        if let Some(held) = stuck(&pv.metadata, &[FINALIZER_PV]) {
+        if let Some(held) = stuck(&pv.metadata, &|f| f == FINALIZER_PV || of_ours(f)) {
             findings.violation(format!(
                 "PV {name} ({}, {}) stays Terminating, held by our finalizer {held}",
                 pv_phase(pv),
@@ -236,11 +340,84 @@ fn terminating(snapshot: &Snapshot, findings: &mut Findings) {
         }
     }
     for (name, object) in &snapshot.metadata {
-        if let Some(held) = stuck(&object.metadata, &[cnsmetadata::FINALIZER]) {
+        if let Some(held) = stuck(&object.metadata, &|f| f == cnsmetadata::FINALIZER) {
             findings.violation(format!(
                 "cnsvolumemetadata {name} stays Terminating, held by our finalizer {held}"
             ));
         }
+    }
+}
+
+/// Users' claims and PVs carry only what Go's library writes: on claims no key of ours, on
+/// PVs only Go's finalizer (and `pv.kubernetes.io/provisioned-by`, outside these domains).
+fn foreign_keys(snapshot: &Snapshot, findings: &mut Findings) {
+    let keys = |meta: &ObjectMeta, allowed: &dyn Fn(&str) -> bool| -> Vec<String> {
+        let annotations = meta
+            .annotations
+            .iter()
+            .flatten()
+            .map(|(k, _)| ("annotation", k));
+        let labels = meta.labels.iter().flatten().map(|(k, _)| ("label", k));
+        let finalizers = meta.finalizers.iter().flatten().map(|f| ("finalizer", f));
+        annotations
+            .chain(labels)
+            .chain(finalizers)
+            .filter(|(_, k)| of_ours(k) && !allowed(k))
+            .map(|(what, k)| format!("{what} {k}"))
+            .collect()
+    };
+    for (name, claim) in &snapshot.claims {
+        let found = keys(&claim.metadata, &|_| false);
+        if !found.is_empty() {
+            findings.violation(format!(
+                "claim {name} carries {}, which Go's library never writes on a claim",
+                found.join(", ")
+            ));
+        }
+    }
+    for (name, pv) in &snapshot.volumes {
+        let found = keys(&pv.metadata, &|k| k == FINALIZER_PV);
+        if !found.is_empty() {
+            findings.violation(format!(
+                "PV {name} carries {}, which Go's library never writes",
+                found.join(", ")
+            ));
+        }
+    }
+}
+
+/// Now, in Unix seconds.
+fn jiff_now() -> i64 {
+    k8s_openapi::jiff::Timestamp::now().as_second()
+}
+
+/// The journal holds no intent for a claim that is gone (its cleanup removes the intent),
+/// no settled entry long past its due time (the last sweep removes it), and nothing
+/// unreadable.
+fn journal(snapshot: &Snapshot, now: i64, findings: &mut Findings) {
+    let live: BTreeSet<&str> = snapshot
+        .claims
+        .values()
+        .filter_map(|c| c.metadata.uid.as_deref())
+        .collect();
+    let overdue = i64::try_from(OVERDUE.as_secs()).unwrap_or(i64::MAX);
+    for (uid, entry) in &snapshot.journal.entries {
+        let JournalEntry {
+            object, claim, pv, ..
+        } = entry;
+        match entry.due {
+            None if !live.contains(uid.as_str()) => findings.violation(format!(
+                "journal {object} holds an intent for claim {claim} (uid {uid}, PV {pv}),                  which is gone: its cleanup did not end"
+            )),
+            Some(due) if now - due > overdue => findings.violation(format!(
+                "journal {object} holds the entry of claim {claim} (uid {uid}, PV {pv})                  {}s after its last sweep was due",
+                now - due
+            )),
+            _ => {}
+        }
+    }
+    for unreadable in &snapshot.journal.unreadable {
+        findings.violation(format!("journal entry that is no entry: {unreadable}"));
     }
 }
 
@@ -250,43 +427,6 @@ fn claim_by_uid<'a>(records: &'a Records, uid: &str) -> Option<&'a super::world:
         .claims
         .values()
         .find(|c| c.uid.as_deref() == Some(uid))
-}
-
-/// Whether a stripped claim's leak is out of reach: a replica was disrupted while the
-/// claim could still be cleaned up, i.e. between its creation and
-/// [`DISRUPTION_MARGIN`] after the strip; or, when some replica did not see the cluster
-/// as the claim vanished (it was down or cut off: its watch saw no deletion, so it has no
-/// copy to clean up from), until the replica running the provisioning could have
-/// cleaned up from its own copy, which waits for a create that may still land (the
-/// settle window) before it believes that none exists.
-fn out_of_reach(records: &Records, created: Option<Duration>, stripped: Option<Duration>) -> bool {
-    let (Some(created), Some(stripped)) = (created, stripped) else {
-        return false;
-    };
-    let disrupted_until = |end: Duration| {
-        records
-            .disruptions
-            .iter()
-            .any(|&d| d >= created && d <= end)
-    };
-    if disrupted_until(stripped + DISRUPTION_MARGIN) {
-        return true;
-    }
-    let settle = super::world::CREATE_SETTLE;
-    blind_replica_at(records, stripped) && disrupted_until(stripped + settle + DISRUPTION_MARGIN)
-}
-
-/// Whether some replica did not see the cluster at `at` (see [`Records::sight`]).
-fn blind_replica_at(records: &Records, at: Duration) -> bool {
-    // The latest change of each replica at or before `at`.
-    let mut last: BTreeMap<usize, (Duration, bool)> = BTreeMap::new();
-    for &(replica, when, sees) in records.sight.iter().filter(|s| s.1 <= at) {
-        let entry = last.entry(replica).or_insert((when, sees));
-        if when >= entry.0 {
-            *entry = (when, sees);
-        }
-    }
-    last.values().any(|&(_, sees)| !sees)
 }
 
 /// PVs name existing volumes, handles are unique, every volume is named by a PV.
@@ -412,23 +552,15 @@ fn unexplained(
         },
         None => {
             let stripped = if record.stripped_at.is_some() {
-                ", its finalizers stripped by hand"
+                ", its pvc-protection finalizer stripped by hand"
             } else {
                 ""
             };
-            let line = format!(
+            findings.violation(format!(
                 "CNS volume {id} of deleted claim {claim} (class {}{stripped}) was left \
                  behind{inserted}",
                 record.class
-            );
-            if out_of_reach(records, record.created_at, record.stripped_at) {
-                findings.note(format!(
-                    "out of reach: {line}; a replica was disrupted while its finalizers were \
-                     gone, so nothing remembers the volume"
-                ));
-            } else {
-                findings.violation(line);
-            }
+            ));
         }
     }
 }
@@ -769,57 +901,29 @@ mod tests {
         );
     }
 
-    // Seed 110530: the other replica was down when the stripped claim vanished, and the
-    // one running its provisioning was killed 3.3 s after the strip, while its cleanup
-    // waited for the slow create to land.
     #[test]
-    fn a_stripped_claims_leak_is_out_of_reach_only_when_every_replica_could_lose_it() {
+    fn a_stripped_claims_leak_is_a_violation() {
         let s = snapshot(Vec::new(), vec![volume("v9", "pvc-u1")]);
-        let secs = Duration::from_secs_f64;
         let mut records = records_with_claim("u1", true);
-        let claim = records.claims.get_mut(&1).unwrap();
-        claim.created_at = Some(secs(9.5));
-        claim.stripped_at = Some(secs(10.0));
-        let leaked = |records: &Records| {
-            let found = check(&s, records, Phase::Quiescent);
+        records.claims.get_mut(&1).unwrap().stripped_at = Some(Duration::from_secs(2));
+        let found = check(&s, &records, Phase::Quiescent);
+        assert!(
             found
                 .violations
                 .iter()
-                .any(|v| v.contains("of deleted claim claim-001"))
-        };
-        // Replica 1 went down before the claim was created and came back after the strip.
-        records.disruptions.push(secs(9.0));
-        records.sight.push((1, secs(9.0), false));
-        records.sight.push((1, secs(11.0), true));
-        assert!(leaked(&records), "no disruption after the claim's creation");
-        // Replica 0, running the provisioning, killed 6 s after the strip, while its
-        // cleanup may still wait for the create: nobody else saw the claim vanish.
-        records.disruptions.push(secs(16.0));
-        records.sight.push((0, secs(16.0), false));
-        assert!(!leaked(&records), "out of reach");
-        // Killed past the settle window and the margin: its cleanup was due by then.
-        records.disruptions.pop();
-        records.disruptions.push(secs(19.0));
-        assert!(leaked(&records), "killed after its cleanup was due");
-        // Replica 1 back before the strip: its record covers a kill of replica 0.
-        records.disruptions.pop();
-        records.disruptions.push(secs(16.0));
-        records.sight.retain(|&(r, _, _)| r != 1);
-        records.sight.push((1, secs(9.0), false));
-        records.sight.push((1, secs(9.8), true));
-        assert!(leaked(&records), "replica 1 saw the claim vanish");
-        // A disruption within 3 s of the strip is out of reach, as before.
-        records.disruptions.push(secs(12.0));
-        assert!(!leaked(&records));
+                .any(|v| v.contains("of deleted claim claim-001")
+                    && v.contains("stripped by hand")),
+            "{found:?}"
+        );
     }
 
     #[test]
-    fn a_leftover_duplicate_is_a_note_until_teardown_and_a_violation_even_after_a_failover() {
+    fn a_leftover_duplicate_is_a_note_until_teardown_and_a_violation_after_it() {
         let s = snapshot(
             vec![pv("pvc-u1", "v1", "Retain")],
             vec![volume("v1", "pvc-u1"), volume("v2", "pvc-u1")],
         );
-        let mut records = records_with_claim("u1", true);
+        let records = records_with_claim("u1", true);
         let quiet = check(&s, &records, Phase::Quiescent);
         assert!(quiet.violations.is_empty() && quiet.notes.iter().any(|n| n.contains("leftover")));
         let fin = check(&s, &records, Phase::Final);
@@ -828,17 +932,6 @@ mod tests {
                 .iter()
                 .any(|v| v.contains("leftover duplicate of PV pvc-u1")
                     && v.ends_with("reclaim policy Retain")),
-            "{:?}",
-            fin.violations
-        );
-        // A replica disrupted while the PV's last sweep was due: the next leader sweeps it
-        // within the takeover grace, so the leftover is still a violation.
-        records.disruptions.push(Duration::from_secs(4));
-        let fin = check(&s, &records, Phase::Final);
-        assert!(
-            fin.violations
-                .iter()
-                .any(|v| v.contains("leftover duplicate of PV pvc-u1")),
             "{:?}",
             fin.violations
         );
@@ -856,7 +949,7 @@ mod tests {
             metadata: ObjectMeta {
                 name: Some("claim-002".to_owned()),
                 deletion_timestamp: Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
-                finalizers: Some(vec![FINALIZER_PROVISIONING.to_owned()]),
+                finalizers: Some(vec![format!("{GO_DOMAIN}provisioning")]),
                 ..ObjectMeta::default()
             },
             ..PersistentVolumeClaim::default()
@@ -868,6 +961,133 @@ mod tests {
                 .violations
                 .iter()
                 .any(|v| v.contains("claim claim-002 stays Terminating"))
+        );
+    }
+
+    fn claim(name: &str, uid: &str) -> PersistentVolumeClaim {
+        PersistentVolumeClaim {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                uid: Some(uid.to_owned()),
+                ..ObjectMeta::default()
+            },
+            ..PersistentVolumeClaim::default()
+        }
+    }
+
+    fn journal_object(name: &str, data: &[(&str, &str)]) -> k8s_openapi::api::core::v1::ConfigMap {
+        k8s_openapi::api::core::v1::ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                resource_version: Some("7".to_owned()),
+                ..ObjectMeta::default()
+            },
+            data: Some(
+                data.iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            ),
+            ..k8s_openapi::api::core::v1::ConfigMap::default()
+        }
+    }
+
+    #[test]
+    fn an_intent_for_a_gone_claim_and_an_overdue_entry_are_violations() {
+        let now = jiff_now();
+        let fresh = now - 1;
+        let stale = now - 1_000;
+        let due = |t: i64| format!(r#"{{"n":"default/claim-003","v":"pvc-u3","t":1,"d":{t}}}"#);
+        let (fresh_due, stale_due) = (due(fresh), due(stale));
+        let journal = Journal::parse(&[journal_object(
+            "csi.vsphere.vmware.com-journal-00000000",
+            &[
+                (
+                    "e.u1",
+                    r#"{"n":"default/claim-001","v":"pvc-u1","t":1,"w":"ab"}"#,
+                ),
+                ("e.u2", r#"{"n":"default/claim-002","v":"pvc-u2","t":1}"#),
+                ("e.u3", &fresh_due),
+                ("k.0123456789abcdef", "{}"),
+            ],
+        )]);
+        assert_eq!(journal.entries.len(), 3);
+        assert_eq!(journal.entries["u3"].due, Some(fresh));
+        let mut s = snapshot(Vec::new(), Vec::new());
+        s.claims
+            .insert("claim-001".to_owned(), claim("claim-001", "u1"));
+        s.journal = journal.clone();
+        let found = check(&s, &Records::default(), Phase::Quiescent);
+        assert_eq!(found.violations.len(), 1, "{:?}", found.violations);
+        assert!(
+            found.violations[0].contains("intent for claim default/claim-002"),
+            "{:?}",
+            found.violations
+        );
+        // The live claim's intent is no violation; a settled entry long past due is.
+        s.claims
+            .insert("claim-002".to_owned(), claim("claim-002", "u2"));
+        s.journal = Journal::parse(&[journal_object(
+            "csi.vsphere.vmware.com-journal-00000000",
+            &[("e.u3", &stale_due), ("e.u4", "not json")],
+        )]);
+        let found = check(&s, &Records::default(), Phase::Final);
+        assert!(
+            found.violations.iter().any(
+                |v| v.contains("claim default/claim-003") && v.contains("after its last sweep")
+            ),
+            "{:?}",
+            found.violations
+        );
+        assert!(
+            found.violations.iter().any(|v| v.contains("e.u4")),
+            "{:?}",
+            found.violations
+        );
+    }
+
+    #[test]
+    fn keys_of_ours_on_claims_and_pvs_are_violations_but_gos_pv_finalizer() {
+        let mut s = snapshot(
+            vec![pv("pvc-u1", "v1", "Delete")],
+            vec![volume("v1", "pvc-u1")],
+        );
+        let pv = s.volumes.get_mut("pvc-u1").unwrap();
+        pv.metadata.finalizers = Some(vec![FINALIZER_PV.to_owned()]);
+        pv.metadata.annotations = Some(
+            [(
+                "pv.kubernetes.io/provisioned-by".to_owned(),
+                names::PROVISIONER.to_owned(),
+            )]
+            .into(),
+        );
+        let records = records_with_claim("u1", false);
+        let found = check(&s, &records, Phase::Quiescent);
+        assert!(found.violations.is_empty(), "{:?}", found.violations);
+        let mut c = claim("claim-001", "u1");
+        c.metadata.annotations =
+            Some([(format!("{GO_DOMAIN}provisioning-owner"), "x".to_owned())].into());
+        c.metadata.labels = Some([(format!("example.{OWN_DOMAIN}/held"), "x".to_owned())].into());
+        s.claims.insert("claim-001".to_owned(), c);
+        s.volumes.get_mut("pvc-u1").unwrap().metadata.annotations =
+            Some([(format!("{GO_DOMAIN}late-asset-sweep"), "1".to_owned())].into());
+        let found = check(&s, &records, Phase::Quiescent);
+        assert!(
+            found
+                .violations
+                .iter()
+                .any(|v| v.starts_with("claim claim-001 carries")
+                    && v.contains("provisioning-owner")
+                    && v.contains("example.rust-storage-controllers.github.io/held")),
+            "{:?}",
+            found.violations
+        );
+        assert!(
+            found
+                .violations
+                .iter()
+                .any(|v| v.starts_with("PV pvc-u1 carries") && v.contains("late-asset-sweep")),
+            "{:?}",
+            found.violations
         );
     }
 }

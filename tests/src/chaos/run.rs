@@ -266,19 +266,8 @@ async fn run_schedule(seed: u64, claims: usize) -> SeedReport {
 /// Looks at the replicas: restarts what exited, logs what happened.
 fn poll_replicas(world: &mut World) -> anyhow::Result<()> {
     let now = Instant::now();
-    for (index, replica) in world.replicas.iter_mut().enumerate() {
+    for replica in &mut world.replicas {
         if let Some(line) = replica.poll(now)? {
-            let lost = line.contains("exited")
-                || line.contains("vanished")
-                || line.contains("stopped leading");
-            if lost {
-                world.shared.disrupted();
-            }
-            if line.contains("restarted") {
-                world.shared.sight(index, true);
-            } else if lost {
-                world.shared.sight(index, false);
-            }
             world.shared.log(format!("* {line}"));
         }
     }

@@ -83,7 +83,8 @@ pub enum Action {
         /// Before, during or after provisioning, as planned (faults may shift it).
         when: &'static str,
     },
-    /// Removes every finalizer of the claim, as a user unsticking a claim does.
+    /// Removes the claim's `kubernetes.io/pvc-protection` finalizer, as a user unsticking a
+    /// claim does (the controllers put no finalizer of their own on claims).
     StripFinalizers,
     /// Switches the reclaim policy of the claim's PV to Retain.
     RetainVolume,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use cnsmetadata::CnsVolumeMetadata;
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube_client::api::{ListParams, PostParams};
@@ -62,7 +62,8 @@ pub struct ClaimRecord {
     pub created_at: Option<Duration>,
     /// Its deletion was accepted.
     pub deleted: bool,
-    /// Its finalizers were stripped, and when.
+    /// Its finalizers (`kubernetes.io/pvc-protection`: the controller puts none on a
+    /// claim) were stripped by hand, and when.
     pub stripped_at: Option<Duration>,
     /// Its PV was switched to Retain before the claim was deleted.
     pub retained_pv: Option<String>,
@@ -92,12 +93,6 @@ pub struct Records {
     pub metadata: BTreeMap<String, MetadataRecord>,
     /// CNS volumes the harness inserted (ID → why).
     pub inserted: BTreeMap<String, String>,
-    /// When a replica was disrupted (killed, stopped, partitioned, exited, stopped leading).
-    pub disruptions: Vec<Duration>,
-    /// When each replica stopped seeing the cluster (killed, stopped, partitioned, exited,
-    /// stopped leading: `false`) and saw it again (started, healed, restarted: `true`),
-    /// by replica index, in order.
-    pub sight: Vec<(usize, Duration, bool)>,
     /// The log, with times from the start.
     pub log: Vec<(Duration, String)>,
 }
@@ -137,19 +132,6 @@ impl Shared {
         self.records().log.push((now, line.into()));
     }
 
-    /// Notes a replica disruption now.
-    pub fn disrupted(&self) {
-        let now = self.now();
-        self.records().disruptions.push(now);
-    }
-
-    /// Notes that replica `replica` stopped seeing the cluster now (`sees: false`: its
-    /// watches see no deletion until it sees again) or sees it again (`true`).
-    pub fn sight(&self, replica: usize, sees: bool) {
-        let now = self.now();
-        self.records().sight.push((replica, now, sees));
-    }
-
     /// Claims' API.
     #[must_use]
     pub fn claims(&self) -> Api<PersistentVolumeClaim> {
@@ -177,6 +159,13 @@ impl Shared {
     /// `CnsVolumeMetadata` API.
     #[must_use]
     pub fn metadata(&self) -> Api<CnsVolumeMetadata> {
+        Api::namespaced(self.client.clone(), names::NAMESPACE)
+    }
+
+    /// ConfigMaps of the controllers' namespace (the Lease's), where the provisioning
+    /// journal lives.
+    #[must_use]
+    pub fn configmaps(&self) -> Api<ConfigMap> {
         Api::namespaced(self.client.clone(), names::NAMESPACE)
     }
 }
