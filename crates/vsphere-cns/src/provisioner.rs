@@ -183,12 +183,10 @@ pub enum ProvisionerError {
 ///   answered after the PV was saved and the sweep ran) stays until the PV is deleted with
 ///   reclaim policy `Delete`; under `Retain` it stays, as the PV's own volume does. One
 ///   sent by another replica (or by an earlier life of this one) that lands after the PV
-///   was deleted, but within the settle window, goes with the controller's last sweep of
-///   the deleted PV when the window ends (`volume_saved` with the deleted PV; see
-///   [`Provisioner::late_asset_window`]), made by a replica that saw the deletion; a PV
-///   whose claim's provisioning another process may have worked on is kept until the
-///   window ends instead, and deleted again then (the controller's
-///   `external-provisioner.volume.kubernetes.io/creates-may-land`).
+///   was deleted, but within the settle window, goes with the controller's last sweep when
+///   the window ends (see [`Provisioner::late_asset_window`]): its journal keeps the
+///   claim until then, and whichever replica leads makes a cleanup `provision` call that
+///   finds the late volume and saves a PV for it, which is reclaimed.
 /// - **Errors say what runs in the background.** A timeout or a broken connection after the
 ///   create was sent is [`ProvisionError::InBackground`] (the controller keeps retrying,
 ///   and the lookup then finds the volume); a failure before anything was sent is
@@ -233,7 +231,7 @@ pub enum ProvisionerError {
 ///   `ext4`). A live claim thus gets the disk made for it (the PV controller binds it only
 ///   if it satisfies the claim; else the PV is reclaimed once the claim goes), and the
 ///   crash-safe cleanup of a deleted claim saves a PV that the volume flow reclaims
-///   (deleted, or kept under `Retain`), so its finalizer goes. While a create of that
+///   (deleted, or kept under `Retain`), so its journal entry goes. While a create of that
 ///   name may still land, the volume found is handed over all the same (as a reused one
 ///   is), and `delete` of its PV waits for that create as described above.
 /// - **`delete` deletes the PV's own volume** (handle) and its disk; a volume that is
@@ -245,7 +243,8 @@ pub enum ProvisionerError {
 ///   loses its handle's volume. A PV with an
 ///   empty handle is an error and deletes nothing; PVs of other drivers are
 ///   [`DeleteError::Ignored`].
-/// - **`delete_duplicate` deletes only the duplicate PV's volume**, and only when it is a
+/// - **[`CnsProvisioner::delete_duplicate`] deletes only the duplicate PV's volume** (a
+///   tool's call; the controller does not make it), and only when it is a
 ///   `csi.vsphere.vmware.com` handle other than the saved PV's; it never deletes by name.
 /// - **`volume_saved` deletes only leftovers of a PV we provisioned**: for a
 ///   `csi.vsphere.vmware.com` PV with a non-empty handle and the
@@ -416,8 +415,8 @@ impl CnsProvisioner {
 
     /// The volume to return after creating `created`: the lowest ID among `created` and
     /// the volumes of that name found now, so that replicas whose creates raced return
-    /// the same volume. When the lookup fails, `created` (the controller then resolves a
-    /// clash of PVs with [`Provisioner::delete_duplicate`]).
+    /// the same volume. When the lookup fails, `created` (should another replica's PV be
+    /// saved first, its [`Provisioner::volume_saved`] releases this one).
     async fn winner_after_create(&self, name: &str, created: CnsVolumeId) -> CnsVolumeId {
         match self.find_by_name(name).await {
             Ok(volumes) => match volumes.into_iter().next() {
@@ -487,9 +486,9 @@ impl CnsProvisioner {
     /// when several have the name, so that the controller saves a PV for it: a live claim
     /// gets the disk made for it (bound only if it satisfies the claim), and a deleted
     /// claim's volume is reclaimed through its PV (deleted, or kept under `Retain`).
-    /// Answering `NoChange` instead would keep a deleted claim's crash-safety finalizer
-    /// forever, as its cleanup asks `provision` for the asset until it gets a PV or a
-    /// final answer. A failed lookup is [`ProvisionError::NoChange`] (nothing known).
+    /// Answering `NoChange` instead would keep a deleted claim's crash-safety journal
+    /// entry forever, as its cleanup asks `provision` for the asset until it gets a PV or
+    /// a final answer. A failed lookup is [`ProvisionError::NoChange`] (nothing known).
     async fn refused(
         &self,
         options: &ProvisionOptions,
@@ -618,7 +617,6 @@ impl CnsProvisioner {
             .await
             .map_err(|e| DeleteError::Failed(Box::new(e)))
     }
-
 }
 
 /// The volume handle of `volume` when it is a CSI PV of [`CSI_DRIVER`].
