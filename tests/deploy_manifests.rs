@@ -146,7 +146,80 @@ fn the_example_rbac_grants_exactly_what_the_controller_uses() {
     let (account, namespace) = bound_account(&docs);
     assert_eq!(
         (account.as_str(), namespace.as_str()),
-        ("example-provisioner", "kube-system")
+        ("example-provisioner", "example-provisioner")
+    );
+    // The namespace is the provisioner's own, and the file creates it.
+    let created = one(&docs, "Namespace");
+    assert_eq!(
+        created["metadata"]["name"].as_str(),
+        Some(namespace.as_str())
+    );
+    assert_eq!(created["apiVersion"], "v1");
+}
+
+/// Namespaces every cluster has and other components use: a Role there that grants every
+/// ConfigMap reaches theirs (CoreDNS's and kube-proxy's configuration in kube-system).
+const SHARED_NAMESPACES: [&str; 4] = ["kube-system", "kube-public", "kube-node-lease", "default"];
+
+/// The namespace of each Role in `docs` that grants a verb on configmaps (`"<none>"` for a
+/// Role without one).
+fn configmap_role_namespaces(docs: &[serde_json::Value]) -> Vec<String> {
+    docs.iter()
+        .filter(|d| d["kind"] == "Role")
+        .filter(|role| {
+            let mut rules = role["rules"].as_array().into_iter().flatten();
+            rules.any(|rule| {
+                rule["resources"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|r| r == "configmaps")
+            })
+        })
+        .map(|role| {
+            role["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("<none>")
+                .to_owned()
+        })
+        .collect()
+}
+
+/// Why the journal's Role in `docs` reaches ConfigMaps that are not the controller's, if it
+/// does.
+fn journal_role_problem(docs: &[serde_json::Value]) -> Option<String> {
+    let namespaces = configmap_role_namespaces(docs);
+    if namespaces.is_empty() {
+        return Some("no Role grants the journal's configmaps".to_owned());
+    }
+    namespaces
+        .iter()
+        .find(|ns| *ns == "<none>" || SHARED_NAMESPACES.contains(&ns.as_str()))
+        .map(|ns| format!("a Role granting every ConfigMap of namespace {ns}"))
+}
+
+#[test]
+fn the_journal_role_is_not_in_kube_system() {
+    let provisioner = include_str!("../examples/deploy/provisioner-rbac.yaml");
+    for yaml in [
+        provisioner,
+        include_str!("../examples/deploy/vsphere-rbac.yaml"),
+    ] {
+        let docs = documents(yaml);
+        assert_eq!(journal_role_problem(&docs), None);
+        let namespaces = configmap_role_namespaces(&docs);
+        assert!(
+            !namespaces.iter().any(|ns| ns == "kube-system"),
+            "{namespaces:?}"
+        );
+    }
+    // The check catches the example as it was before: everything in kube-system.
+    let in_kube_system =
+        provisioner.replace("namespace: example-provisioner", "namespace: kube-system");
+    assert_ne!(in_kube_system, provisioner);
+    assert_eq!(
+        journal_role_problem(&documents(&in_kube_system)),
+        Some("a Role granting every ConfigMap of namespace kube-system".to_owned())
     );
 }
 
@@ -228,13 +301,30 @@ fn the_example_deployment_probes_readyz_and_outlasts_the_stop() {
         "../examples/deploy/provisioner-deployment.yaml"
     ));
     let deployment: Deployment = serde_json::from_value(one(&docs, "Deployment")).unwrap();
+    // The Deployment runs in the namespace of the RBAC's service account (where its Role
+    // grants the Lease and the journal), and tells the controller so.
+    let rbac = documents(include_str!("../examples/deploy/provisioner-rbac.yaml"));
+    let (account, namespace) = bound_account(&rbac);
+    assert_eq!(
+        deployment.metadata.namespace.as_deref(),
+        Some(namespace.as_str())
+    );
     let spec = deployment.spec;
     assert_eq!(spec.replicas, Some(2));
     let pod = spec.template.spec.unwrap();
+    assert_eq!(pod.service_account_name.as_deref(), Some(account.as_str()));
     assert_eq!(
         pod.service_account_name.as_deref(),
         Some("example-provisioner")
     );
+    let pod_namespace = pod.containers[0]
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "POD_NAMESPACE")
+        .and_then(|e| e.value_from.as_ref()?.field_ref.as_ref())
+        .expect("POD_NAMESPACE from the downward API");
+    assert_eq!(pod_namespace.field_path, "metadata.namespace");
     assert_probes(&pod.containers[0]);
     // The drain, then the lease release (bounded by the renew deadline).
     let stop = provision_controller::Config::DEFAULT_SHUTDOWN_GRACE
