@@ -7,9 +7,10 @@
 use std::time::Duration;
 
 use k8s_openapi::api::{
-    core::v1::{PersistentVolume, PersistentVolumeClaim},
+    core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim},
     storage::v1::StorageClass,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube_client::{
     Api, Client,
     api::{DeleteParams, PostParams},
@@ -17,7 +18,8 @@ use kube_client::{
 use kube_sim::wait::Wait;
 use provision_controller::{
     Config, ProvisionController,
-    annotations::{ANN_PROVISIONING_OWNER, ANN_STORAGE_PROVISIONER, FINALIZER_PROVISIONING},
+    annotations::ANN_STORAGE_PROVISIONER,
+    journal::JOURNAL_LABEL,
     testing::{class, pvc},
 };
 use vsphere_cns::simulator::CnsSimulator;
@@ -36,6 +38,10 @@ struct Env {
 
 impl Env {
     async fn start() -> Self {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
         let kube = kube_sim::KubeSim::builder()
             .pv_binder(true)
             .start()
@@ -102,28 +108,46 @@ impl Env {
         Api::all(self.client.clone())
     }
 
-    /// Creates claim `name` of class `vsphere` requesting `request`; with `intent`, it
-    /// carries our crash-safety finalizer and owner, as a replica leaves a claim when it
-    /// dies after its create was sent. Returns the claim's PV name, `pvc-<uid>`.
+    /// Creates claim `name` of class `vsphere` requesting `request`; with `intent`, the
+    /// controller's journal holds an intent for it, as a replica leaves it when it dies
+    /// after its create was sent. Returns the claim's PV name, `pvc-<uid>`.
     async fn create_claim(&self, name: &str, request: &str, intent: bool) -> String {
-        let mut builder = pvc(name)
+        let builder = pvc(name)
             .storage_class("vsphere")
             .request(request)
             .annotation(ANN_STORAGE_PROVISIONER, CSI_DRIVER);
-        if intent {
-            builder = builder
-                .annotation(ANN_PROVISIONING_OWNER, CSI_DRIVER)
-                .finalizer(FINALIZER_PROVISIONING);
-        }
-        let uid = self
+        let created = self
             .claims()
             .create(&PostParams::default(), &builder.build())
             .await
-            .unwrap()
-            .metadata
-            .uid
             .unwrap();
-        format!("pvc-{uid}")
+        let uid = created.metadata.uid.unwrap();
+        let pv_name = format!("pvc-{uid}");
+        if intent {
+            // The journal of a controller without leader election: in the client's
+            // namespace, under the lease name it would have (the provisioner name).
+            let entry = serde_json::json!({
+                "n": format!("default/{name}"),
+                "v": pv_name,
+                "t": k8s_openapi::jiff::Timestamp::now().as_second(),
+                "w": "0badc0de",
+                "r": created.spec,
+            });
+            let journal = ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(format!("{CSI_DRIVER}-journal-00000000")),
+                    labels: Some([(JOURNAL_LABEL.to_owned(), CSI_DRIVER.to_owned())].into()),
+                    ..ObjectMeta::default()
+                },
+                data: Some([(format!("e.{uid}"), entry.to_string())].into()),
+                ..ConfigMap::default()
+            };
+            Api::<ConfigMap>::namespaced(self.client.clone(), "default")
+                .create(&PostParams::default(), &journal)
+                .await
+                .unwrap();
+        }
+        pv_name
     }
 
     fn cns_ids(&self) -> Vec<String> {
@@ -168,6 +192,19 @@ async fn state(env: &Env, pv_name: &str) -> String {
     )
 }
 
+/// How many entries the controller's journal holds.
+async fn journal_entries(env: &Env) -> usize {
+    Api::<ConfigMap>::namespaced(env.client.clone(), "default")
+        .list(&kube_client::api::ListParams::default().labels(JOURNAL_LABEL))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .flat_map(|cm| cm.data.iter().flatten())
+        .filter(|(key, _)| key.starts_with("e."))
+        .count()
+}
+
 fn handle(volume: &PersistentVolume) -> Option<&str> {
     volume
         .spec
@@ -177,9 +214,9 @@ fn handle(volume: &PersistentVolume) -> Option<&str> {
         .map(|c| c.volume_handle.as_str())
 }
 
-/// A claim deleted while it carries our finalizer, refused by the driver, with a volume
-/// of its name: the cleanup saves a PV for the volume and the finalizer goes. Returns the
-/// PV name and the volume's ID.
+/// A claim deleted while the journal holds its intent, refused by the driver, with a
+/// volume of its name: the cleanup saves a PV for the volume and the entry goes. Returns
+/// the PV name and the volume's ID.
 async fn deleted_refused_claim(
     env: &Env,
     parameters: &[(&str, &str)],
@@ -194,11 +231,12 @@ async fn deleted_refused_claim(
         .delete("data", &DeleteParams::default())
         .await
         .unwrap();
-    let terminating = env.claims().get("data").await.unwrap();
-    assert!(
-        terminating.metadata.deletion_timestamp.is_some(),
-        "held by the finalizer"
-    );
+    // Nothing of ours holds the claim: it goes at once, and the journal entry is all the
+    // cleanup has.
+    wait_until(env, &pv_name, "the claim gone", || async {
+        env.claims().get_opt("data").await.unwrap().is_none()
+    })
+    .await;
     (pv_name, id)
 }
 
@@ -207,16 +245,17 @@ async fn a_deleted_claim_with_an_invalid_request_ends_gone_with_its_volume_delet
     let env = Env::start().await;
     let (pv_name, id) =
         deleted_refused_claim(&env, &[("datastoreurl", DS_URL)], "Delete", "4Ei").await;
+    assert_eq!(journal_entries(&env).await, 1);
     let (stop, run) = env.run_controller().await;
 
     wait_until(
         &env,
         &pv_name,
-        "the claim gone, its PV and volume deleted",
+        "its PV and volume deleted, the journal entry gone",
         || async {
-            env.claims().get_opt("data").await.unwrap().is_none()
-                && env.volumes().get_opt(&pv_name).await.unwrap().is_none()
+            env.volumes().get_opt(&pv_name).await.unwrap().is_none()
                 && env.cns.volumes().is_empty()
+                && journal_entries(&env).await == 0
         },
     )
     .await;
@@ -299,22 +338,10 @@ async fn a_live_refused_claim_gets_its_volume_as_a_pv_and_releases_it_when_delet
     let id = env.cns.insert_volume(&pv_name, CLUSTER);
     let (stop, run) = env.run_controller().await;
 
-    wait_until(
-        &env,
-        &pv_name,
-        "a PV for the volume, the finalizer gone",
-        || async {
-            let pv = env.volumes().get_opt(&pv_name).await.unwrap();
-            let claim = env.claims().get("data").await.unwrap();
-            pv.is_some_and(|pv| handle(&pv) == Some(id.as_str()))
-                && !claim
-                    .metadata
-                    .finalizers
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|f| f == FINALIZER_PROVISIONING)
-        },
-    )
+    wait_until(&env, &pv_name, "a PV for the volume", || async {
+        let pv = env.volumes().get_opt(&pv_name).await.unwrap();
+        pv.is_some_and(|pv| handle(&pv) == Some(id.as_str()))
+    })
     .await;
     let pv = env.volumes().get(&pv_name).await.unwrap();
     assert_eq!(

@@ -509,7 +509,11 @@ mod tests {
         for _ in 0..20 {
             tokio::task::yield_now().await;
         }
-        assert_eq!(pool.calls.load(SeqCst), 1, "one request at a time before an answer");
+        assert_eq!(
+            pool.calls.load(SeqCst),
+            1,
+            "one request at a time before an answer"
+        );
         pool.answer.notify_one();
         // The four others now go together.
         wait_calls(4).await;

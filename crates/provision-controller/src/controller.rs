@@ -421,7 +421,9 @@ impl Context {
                     lease_name,
                     writer,
                     commit_delay: config.journal_commit_delay,
-                    full_group: usize::from(config.sync_workers.get()).div_ceil(2),
+                    full_group: usize::from(config.sync_workers.get())
+                        .div_ceil(2)
+                        .min(crate::journal::FULL_GROUP),
                     capacity: config.journal_capacity.get(),
                     call_limit: config.provision_timeout,
                 },

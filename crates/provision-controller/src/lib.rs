@@ -9,7 +9,7 @@
 //! | `Qualifier`, `DeletionGuard`, `BlockProvisioner` (type assertions) | [`ProvisionController::qualifier`], [`ProvisionController::deletion_guard`], [`Provisioner::supports_block`] |
 //! | `ProvisioningState` + `error`, `IgnoredError` | [`ProvisionError`] variants, [`DeleteError::Ignored`] |
 //! | `ResyncPeriod` (15 min) | [`Config::resync_period`] |
-//! | `Threadiness` (4) | [`Config::threads`] (`NonZeroU16`): driver calls at once; the syncs around them are [`Config::sync_workers`] (64) |
+//! | `Threadiness` (4) | [`Config::threads`] (`NonZeroU16`): driver calls at once; the syncs around them are [`Config::sync_workers`] (128) |
 //! | `ExponentialBackOffOnError` (true), `RateLimiter` | [`Config::failure_backoff`]: [`FailureBackoff::Exponential`] / [`FailureBackoff::Flat`] / [`FailureBackoff::Custom`] |
 //! | `FailedProvisionThreshold`, `FailedDeleteThreshold` (15, 0 = forever) | [`Config::failed_provision_threshold`], [`Config::failed_delete_threshold`] |
 //! | `CreateProvisionedPVRetryCount` (5), `CreateProvisionedPVInterval` (10 s) | [`Config::pv_save`]: [`PvSaveStrategy::Blocking`] |
