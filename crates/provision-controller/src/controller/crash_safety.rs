@@ -614,10 +614,14 @@ async fn clean_up(
         volume_object::ensure_name(&mut volume, pv_name, claim);
         // The class decides what happens to the asset once the PV is released.
         let policy = class.reclaim_policy.as_deref().unwrap_or("Delete");
-        volume
-            .spec
-            .get_or_insert_with(Default::default)
-            .persistent_volume_reclaim_policy = Some(policy.to_owned());
+        let spec = volume.spec.get_or_insert_with(Default::default);
+        spec.persistent_volume_reclaim_policy = Some(policy.to_owned());
+        // This PV exists only to be released and reclaimed: one the API server refuses
+        // for want of an access mode (a driver that copies the claim's, from a claim the
+        // journal describes without them) would keep the asset forever.
+        if spec.access_modes.as_ref().is_none_or(Vec::is_empty) {
+            spec.access_modes = Some(vec!["ReadWriteOnce".to_owned()]);
+        }
         volume_object::decorate(ctx, claim, &class, &mut volume);
         let name = volume.metadata.name.clone().unwrap_or_default();
         tracing::info!(pv = %name, "saving a PV that records the asset; it is reclaimed once released");
