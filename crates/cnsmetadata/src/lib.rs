@@ -3,6 +3,7 @@
 mod backend;
 mod backoff;
 mod config;
+mod context;
 mod crd;
 mod plan;
 mod reconciler;
@@ -26,12 +27,12 @@ pub use config::{
     Config, ConfigError, ConfigOption, ENV_CLUSTER_FLAVOR, ENV_WORKER_THREADS, FeatureState,
     VSPHERE_CSI_DRIVER,
 };
+pub use context::{
+    Context, REASON_UPDATE_FAILED, REASON_UPDATE_SUCCEEDED, REPORTING_CONTROLLER, ReconcileError,
+};
 pub use crd::{crd, crd_yaml};
 pub use plan::{plan_update, referred_entities};
-pub use reconciler::{
-    Context, FINALIZER, REASON_UPDATE_FAILED, REASON_UPDATE_SUCCEEDED, REPORTING_CONTROLLER,
-    ReconcileError, error_policy, reconcile,
-};
+pub use reconciler::{FINALIZER, error_policy, reconcile};
 pub use record::PUSHED_ANNOTATION;
 pub use resource::{
     API_VERSION, CRD_NAME, CnsVolumeMetadata, CnsVolumeMetadataSpec, CnsVolumeMetadataStatus,

@@ -8,8 +8,8 @@ use kube_runtime::reflector::ObjectRef;
 use tracing::{debug, info, warn};
 
 use crate::{
+    context::Context,
     plan::referred_entities,
-    reconciler::Context,
     record::PushedEntry,
     resource::{CnsVolumeMetadata, EntityType},
 };
