@@ -94,7 +94,7 @@ pub struct Context {
 
 impl Context {
     /// A context reading supervisor claims and volumes from the given caches (fill them
-    /// with reflectors; [`run`](crate::run) does).
+    /// with reflectors; [`MetadataController::run`](crate::MetadataController::run) does).
     ///
     /// Events are written in the background by kube-controller-kit's
     /// [`EventWriter`](kube_controller_kit::events::EventWriter) (notes longer than the
@@ -224,7 +224,7 @@ impl Context {
     }
 
     /// Waits until every event published so far is written (or has failed), at most
-    /// `limit`. Events are written in the background; [`run`](crate::run) flushes them
+    /// `limit`. Events are written in the background; [`MetadataController::run`](crate::MetadataController::run) flushes them
     /// when it stops, and a test that reads them after a [`reconcile`](crate::reconcile) flushes first.
     pub async fn flush_events(&self, limit: Duration) {
         self.events.flush(limit).await;

@@ -38,5 +38,5 @@ pub use resource::{
     API_VERSION, CRD_NAME, CnsVolumeMetadata, CnsVolumeMetadataSpec, CnsVolumeMetadataStatus,
     EntityReference, EntityType, GROUP, KIND, PLURAL, VERSION, VolumeStatus,
 };
-pub use run::{Error, run, run_while_leading};
+pub use run::{Error, MetadataController};
 pub use validate::{InvalidSpec, Violation, validate};

@@ -38,7 +38,7 @@ const MAX_SETTLE_WAIT: Duration = Duration::from_secs(3600);
 /// unbound): only on CNS failing to remove a recorded entry.
 ///
 /// An entity removed because the spec changed stays in the record as a tombstone: after
-/// the [settle period](Config::settle_period) its removal is sent once more (a push
+/// the [settle period](crate::Config::settle_period) its removal is sent once more (a push
 /// that timed out, or that a replica which lost its lease sent, may land on CNS after the
 /// removal), then it leaves the record. The returned [`Action`] requeues the object for
 /// that; a deletion removes tombstoned entities again without waiting.

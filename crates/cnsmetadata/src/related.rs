@@ -4,7 +4,7 @@
 //! A name of `spec.volumenames` resolves through the claim's `spec.volumeName` to the PV,
 //! and through the PV's CSI driver and volume handle to the CNS volume
 //! ([`resolve`](crate::sync)). [`Related`] sees every event of the caches of claims and
-//! volumes (the reflectors [`run`](crate::run) fills anyway: no other watch, no API call)
+//! volumes (the reflectors [`MetadataController::run`](crate::MetadataController::run) fills anyway: no other watch, no API call)
 //! and returns the claims whose resolution may have changed: a claim that appears, binds,
 //! is re-bound or goes; a PV that appears, changes driver, handle or `claimRef`, or goes
 //! (it concerns the claim its `claimRef` names and every claim whose `spec.volumeName`
