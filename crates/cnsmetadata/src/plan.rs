@@ -1,9 +1,18 @@
-//! Pure construction of the backend updates for one object.
+//! Pure decisions of one reconcile: the backend update of each volume, and [`plan`], what
+//! an update of a valid, finalized object does (remove, record, push) and what its answers
+//! make of the status and the record ([`UpdatePlan::conclude`]). No I/O: the reconciler
+//! reads, then writes and pushes what the plan says.
+
+use std::{
+    fmt::Write as _,
+    time::{Duration, SystemTime},
+};
 
 use crate::{
     backend::{ClusterFlavor, ClusterType, ContainerCluster, EntityMetadata, VolumeMetadataUpdate},
     config::Config,
-    resource::{CnsVolumeMetadataSpec, EntityReference, EntityType},
+    record::{self, Edit, PushedEntry, Settle, later},
+    resource::{CnsVolumeMetadataSpec, EntityReference, EntityType, VolumeStatus},
 };
 
 /// The entity references of `spec` as sent to CNS, one per volume name, in order.
@@ -54,6 +63,323 @@ pub fn plan_update(
             cluster_flavor: ClusterFlavor::GuestCluster,
             cluster_distribution: spec.cluster_distribution.clone(),
         },
+    }
+}
+
+/// What a name of `spec.volumenames` stands for right now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Resolved {
+    /// The CNS volume ID (the CSI volume handle of the bound supervisor PV).
+    Volume(String),
+    /// A volume of another CSI driver: nothing goes to CNS.
+    OtherDriver,
+    /// No CNS volume can be found: the claim or its PV is missing, or the claim is unbound.
+    Missing(String),
+}
+
+/// One volume name of the spec, resolved, with the entry to push when there is one.
+pub(crate) struct Target {
+    pub(crate) volume_name: String,
+    pub(crate) resolved: Resolved,
+    pub(crate) entry: Option<PushedEntry>,
+}
+
+/// Why a push failed.
+#[derive(Debug)]
+pub(crate) struct Failed {
+    /// The message to put in the volume's status.
+    pub(crate) message: String,
+    /// When the push was sent, if it got no answer (it timed out): CNS may still carry it
+    /// out. `None` when CNS answered.
+    pub(crate) unanswered: Option<SystemTime>,
+}
+
+/// What [`plan`] decides from: the object's spec and record, its volumes resolved, and the
+/// pushes without answer this replica remembers.
+pub(crate) struct Observed<'a> {
+    pub(crate) spec: &'a CnsVolumeMetadataSpec,
+    pub(crate) recorded: &'a [PushedEntry],
+    pub(crate) targets: &'a [Target],
+    pub(crate) remembered: &'a [PushedEntry],
+    pub(crate) now: SystemTime,
+    /// [`Config::settle_period`].
+    pub(crate) settle: Duration,
+}
+
+/// What one update of a valid, finalized object does, in this order: warn about `odd`
+/// tombstones, record `intent`, remove `stale` and `due` entries, push `volumes`.
+#[derive(Debug)]
+pub(crate) struct UpdatePlan {
+    /// Tombstones whose time cannot be trusted, and why: a warning each (they are in
+    /// `due`).
+    pub(crate) odd: Vec<(PushedEntry, String)>,
+    /// The entries to record, marked as sent and not yet answered, before anything is
+    /// pushed; `None` when the record holds them already.
+    pub(crate) intent: Option<Vec<PushedEntry>>,
+    /// Live recorded entries this spec no longer describes: removed, then tombstones.
+    pub(crate) stale: Vec<PushedEntry>,
+    /// Tombstones whose settle period is over: removed once more, then forgotten.
+    pub(crate) due: Vec<PushedEntry>,
+    /// One per volume name of the spec.
+    pub(crate) volumes: Vec<VolumePlan>,
+    /// When tombstones still settling are due.
+    pub(crate) wake: Option<Duration>,
+    settle: Duration,
+}
+
+/// What an update does for one volume name of the spec.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum VolumePlan {
+    /// Push an entry.
+    Push(Box<Push>),
+    /// No CNS volume can be found: the volume fails with `message`.
+    Missing { volume: String, message: String },
+    /// A volume of another driver: nothing to push, the volume is fine.
+    Skip { volume: String },
+}
+
+/// The push of one entry to the volume of one volume name.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Push {
+    pub(crate) volume: String,
+    pub(crate) entry: PushedEntry,
+    /// `entry` with the latest mark of a push without answer (of the record or this
+    /// replica's memory).
+    pub(crate) earlier: PushedEntry,
+    /// `entry` with the mark the record holds once the intent is written, which goes once
+    /// the push is answered.
+    pub(crate) answered: PushedEntry,
+}
+
+/// The answers to the pushes of an [`UpdatePlan`], in its order.
+#[derive(Debug)]
+pub(crate) struct Answers {
+    pub(crate) stale: Vec<Result<(), Failed>>,
+    pub(crate) due: Vec<Result<(), Failed>>,
+    /// When the removals (`stale`, `due`) were answered: the removal time of new tombstones.
+    pub(crate) removed_at: SystemTime,
+    /// One per [`VolumePlan::Push`]: the answer and when it came.
+    pub(crate) pushes: Vec<(Result<(), Failed>, SystemTime)>,
+}
+
+/// What an update comes to once its pushes are answered.
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    /// The per-volume status to write.
+    pub(crate) status: Vec<VolumeStatus>,
+    /// The change of the record to write with it.
+    pub(crate) edit: Edit,
+    /// Volumes and removals that failed.
+    pub(crate) failed: usize,
+    /// Volumes and removals tried.
+    pub(crate) total: usize,
+    /// Why removals failed, for the event (each part starts with a space).
+    pub(crate) errors: String,
+    /// When to reconcile again: tombstones or pushes without answer settle then.
+    pub(crate) wake: Option<Duration>,
+}
+
+/// The entry of `list` with the key of `entry`.
+fn find<'a>(list: &'a [PushedEntry], entry: &PushedEntry) -> Option<&'a PushedEntry> {
+    list.iter().find(|e| e.key() == entry.key())
+}
+
+/// The shorter of two optional waits.
+fn sooner(wake: Option<Duration>, wait: Duration) -> Option<Duration> {
+    Some(wake.map_or(wait, |w| w.min(wait)))
+}
+
+/// What an update of a valid, finalized object does: remove what an earlier spec pushed
+/// and this one no longer describes (except entries on a volume that cannot be resolved
+/// now: they may still be right), remove once more the tombstones that settled (and no
+/// push without answer may still land on), record every push before it goes out, then
+/// push every volume that resolves.
+pub(crate) fn plan(observed: &Observed<'_>) -> UpdatePlan {
+    let Observed {
+        spec,
+        recorded,
+        targets,
+        remembered,
+        now,
+        settle,
+    } = *observed;
+    let desired: Vec<&PushedEntry> = targets.iter().filter_map(|t| t.entry.as_ref()).collect();
+    let wanted = |e: &PushedEntry| desired.iter().any(|d| d.key() == e.key());
+    let unresolved: Vec<&str> = targets
+        .iter()
+        .filter(|t| matches!(t.resolved, Resolved::Missing(_)))
+        .map(|t| t.volume_name.as_str())
+        .collect();
+    let stale = recorded
+        .iter()
+        .filter(|e| !e.is_tombstone() && !wanted(e))
+        .filter(|e| !(e.is_entity_of(spec) && unresolved.contains(&e.volume_name.as_str())))
+        .cloned()
+        .collect();
+    // The entry with the latest mark of a push without answer, of the record and memory.
+    let marked = |e: &PushedEntry| PushedEntry {
+        unanswered: later(
+            find(recorded, e).and_then(|r| r.unanswered.as_ref()),
+            find(remembered, e).and_then(|r| r.unanswered.as_ref()),
+        ),
+        ..e.clone()
+    };
+    let (mut odd, mut due, mut wake) = (Vec::new(), Vec::new(), None);
+    // Tombstones of entities pushed again now are revived by the intent.
+    for entry in recorded.iter().filter(|e| e.is_tombstone() && !wanted(e)) {
+        match (
+            entry.settle(now, settle),
+            marked(entry).landing(now, settle),
+        ) {
+            (Settle::Wait(left), _) | (Settle::Due, Settle::Wait(left)) => {
+                wake = sooner(wake, left);
+            }
+            (Settle::Due, _) => due.push(entry.clone()),
+            (Settle::Odd(why), _) => {
+                odd.push((entry.clone(), why));
+                due.push(entry.clone());
+            }
+        }
+    }
+    let sending: Vec<PushedEntry> = desired.iter().map(|e| e.unanswered_since(now)).collect();
+    let intent = record::union(recorded, &sending);
+    let sent = record::timestamp(now);
+    let volumes = targets
+        .iter()
+        .map(|target| {
+            let volume = target.volume_name.clone();
+            match (&target.entry, &target.resolved) {
+                (Some(entry), _) => VolumePlan::Push(Box::new(Push {
+                    volume,
+                    earlier: marked(entry),
+                    answered: PushedEntry {
+                        unanswered: later(
+                            find(recorded, entry).and_then(|r| r.unanswered.as_ref()),
+                            Some(&sent),
+                        ),
+                        ..entry.clone()
+                    },
+                    entry: entry.clone(),
+                })),
+                (None, Resolved::Missing(message)) => VolumePlan::Missing {
+                    volume,
+                    message: message.clone(),
+                },
+                (None, _) => VolumePlan::Skip { volume },
+            }
+        })
+        .collect();
+    UpdatePlan {
+        odd,
+        intent: (!record::same(&intent, recorded)).then_some(sending),
+        stale,
+        due,
+        volumes,
+        wake,
+        settle,
+    }
+}
+
+impl UpdatePlan {
+    /// What the update comes to with `answers`: each volume's status; the record's edit
+    /// (removed stale entries become tombstones, removed tombstones go, a push without
+    /// answer keeps its mark, an answered one drops it unless an earlier push may still
+    /// land); and when to wake up for what still settles.
+    pub(crate) fn conclude(&self, answers: Answers) -> Outcome {
+        let mut edit = Edit::default();
+        let mut errors = String::new();
+        for (entry, answer) in self.stale.iter().zip(answers.stale) {
+            match answer {
+                Ok(()) => edit.entomb.push(entry.clone()),
+                Err(Failed { message, .. }) => {
+                    let _ = write!(
+                        errors,
+                        " stale entity {:?} on volume {:?} ({}): {message}.",
+                        entry.entity_name, entry.volume_id, entry.volume_name
+                    );
+                }
+            }
+        }
+        for (entry, answer) in self.due.iter().zip(answers.due) {
+            match answer {
+                Ok(()) => edit.forget.push(entry.clone()),
+                Err(Failed { message, .. }) => {
+                    let _ = write!(
+                        errors,
+                        " entity {:?} removed earlier from volume {:?} ({}), removing it again: {message}.",
+                        entry.entity_name, entry.volume_id, entry.volume_name
+                    );
+                }
+            }
+        }
+        let mut wake = self.wake;
+        if !edit.entomb.is_empty() {
+            // Counted from CNS's confirmation: any push that could still land was sent before.
+            edit.at = record::timestamp(answers.removed_at);
+            wake = sooner(wake, self.settle);
+        }
+        let mut pushes = answers.pushes.into_iter();
+        let mut status = Vec::with_capacity(self.volumes.len());
+        for volume in &self.volumes {
+            status.push(match volume {
+                VolumePlan::Push(push) => {
+                    let Push {
+                        volume,
+                        entry,
+                        earlier,
+                        answered,
+                    } = &**push;
+                    // The reconciler answers every push; one without an answer was not sent.
+                    let (answer, at) = pushes.next().unwrap_or_else(|| {
+                        let message = "not pushed".to_owned();
+                        (
+                            Err(Failed {
+                                message,
+                                unanswered: None,
+                            }),
+                            answers.removed_at,
+                        )
+                    });
+                    match (&answer, earlier.landing(at, self.settle)) {
+                        // No answer: the record keeps the mark (the later send time).
+                        (
+                            Err(Failed {
+                                unanswered: Some(sent),
+                                ..
+                            }),
+                            _,
+                        ) => edit.mark.push(entry.unanswered_since(*sent)),
+                        // An earlier push may still land, maybe with an older spec: this
+                        // one is sent again then. The record goes back to that push's mark.
+                        (_, Settle::Wait(left)) => {
+                            wake = sooner(wake, left);
+                            edit.answered.push(answered.clone());
+                            edit.mark.push(earlier.clone());
+                        }
+                        // Answered, and no earlier push can land anymore: the mark goes.
+                        _ => edit.answered.push(answered.clone()),
+                    }
+                    match answer {
+                        Ok(()) => VolumeStatus::updated(volume),
+                        Err(Failed { message, .. }) => VolumeStatus::failed(volume, message),
+                    }
+                }
+                VolumePlan::Missing { volume, message } => {
+                    VolumeStatus::failed(volume, message.clone())
+                }
+                VolumePlan::Skip { volume } => VolumeStatus::updated(volume),
+            });
+        }
+        let removals = self.stale.len() + self.due.len();
+        let failed_volumes = status.iter().filter(|s| !s.updated).count();
+        Outcome {
+            failed: failed_volumes + removals - edit.entomb.len() - edit.forget.len(),
+            total: self.volumes.len() + removals,
+            status,
+            edit,
+            errors,
+            wake,
+        }
     }
 }
 
