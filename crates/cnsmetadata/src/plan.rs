@@ -469,4 +469,348 @@ mod tests {
         assert_eq!(update.entity_metadata.referred_entities, vec![reference]);
         assert!(update.entity_metadata.labels.is_empty());
     }
+
+    /// The table of [`plan`] and [`UpdatePlan::conclude`]: one row per situation an update
+    /// meets, named by what it must do. Volume `x` resolves to CNS volume `fcd-x`; every
+    /// answer comes at `NOW`.
+    mod update {
+        use std::time::{Duration, SystemTime};
+
+        use super::super::*;
+        use crate::{record::timestamp, testing::pvc_spec};
+
+        const SETTLE: Duration = Duration::from_secs(180);
+        const NOW: u64 = 1_000_000;
+
+        fn at(seconds: u64) -> SystemTime {
+            SystemTime::UNIX_EPOCH + Duration::from_secs(seconds)
+        }
+
+        fn entry(volume: &str) -> PushedEntry {
+            PushedEntry::new(&pvc_spec(), volume, &format!("fcd-{volume}"), None)
+        }
+
+        fn tombstone(volume: &str, removed: &str) -> PushedEntry {
+            PushedEntry {
+                removed: Some(removed.to_owned()),
+                ..entry(volume)
+            }
+        }
+
+        fn marked(volume: &str, sent: u64) -> PushedEntry {
+            entry(volume).unanswered_since(at(sent))
+        }
+
+        /// `volume@mark`, as the expectations write an entry of the edit.
+        fn mark(volume: &str, sent: u64) -> String {
+            format!("{volume}@{}", timestamp(at(sent)))
+        }
+
+        fn resolved(volume: &str) -> Target {
+            Target {
+                volume_name: volume.to_owned(),
+                resolved: Resolved::Volume(format!("fcd-{volume}")),
+                entry: Some(entry(volume)),
+            }
+        }
+
+        fn missing(volume: &str) -> Target {
+            Target {
+                volume_name: volume.to_owned(),
+                resolved: Resolved::Missing(format!("persistentvolumeclaims {volume:?} not found")),
+                entry: None,
+            }
+        }
+
+        fn other_driver(volume: &str) -> Target {
+            Target {
+                volume_name: volume.to_owned(),
+                resolved: Resolved::OtherDriver,
+                entry: None,
+            }
+        }
+
+        #[derive(Clone, Copy, Debug)]
+        enum Answer {
+            Done,
+            Refused,
+            /// No answer to a push sent at this time.
+            Unanswered(u64),
+        }
+
+        impl Answer {
+            fn result(self) -> Result<(), Failed> {
+                match self {
+                    Self::Done => Ok(()),
+                    Self::Refused => Err(Failed {
+                        message: "refused".into(),
+                        unanswered: None,
+                    }),
+                    Self::Unanswered(sent) => Err(Failed {
+                        message: "timed out".into(),
+                        unanswered: Some(at(sent)),
+                    }),
+                }
+            }
+        }
+
+        #[derive(Default)]
+        struct Case {
+            name: &'static str,
+            recorded: Vec<PushedEntry>,
+            targets: Vec<Target>,
+            remembered: Vec<PushedEntry>,
+            /// Answers to the removals, stale entries first, then due tombstones.
+            removals: Vec<Answer>,
+            pushes: Vec<Answer>,
+            // What the plan says.
+            odd: usize,
+            records: bool,
+            stale: Vec<&'static str>,
+            due: Vec<&'static str>,
+            // What the answers come to.
+            status: Vec<(&'static str, bool)>,
+            entomb: Vec<&'static str>,
+            forget: Vec<&'static str>,
+            mark: Vec<String>,
+            answered: Vec<String>,
+            failed: usize,
+            wake: Option<u64>,
+        }
+
+        fn names(entries: &[PushedEntry]) -> Vec<&str> {
+            entries.iter().map(|e| e.volume_name.as_str()).collect()
+        }
+
+        fn marks(entries: &[PushedEntry]) -> Vec<String> {
+            entries
+                .iter()
+                .map(|e| {
+                    format!(
+                        "{}@{}",
+                        e.volume_name,
+                        e.unanswered.as_deref().unwrap_or("-")
+                    )
+                })
+                .collect()
+        }
+
+        #[test]
+        fn an_update_plans_and_concludes_as_the_table_says() {
+            let cases = [
+                Case {
+                    name: "a first push records the intent, then pushes the volume and clears its mark",
+                    targets: vec![resolved("a")],
+                    pushes: vec![Answer::Done],
+                    records: true,
+                    status: vec![("a", true)],
+                    answered: vec![mark("a", NOW)],
+                    ..Case::default()
+                },
+                Case {
+                    name: "an entry recorded with a mark of this very moment is not recorded again, and is pushed again once that mark settles",
+                    recorded: vec![marked("a", NOW)],
+                    targets: vec![resolved("a")],
+                    pushes: vec![Answer::Done],
+                    status: vec![("a", true)],
+                    mark: vec![mark("a", NOW)],
+                    answered: vec![mark("a", NOW)],
+                    wake: Some(180),
+                    ..Case::default()
+                },
+                Case {
+                    name: "a recorded entity the spec no longer names is removed first and becomes a tombstone that wakes the object when it settles",
+                    recorded: vec![entry("b")],
+                    targets: vec![resolved("a")],
+                    removals: vec![Answer::Done],
+                    pushes: vec![Answer::Done],
+                    records: true,
+                    stale: vec!["b"],
+                    status: vec![("a", true)],
+                    entomb: vec!["b"],
+                    answered: vec![mark("a", NOW)],
+                    wake: Some(180),
+                    ..Case::default()
+                },
+                Case {
+                    name: "a stale entity CNS refuses to remove stays live and fails the update",
+                    recorded: vec![entry("b")],
+                    targets: vec![resolved("a")],
+                    removals: vec![Answer::Refused],
+                    pushes: vec![Answer::Done],
+                    records: true,
+                    stale: vec!["b"],
+                    status: vec![("a", true)],
+                    answered: vec![mark("a", NOW)],
+                    failed: 1,
+                    ..Case::default()
+                },
+                Case {
+                    name: "a recorded entry on a volume that cannot be resolved now is neither removed nor pushed, and fails its volume",
+                    recorded: vec![entry("a")],
+                    targets: vec![missing("a")],
+                    status: vec![("a", false)],
+                    failed: 1,
+                    ..Case::default()
+                },
+                Case {
+                    name: "a tombstone whose settle period is over is removed again and forgotten",
+                    recorded: vec![tombstone("b", &timestamp(at(NOW - 200)))],
+                    targets: vec![resolved("a")],
+                    removals: vec![Answer::Done],
+                    pushes: vec![Answer::Done],
+                    records: true,
+                    due: vec!["b"],
+                    status: vec![("a", true)],
+                    forget: vec!["b"],
+                    answered: vec![mark("a", NOW)],
+                    ..Case::default()
+                },
+                Case {
+                    name: "a tombstone CNS refuses to remove again stays and fails the update",
+                    recorded: vec![tombstone("b", &timestamp(at(NOW - 200)))],
+                    targets: vec![resolved("a")],
+                    removals: vec![Answer::Refused],
+                    pushes: vec![Answer::Done],
+                    records: true,
+                    due: vec!["b"],
+                    status: vec![("a", true)],
+                    answered: vec![mark("a", NOW)],
+                    failed: 1,
+                    ..Case::default()
+                },
+                Case {
+                    name: "a tombstone still settling is left alone and wakes the object when it settles",
+                    recorded: vec![tombstone("b", &timestamp(at(NOW - 30)))],
+                    targets: vec![resolved("a")],
+                    pushes: vec![Answer::Done],
+                    records: true,
+                    status: vec![("a", true)],
+                    answered: vec![mark("a", NOW)],
+                    wake: Some(150),
+                    ..Case::default()
+                },
+                Case {
+                    name: "a settled tombstone waits while a push of it this replica remembers may still land",
+                    recorded: vec![tombstone("b", &timestamp(at(NOW - 200)))],
+                    remembered: vec![marked("b", NOW - 100)],
+                    targets: vec![resolved("a")],
+                    pushes: vec![Answer::Done],
+                    records: true,
+                    status: vec![("a", true)],
+                    answered: vec![mark("a", NOW)],
+                    wake: Some(80),
+                    ..Case::default()
+                },
+                Case {
+                    name: "a tombstone with an unreadable removal time is reported and removed again at once",
+                    recorded: vec![tombstone("b", "yesterday")],
+                    targets: vec![resolved("a")],
+                    removals: vec![Answer::Done],
+                    pushes: vec![Answer::Done],
+                    odd: 1,
+                    records: true,
+                    due: vec!["b"],
+                    status: vec![("a", true)],
+                    forget: vec!["b"],
+                    answered: vec![mark("a", NOW)],
+                    ..Case::default()
+                },
+                Case {
+                    name: "a tombstone of an entity the spec names again is revived by the intent, not removed",
+                    recorded: vec![tombstone("a", &timestamp(at(NOW - 200)))],
+                    targets: vec![resolved("a")],
+                    pushes: vec![Answer::Done],
+                    records: true,
+                    status: vec![("a", true)],
+                    answered: vec![mark("a", NOW)],
+                    ..Case::default()
+                },
+                Case {
+                    name: "a push that gets no answer keeps its mark and fails its volume",
+                    targets: vec![resolved("a")],
+                    pushes: vec![Answer::Unanswered(NOW - 5)],
+                    records: true,
+                    status: vec![("a", false)],
+                    mark: vec![mark("a", NOW - 5)],
+                    failed: 1,
+                    ..Case::default()
+                },
+                Case {
+                    name: "an answered push whose earlier push may still land keeps that push's mark until it settles",
+                    recorded: vec![marked("a", NOW - 60)],
+                    targets: vec![resolved("a")],
+                    pushes: vec![Answer::Done],
+                    records: true,
+                    status: vec![("a", true)],
+                    mark: vec![mark("a", NOW - 60)],
+                    answered: vec![mark("a", NOW)],
+                    wake: Some(120),
+                    ..Case::default()
+                },
+                Case {
+                    name: "a push CNS refuses with an answer clears the mark and fails its volume",
+                    targets: vec![resolved("a")],
+                    pushes: vec![Answer::Refused],
+                    records: true,
+                    status: vec![("a", false)],
+                    answered: vec![mark("a", NOW)],
+                    failed: 1,
+                    ..Case::default()
+                },
+                Case {
+                    name: "a volume of another driver is fine and gets no push",
+                    targets: vec![other_driver("a")],
+                    status: vec![("a", true)],
+                    ..Case::default()
+                },
+            ];
+            for case in cases {
+                let name = case.name;
+                let plan = plan(&Observed {
+                    spec: &pvc_spec(),
+                    recorded: &case.recorded,
+                    targets: &case.targets,
+                    remembered: &case.remembered,
+                    now: at(NOW),
+                    settle: SETTLE,
+                });
+                assert_eq!(plan.odd.len(), case.odd, "{name}: odd");
+                assert_eq!(plan.intent.is_some(), case.records, "{name}: records");
+                assert_eq!(names(&plan.stale), case.stale, "{name}: stale");
+                assert_eq!(names(&plan.due), case.due, "{name}: due");
+                let mut removals = case.removals.iter().map(|a| a.result());
+                let answers = Answers {
+                    stale: removals.by_ref().take(plan.stale.len()).collect(),
+                    due: removals.collect(),
+                    removed_at: at(NOW),
+                    pushes: case.pushes.iter().map(|a| (a.result(), at(NOW))).collect(),
+                };
+                let outcome = plan.conclude(answers);
+                let status: Vec<(&str, bool)> = outcome
+                    .status
+                    .iter()
+                    .map(|s| (s.volume_name.as_str(), s.updated))
+                    .collect();
+                assert_eq!(status, case.status, "{name}: status");
+                assert_eq!(names(&outcome.edit.entomb), case.entomb, "{name}: entomb");
+                assert_eq!(names(&outcome.edit.forget), case.forget, "{name}: forget");
+                assert_eq!(marks(&outcome.edit.mark), case.mark, "{name}: mark");
+                assert_eq!(
+                    marks(&outcome.edit.answered),
+                    case.answered,
+                    "{name}: answered"
+                );
+                assert_eq!(outcome.failed, case.failed, "{name}: failed");
+                assert_eq!(
+                    outcome.wake,
+                    case.wake.map(Duration::from_secs),
+                    "{name}: wake"
+                );
+                if !case.entomb.is_empty() {
+                    assert_eq!(outcome.edit.at, timestamp(at(NOW)), "{name}: removal time");
+                }
+            }
+        }
+    }
 }
