@@ -147,10 +147,7 @@ impl Context {
     fn unanswered_map(
         &self,
     ) -> MutexGuard<'_, HashMap<ObjectRef<CnsVolumeMetadata>, Vec<PushedEntry>>> {
-        // Every change below leaves the map consistent: a panic elsewhere cannot spoil it.
-        self.unanswered
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::lock(&self.unanswered)
     }
 
     /// Drops the marks of pushes that can no longer land, of every object.

@@ -40,3 +40,13 @@ pub use resource::{
 };
 pub use run::{Error, MetadataController};
 pub use validate::{InvalidSpec, Violation, validate};
+
+/// Locks `mutex`, recovering the data if a thread panicked while holding it: the crate's
+/// one way to lock. Every critical section of the crate leaves its data consistent (plain
+/// maps and lists, changed in one step), so a poisoned lock carries no broken invariant,
+/// and refusing service would turn one panic into a dead reconciler.
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -173,10 +173,7 @@ pub(crate) struct Related {
 
 impl Related {
     fn state(&self) -> MutexGuard<'_, State> {
-        // Plain maps: a panic elsewhere cannot leave them inconsistent.
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::lock(&self.state)
     }
 
     /// Records one event of the claims cache; the claims whose resolution may have changed.

@@ -114,10 +114,7 @@ pub(crate) struct Triggers {
 
 impl Triggers {
     fn state(&self) -> MutexGuard<'_, State> {
-        // Plain maps: a panic elsewhere cannot leave them inconsistent.
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::lock(&self.state)
     }
 
     /// Starts a term: the objects to reconcile from now on go to the returned queues.
