@@ -1,12 +1,12 @@
 //! Black-box test of the `cnsmetadata` public API: the CRD installed through the API,
-//! `run` with the in-memory backend, a guest PVC entity from creation to deletion.
+//! `MetadataController` with the in-memory backend, a guest PVC entity from creation to deletion.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, time::Duration};
 
 use cnsmetadata::{
     ClusterFlavor, ClusterType, CnsVolumeMetadata, Config, ContainerCluster, EntityMetadata,
-    EntityReference, EntityType, FINALIZER, VSPHERE_CSI_DRIVER, VolumeMetadataUpdate, VolumeStatus,
-    crd, run,
+    EntityReference, EntityType, FINALIZER, MetadataController, VSPHERE_CSI_DRIVER,
+    VolumeMetadataUpdate, VolumeStatus, crd,
     testing::{InMemoryBackend, bound_claim, csi_volume, pvc_spec},
 };
 use k8s_openapi::{
@@ -56,14 +56,13 @@ async fn guest_pvc_metadata_reaches_cns_and_is_removed_on_delete() {
     .cluster_id("cluster-7")
     .vsphere_user("cns-user@vsphere.local");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let reconciler = tokio::spawn(run(
-        client.clone(),
-        Arc::new(backend.clone()),
-        config,
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let reconciler = tokio::spawn(
+        MetadataController::new(client.clone(), backend.clone())
+            .config(config)
+            .run(async {
+                let _ = stopped.await;
+            }),
+    );
 
     let objects: Api<CnsVolumeMetadata> = Api::namespaced(client.clone(), "tenant");
     objects

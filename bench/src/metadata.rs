@@ -1,7 +1,7 @@
 //! `metadata`: N CnsVolumeMetadata objects through the reconciler (in-memory backend),
 //! until every volume is updated, then all deleted.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, time::Duration};
 
 use anyhow::{Context as _, ensure};
 use cnsmetadata::{
@@ -105,14 +105,13 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
         .cluster_id("bench-cluster")
         .vsphere_user("bench@vsphere.local");
     let (stop, stopped) = oneshot::channel::<()>();
-    let running = env.controller.spawn(cnsmetadata::run(
-        client,
-        Arc::new(backend.clone()),
-        config,
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let running = env.controller.spawn(
+        cnsmetadata::MetadataController::new(client, backend.clone())
+            .config(config)
+            .run(async {
+                let _ = stopped.await;
+            }),
+    );
     env.wait_synced(3).await?;
     let s1 = env.probe.snapshot();
     eprintln!("reconciler synced; creating {n} CnsVolumeMetadata objects");

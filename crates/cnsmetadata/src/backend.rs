@@ -35,6 +35,16 @@ pub trait VolumeMetadataBackend: Send + Sync + 'static {
     ) -> Result<(), BackendError>;
 }
 
+#[async_trait]
+impl<B: VolumeMetadataBackend + ?Sized> VolumeMetadataBackend for std::sync::Arc<B> {
+    async fn update_volume_metadata(
+        &self,
+        update: &VolumeMetadataUpdate,
+    ) -> Result<(), BackendError> {
+        (**self).update_volume_metadata(update).await
+    }
+}
+
 /// One metadata update for one CNS volume (Go: `cnstypes.CnsVolumeMetadataUpdateSpec`).
 #[doc(alias = "CnsVolumeMetadataUpdateSpec")]
 #[derive(Clone, Debug, PartialEq, Eq)]

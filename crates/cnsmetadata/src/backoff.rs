@@ -75,10 +75,7 @@ impl PerObjectBackoff {
     }
 
     fn states(&self) -> MutexGuard<'_, HashMap<ObjectRef<CnsVolumeMetadata>, u64>> {
-        // The map holds plain numbers; a panic elsewhere cannot leave it inconsistent.
-        self.states
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::lock(&self.states)
     }
 
     /// Records a failure of `key` and returns how long to wait before retrying it.

@@ -190,7 +190,7 @@ impl ConfigError {
 /// name, with the same docs.
 macro_rules! options {
     ($($(#[$doc:meta])* $name:ident: $ty:ty => |$value:ident: $arg:ty| $set:expr;)*) => {
-        /// Options of [`run`](crate::run); every option has a documented default.
+        /// Options of [`MetadataController::run`](crate::MetadataController::run); every option has a documented default.
         ///
         /// Each option is a public field, read as `config.worker_threads`, and a builder
         /// method of the same name, `.worker_threads(n)`. The library never reads the
@@ -323,7 +323,7 @@ impl Config {
         Ok(config)
     }
 
-    /// Checks options that depend on each other. [`run`](crate::run) does not call it: as
+    /// Checks options that depend on each other. [`MetadataController::run`](crate::MetadataController::run) does not call it: as
     /// upstream, the reconciler runs with an empty ID, and only an object whose
     /// PERSISTENT_VOLUME references would get it fails (its reconcile returns
     /// [`ReconcileError::Config`](crate::ReconcileError::Config) with this error, with a

@@ -1,31 +1,18 @@
 //! `reconcile` and `error_policy` for `CnsVolumeMetadata` (Go: `ReconcileCnsVolumeMetadata`).
 
-use std::{
-    collections::HashMap,
-    fmt::Write as _,
-    sync::{Arc, Mutex, MutexGuard},
-    time::{Duration, SystemTime},
-};
+use std::{fmt::Write as _, sync::Arc, time::Duration};
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use kube_client::{Client, Resource, ResourceExt};
-use kube_controller_kit::{
-    error::chain,
-    events::{Event, EventType, EventWriter, Reporter},
-};
-use kube_runtime::{
-    controller::Action,
-    reflector::{ObjectRef, Store},
-};
+use kube_client::{Resource, ResourceExt};
+use kube_controller_kit::{error::chain, events::EventType};
+use kube_runtime::{controller::Action, reflector::ObjectRef};
 use tracing::{debug, info, warn};
 
 use crate::{
-    backend::VolumeMetadataBackend,
-    backoff::PerObjectBackoff,
-    config::Config,
-    record::{self, Edit, PUSHED_ANNOTATION, PushedEntry, Settle, later},
+    context::{Context, ReconcileError, describe},
+    plan::{self, Answers, Failed, Observed, Resolved, Target, VolumePlan},
+    record::{self, Edit, PUSHED_ANNOTATION, PushedEntry, Settle},
     resource::{CnsVolumeMetadata, EntityType, VolumeStatus},
-    sync::{Failed, Resolved, Target, best_effort_entries, push, targets},
+    sync::{best_effort_entries, push, targets},
     trigger::trigger_hash,
     validate::{InvalidSpec, validate},
     write::{Written, write, write_status},
@@ -33,211 +20,10 @@ use crate::{
 
 /// Finalizer the reconciler puts on every object (Go: `cnsoperatortypes.CNSFinalizer`).
 pub const FINALIZER: &str = "cns.vmware.com";
-/// Event reason of failures.
-pub const REASON_UPDATE_FAILED: &str = "UpdateFailed";
-/// Event reason of successful updates.
-pub const REASON_UPDATE_SUCCEEDED: &str = "UpdateSucceeded";
-/// `reportingController` of published events (Go's event source component).
-pub const REPORTING_CONTROLLER: &str = "cns.vmware.com";
 /// Retry delay of a deletion that found entries recorded while it ran.
 const RECORDED_MEANWHILE_RETRY: Duration = Duration::from_secs(1);
 /// Longest requeue of an object waiting for tombstones to settle; it checks again then.
 const MAX_SETTLE_WAIT: Duration = Duration::from_secs(3600);
-
-/// Why one reconcile of one object failed; [`error_policy`] schedules the retry.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ReconcileError {
-    /// The spec breaks validation rules.
-    #[error("cnsvolumemetadata {object} is invalid")]
-    InvalidSpec {
-        /// `namespace/name` of the object.
-        object: String,
-        /// Every broken rule.
-        #[source]
-        source: InvalidSpec,
-    },
-    /// Some CNS updates or removals failed; the status and the event say why.
-    #[error("{failed} of {total} volumes of cnsvolumemetadata {object} failed to update on cns")]
-    VolumesFailed {
-        /// `namespace/name` of the object.
-        object: String,
-        /// Updates or removals that failed.
-        failed: usize,
-        /// Updates or removals tried (plus volumes that could not be resolved).
-        total: usize,
-    },
-    /// The entity references of this object would get an empty cluster ID: the option
-    /// [`Config::validate`] names (`cluster_id`, or `supervisor_id` while TKGsHA is on) is
-    /// empty. Nothing is sent to CNS; retried with the object's backoff.
-    #[error("cnsvolumemetadata {object} cannot be pushed to cns")]
-    Config {
-        /// `namespace/name` of the object.
-        object: String,
-        /// The option that is empty.
-        #[source]
-        source: crate::config::ConfigError,
-    },
-    /// Writing the object (finalizer or status) failed.
-    #[error("failed to {action} of cnsvolumemetadata {object}")]
-    Write {
-        /// `namespace/name` of the object.
-        object: String,
-        /// What was written.
-        action: &'static str,
-        /// The API error.
-        #[source]
-        source: Box<kube_client::Error>,
-    },
-}
-
-/// Everything `reconcile` needs: API client, caches, backend, options, retry state.
-pub struct Context {
-    pub(crate) client: Client,
-    pub(crate) backend: Arc<dyn VolumeMetadataBackend>,
-    pub(crate) config: Config,
-    pub(crate) claims: Store<PersistentVolumeClaim>,
-    pub(crate) volumes: Store<PersistentVolume>,
-    events: EventWriter,
-    backoff: Arc<PerObjectBackoff>,
-    clock: Arc<dyn Fn() -> SystemTime + Send + Sync>,
-    /// Per object, the entries whose push from this replica got no answer, marked with
-    /// when it was sent; kept while such a push may still land (the record says so too,
-    /// unless its write failed).
-    unanswered: Mutex<HashMap<ObjectRef<CnsVolumeMetadata>, Vec<PushedEntry>>>,
-}
-
-impl Context {
-    /// A context reading supervisor claims and volumes from the given caches (fill them
-    /// with reflectors; [`run`](crate::run) does).
-    ///
-    /// Events are written in the background by kube-controller-kit's
-    /// [`EventWriter`](kube_controller_kit::events::EventWriter) (notes longer than the
-    /// 1024 bytes the API server accepts are cut and end in `...`); see
-    /// [`flush_events`](Self::flush_events).
-    ///
-    /// # Panics
-    /// Outside a Tokio runtime: the events writer task is spawned here.
-    #[must_use]
-    pub fn new(
-        client: Client,
-        backend: Arc<dyn VolumeMetadataBackend>,
-        config: Config,
-        claims: Store<PersistentVolumeClaim>,
-        volumes: Store<PersistentVolume>,
-    ) -> Self {
-        Self {
-            events: EventWriter::new(
-                client.clone(),
-                Reporter {
-                    controller: REPORTING_CONTROLLER.to_owned(),
-                    instance: config.reporting_instance.clone(),
-                },
-            ),
-            client,
-            backend,
-            config,
-            claims,
-            volumes,
-            backoff: Arc::default(),
-            clock: Arc::new(SystemTime::now),
-            unanswered: Mutex::default(),
-        }
-    }
-
-    /// Reads the time from `clock` instead of the system clock (`SystemTime::now`). The
-    /// record stores when entities were removed from CNS, to remove them once more after
-    /// the [settle period](Config::settle_period); tests and simulations pass a clock
-    /// that follows tokio's paused time, like `testing::tokio_clock` (feature `testing`).
-    #[must_use]
-    pub fn with_clock(mut self, clock: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
-        self.clock = Arc::new(clock);
-        self
-    }
-
-    pub(crate) fn now(&self) -> SystemTime {
-        (self.clock)()
-    }
-
-    fn unanswered_map(
-        &self,
-    ) -> MutexGuard<'_, HashMap<ObjectRef<CnsVolumeMetadata>, Vec<PushedEntry>>> {
-        // Every change below leaves the map consistent: a panic elsewhere cannot spoil it.
-        self.unanswered
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Drops the marks of pushes that can no longer land, of every object.
-    fn prune_unanswered(&self, map: &mut HashMap<ObjectRef<CnsVolumeMetadata>, Vec<PushedEntry>>) {
-        let (now, period) = (self.now(), self.config.settle_period());
-        for entries in map.values_mut() {
-            entries.retain(|e| matches!(e.landing(now, period), Settle::Wait(_)));
-        }
-        map.retain(|_, entries| !entries.is_empty());
-    }
-
-    /// Remembers `entry` (marked with the time its push was sent) of `object`.
-    fn remember_unanswered(&self, object: &ObjectRef<CnsVolumeMetadata>, entry: PushedEntry) {
-        let mut map = self.unanswered_map();
-        self.prune_unanswered(&mut map);
-        let entries = map.entry(object.clone()).or_default();
-        *entries = record::union(entries, &[entry]);
-    }
-
-    /// The entries of `object` whose push from this replica got no answer and may still
-    /// land.
-    fn remembered_unanswered(&self, object: &ObjectRef<CnsVolumeMetadata>) -> Vec<PushedEntry> {
-        let mut map = self.unanswered_map();
-        self.prune_unanswered(&mut map);
-        map.get(object).cloned().unwrap_or_default()
-    }
-
-    /// Forgets the pushes without answer of an object that is gone.
-    fn forget_unanswered(&self, object: &ObjectRef<CnsVolumeMetadata>) {
-        self.unanswered_map().remove(object);
-    }
-
-    /// Uses `backoff` (shared with the watch, which forgets deleted objects in it).
-    pub(crate) fn with_backoff(mut self, backoff: Arc<PerObjectBackoff>) -> Self {
-        self.backoff = backoff;
-        self
-    }
-
-    /// The retry delays per object.
-    #[must_use]
-    pub fn backoff(&self) -> &PerObjectBackoff {
-        &self.backoff
-    }
-
-    pub(crate) async fn publish(
-        &self,
-        object: &CnsVolumeMetadata,
-        type_: EventType,
-        action: &str,
-        note: String,
-    ) {
-        let reason = match type_ {
-            EventType::Normal => REASON_UPDATE_SUCCEEDED,
-            EventType::Warning => REASON_UPDATE_FAILED,
-        };
-        let event = Event {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(note),
-            action: action.to_owned(),
-            secondary: None,
-        };
-        self.events.publish(&event, &object.object_ref(&())).await;
-    }
-
-    /// Waits until every event published so far is written (or has failed), at most
-    /// `limit`. Events are written in the background; [`run`](crate::run) flushes them
-    /// when it stops, and a test that reads them after a [`reconcile`] flushes first.
-    pub async fn flush_events(&self, limit: Duration) {
-        self.events.flush(limit).await;
-    }
-}
 
 /// Reconciles one object: validate, add the finalizer, push metadata to CNS (or remove it
 /// when the object is being deleted, then drop the finalizer), and persist the per-volume
@@ -253,7 +39,7 @@ impl Context {
 /// unbound): only on CNS failing to remove a recorded entry.
 ///
 /// An entity removed because the spec changed stays in the record as a tombstone: after
-/// the [settle period](Config::settle_period) its removal is sent once more (a push
+/// the [settle period](crate::Config::settle_period) its removal is sent once more (a push
 /// that timed out, or that a replica which lost its lease sent, may land on CNS after the
 /// removal), then it leaves the record. The returned [`Action`] requeues the object for
 /// that; a deletion removes tombstoned entities again without waiting.
@@ -285,14 +71,6 @@ pub fn error_policy(
         .next_delay_in(&ObjectRef::from_obj(&*object), trigger_hash(&object));
     warn!(error = %chain(error), retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
-}
-
-pub(crate) fn describe(object: &CnsVolumeMetadata) -> String {
-    format!(
-        "{}/{}",
-        object.namespace().unwrap_or_default(),
-        object.name_any()
-    )
 }
 
 fn has_finalizer(object: &CnsVolumeMetadata) -> bool {
@@ -427,7 +205,7 @@ async fn apply_read(
             }
         }
     }
-    update(object, ctx, &recorded, &targets, &desired).await
+    update(object, ctx, &recorded, &targets).await
 }
 
 /// The record of `object`; an unreadable one is reported and read as none.
@@ -448,97 +226,47 @@ async fn recorded(object: &CnsVolumeMetadata, ctx: &Context) -> Option<Vec<Pushe
 
 /// Pushes the entity of a valid, finalized object to every volume it names, after
 /// removing what an earlier spec pushed and this one no longer describes (and, once their
-/// settle period passed, removing again the entities removed earlier).
+/// settle period passed, removing again the entities removed earlier): carries out the
+/// [`plan`](crate::plan::plan), then writes what its answers come to.
 async fn update(
     object: &CnsVolumeMetadata,
     ctx: &Context,
     recorded: &[PushedEntry],
     targets: &[Target],
-    desired: &[PushedEntry],
 ) -> Result<Action, ReconcileError> {
-    let spec = &object.spec;
-    let unresolved: Vec<&str> = targets
-        .iter()
-        .filter(|t| matches!(t.resolved, Resolved::Missing(_)))
-        .map(|t| t.volume_name.as_str())
-        .collect();
-    let wanted = |e: &PushedEntry| desired.iter().any(|d| d.key() == e.key());
-    // Live recorded entries that are neither pushed again now nor on a volume that cannot
-    // be resolved at the moment (its entry may still be right).
-    let stale: Vec<PushedEntry> = recorded
-        .iter()
-        .filter(|e| !e.is_tombstone() && !wanted(e))
-        .filter(|e| !(e.is_entity_of(spec) && unresolved.contains(&e.volume_name.as_str())))
-        .cloned()
-        .collect();
-    // Tombstones of entities pushed again now are revived by the intent below.
-    let settle = ctx.config.settle_period();
-    let now = ctx.now();
     let key = ObjectRef::from_obj(object);
     let remembered = ctx.remembered_unanswered(&key);
-    // An entry with the latest mark of a push without answer, of the record and this
-    // replica's memory.
-    let marked = |e: &PushedEntry| {
-        let mut entry = e.clone();
-        let recorded = recorded.iter().find(|r| r.key() == e.key());
-        let memory = remembered.iter().find(|r| r.key() == e.key());
-        entry.unanswered = later(
-            recorded.and_then(|r| r.unanswered.as_ref()),
-            memory.and_then(|r| r.unanswered.as_ref()),
+    let plan = plan::plan(&Observed {
+        spec: &object.spec,
+        recorded,
+        targets,
+        remembered: &remembered,
+        now: ctx.now(),
+        settle: ctx.config.settle_period(),
+    });
+    for (entry, why) in &plan.odd {
+        let note = format!(
+            "Removing entity {:?} from volume {:?} ({}) again now, as recorded in \
+             the annotation {PUSHED_ANNOTATION:?} of {:?}: {why}.",
+            entry.entity_name,
+            entry.volume_id,
+            entry.volume_name,
+            object.name_any()
         );
-        entry
-    };
-    let mut due = Vec::new();
-    let mut next_wake: Option<Duration> = None;
-    for entry in recorded.iter().filter(|e| e.is_tombstone() && !wanted(e)) {
-        // Removed again only once no push without answer can land anymore either.
-        let settled = match (
-            entry.settle(now, settle),
-            marked(entry).landing(now, settle),
-        ) {
-            (Settle::Due, Settle::Wait(left)) => Settle::Wait(left),
-            (settled, _) => settled,
-        };
-        match settled {
-            Settle::Due => due.push(entry.clone()),
-            Settle::Wait(left) => next_wake = Some(next_wake.map_or(left, |w| w.min(left))),
-            Settle::Odd(why) => {
-                let note = format!(
-                    "Removing entity {:?} from volume {:?} ({}) again now, as recorded in \
-                     the annotation {PUSHED_ANNOTATION:?} of {:?}: {why}.",
-                    entry.entity_name,
-                    entry.volume_id,
-                    entry.volume_name,
-                    object.name_any()
-                );
-                ctx.publish(object, EventType::Warning, "ReadRecord", note)
-                    .await;
-                due.push(entry.clone());
-            }
-        }
+        ctx.publish(object, EventType::Warning, "ReadRecord", note)
+            .await;
     }
     // Every push is recorded, marked as sent and not yet answered, before it goes out: a
     // replica that deletes the object meanwhile (the other one, without leader election,
     // or the next leader while this one, cut off from the API server, still sends) keeps
     // the finalizer until the push can no longer land, then removes the entity once more.
     // The status write below clears the mark of each push answered.
-    let sent = record::timestamp(now);
-    let sending: Vec<PushedEntry> = desired.iter().map(|e| e.unanswered_since(now)).collect();
-    // The mark each entry holds once recorded (the later of its earlier one and this).
-    let recorded_mark = |e: &PushedEntry| {
-        recorded
-            .iter()
-            .find(|r| r.key() == e.key())
-            .and_then(|r| r.unanswered.clone())
-    };
-    let written_mark = |e: &PushedEntry| later(recorded_mark(e).as_ref(), Some(&sent));
-    let intent = record::union(recorded, &sending);
     let written;
     let mut current = object;
-    if !record::same(&intent, recorded) {
+    if let Some(sending) = &plan.intent {
         let result = write(object, ctx, "record pushed entities", |o| {
             let fresh = record::read(o).ok().flatten().unwrap_or_default();
-            record::store(o, record::union(&fresh, &sending));
+            record::store(o, record::union(&fresh, sending));
         })
         .await?;
         match result {
@@ -555,97 +283,51 @@ async fn update(
     }
     // Stale entries go first: CNS may identify an entity by fewer fields than the record
     // does, and must not lose the one pushed next. The same holds for settled tombstones.
-    let mut edit = Edit::default();
-    let mut errors = String::new();
-    for entry in &stale {
-        match push(ctx, entry, true).await {
-            Ok(()) => edit.entomb.push(entry.clone()),
-            Err(Failed { message, .. }) => {
-                let _ = write!(
-                    errors,
-                    " stale entity {:?} on volume {:?} ({}): {message}.",
-                    entry.entity_name, entry.volume_id, entry.volume_name
-                );
+    let mut stale = Vec::with_capacity(plan.stale.len());
+    for entry in &plan.stale {
+        stale.push(push(ctx, entry, true).await);
+    }
+    let mut due = Vec::with_capacity(plan.due.len());
+    for entry in &plan.due {
+        let answer = push(ctx, entry, true).await;
+        if answer.is_ok() {
+            debug!(entity = %entry.entity_name, volume_id = %entry.volume_id, "removed again after settling");
+        }
+        due.push(answer);
+    }
+    let removed_at = ctx.now();
+    let mut pushes = Vec::with_capacity(plan.volumes.len());
+    for volume in &plan.volumes {
+        if let VolumePlan::Push(planned) = volume {
+            let entry = &planned.entry;
+            let answer = push(ctx, entry, false).await;
+            if let Err(Failed {
+                unanswered: Some(sent),
+                ..
+            }) = &answer
+            {
+                ctx.remember_unanswered(&key, entry.unanswered_since(*sent));
             }
+            pushes.push((answer, ctx.now()));
         }
     }
-    for entry in &due {
-        match push(ctx, entry, true).await {
-            Ok(()) => {
-                debug!(entity = %entry.entity_name, volume_id = %entry.volume_id, "removed again after settling");
-                edit.forget.push(entry.clone());
-            }
-            Err(Failed { message, .. }) => {
-                let _ = write!(
-                    errors,
-                    " entity {:?} removed earlier from volume {:?} ({}), removing it again: {message}.",
-                    entry.entity_name, entry.volume_id, entry.volume_name
-                );
-            }
-        }
-    }
-    if !edit.entomb.is_empty() {
-        // Counted from CNS's confirmation: any push that could still land was sent before.
-        edit.at = record::timestamp(ctx.now());
-        next_wake = Some(next_wake.map_or(settle, |w| w.min(settle)));
-    }
-    let mut status = Vec::with_capacity(targets.len());
-    for target in targets {
-        let volume = &target.volume_name;
-        status.push(match (&target.entry, &target.resolved) {
-            (Some(entry), _) => {
-                let pushed = push(ctx, entry, false).await;
-                let earlier = marked(entry);
-                // The mark of this push, as recorded before it was sent.
-                let answered = written_mark(entry).map(|mark| PushedEntry {
-                    unanswered: Some(mark),
-                    ..entry.clone()
-                });
-                match (&pushed, earlier.landing(ctx.now(), settle)) {
-                    (
-                        Err(Failed {
-                            unanswered: Some(sent),
-                            ..
-                        }),
-                        _,
-                    ) => {
-                        // No answer: the record keeps the mark (the later send time).
-                        let entry = entry.unanswered_since(*sent);
-                        ctx.remember_unanswered(&key, entry.clone());
-                        edit.mark.push(entry);
-                    }
-                    (_, Settle::Wait(left)) => {
-                        // An earlier push may still land, maybe with an older spec: this
-                        // one is sent again then. The record goes back to that push's mark.
-                        next_wake = Some(next_wake.map_or(left, |w| w.min(left)));
-                        edit.answered.extend(answered);
-                        edit.mark.push(earlier);
-                    }
-                    // Answered (done, or failed with an answer), and no earlier push can
-                    // land anymore: the mark goes.
-                    _ => edit.answered.extend(answered),
-                }
-                match pushed {
-                    Ok(()) => VolumeStatus::updated(volume),
-                    Err(Failed { message, .. }) => VolumeStatus::failed(volume, message),
-                }
-            }
-            (None, Resolved::Missing(message)) => VolumeStatus::failed(volume, message.clone()),
-            (None, _) => VolumeStatus::updated(volume),
-        });
-    }
-    let removals = stale.len() + due.len();
-    let failed = count_failed(&status) + removals - edit.entomb.len() - edit.forget.len();
-    if failed > 0 {
+    let outcome = plan.conclude(Answers {
+        stale,
+        due,
+        removed_at,
+        pushes,
+    });
+    if outcome.failed > 0 {
         let note = format!(
-            "Failed to update entry in CNS for instance {}. Requeueing request.{}{errors}",
+            "Failed to update entry in CNS for instance {}. Requeueing request.{}{}",
             what(object),
-            volume_errors(&status)
+            volume_errors(&outcome.status),
+            outcome.errors
         );
         ctx.publish(object, EventType::Warning, "UpdateVolumeMetadata", note)
             .await;
-        write_status(current, ctx, status, &edit).await?;
-        return Err(volumes_failed(object, failed, targets.len() + removals));
+        write_status(current, ctx, outcome.status, &outcome.edit).await?;
+        return Err(volumes_failed(object, outcome.failed, outcome.total));
     }
     let note = format!(
         "Successfully updated entry in CNS for instance {}.",
@@ -653,8 +335,8 @@ async fn update(
     );
     ctx.publish(object, EventType::Normal, "UpdateVolumeMetadata", note)
         .await;
-    write_status(current, ctx, status, &edit).await?;
-    Ok(match next_wake {
+    write_status(current, ctx, outcome.status, &outcome.edit).await?;
+    Ok(match outcome.wake {
         Some(wait) => {
             debug!(
                 ?wait,
@@ -856,10 +538,6 @@ fn volumes_failed(object: &CnsVolumeMetadata, failed: usize, total: usize) -> Re
     }
 }
 
-fn count_failed(status: &[VolumeStatus]) -> usize {
-    status.iter().filter(|s| !s.updated).count()
-}
-
 fn join_violations(invalid: &InvalidSpec) -> String {
     let messages: Vec<String> = invalid.violations.iter().map(ToString::to_string).collect();
     messages.join("; ")
@@ -887,6 +565,5 @@ mod tests {
             volume_errors(&status),
             " b: persistentvolumeclaims \"b\" not found."
         );
-        assert_eq!(count_failed(&status), 1);
     }
 }

@@ -1,26 +1,7 @@
-//! What the reconciler has pushed to CNS for one object, kept in an annotation of the object.
-//!
-//! Go only ever removes what the *current* spec describes, so an entity pushed under an older
-//! spec (another entity name, a volume no longer listed, a claim bound to another volume)
-//! stays on CNS forever, and an object whose spec became invalid cannot be cleaned up at all.
-//! The record lists every entity that may be on CNS because of the object, with the CNS
-//! volume ID it was sent to. It is written *before* the push (intent), so a crash between
-//! the push and the status write cannot lose an entry; entries leave the record only once
-//! CNS confirmed their removal.
-//!
-//! An update may still take effect on CNS after its call timed out, or after the replica
-//! that sent it lost its lease. So an entity that a spec edit removed stays in the record as
-//! a tombstone (the entry with the time of its removal, `removed`) for the settle period
-//! ([`Config::settle_period`]); then its removal is sent once more and the tombstone
-//! goes. Deleting the object removes tombstoned entries too. Records written before
-//! tombstones existed have no `removed` field and read as live entries; a version that
-//! knows no tombstones reads them as live entries (and removes them again).
-//!
-//! A push that got no answer (it timed out) marks its entry with the time it was sent
-//! (`unanswered`): until the settle period has passed since, that push may still land. A
-//! deletion keeps such an entry (and the finalizer) after removing it, and removes it once
-//! more when the period is over; a live entry is pushed once more then, in case the late
-//! push carried an older spec. Versions that know no marks ignore them.
+//! The record of what the reconciler may have pushed to CNS for one object, kept in the
+//! annotation [`PUSHED_ANNOTATION`]: live entries, tombstones (`removed`) and marks of
+//! pushes without answer (`unanswered`). Why it exists and how entries come and go:
+//! docs/architecture.md, "The CnsVolumeMetadata reconciler".
 
 use std::{
     collections::BTreeMap,

@@ -1,19 +1,7 @@
-//! Which supervisor claim and volume changes concern which claims (Go has no equivalent:
-//! its reconciler is only woken by its own objects and its retries).
-//!
-//! A name of `spec.volumenames` resolves through the claim's `spec.volumeName` to the PV,
-//! and through the PV's CSI driver and volume handle to the CNS volume
-//! ([`resolve`](crate::sync)). [`Related`] sees every event of the caches of claims and
-//! volumes (the reflectors [`run`](crate::run) fills anyway: no other watch, no API call)
-//! and returns the claims whose resolution may have changed: a claim that appears, binds,
-//! is re-bound or goes; a PV that appears, changes driver, handle or `claimRef`, or goes
-//! (it concerns the claim its `claimRef` names and every claim whose `spec.volumeName`
-//! names it). Events that change none of this (status, labels, resyncs, relists of what
-//! is known) concern no claim. [`Triggers`](crate::trigger) maps the claims to the
-//! objects that name them.
-//!
-//! Memory: one small entry per claim and per PV the caches hold, and one per claim naming
-//! a PV in an index by PV name; entries go with their objects.
+//! Which supervisor claim and volume events may change what a volume name resolves to
+//! ([`Related`]): a claim that appears, binds or goes; a PV that appears, changes driver,
+//! handle or `claimRef`, or goes. [`Triggers`](crate::trigger) maps those claims to the
+//! objects naming them. No Go equivalent: see docs/architecture.md.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -173,10 +161,7 @@ pub(crate) struct Related {
 
 impl Related {
     fn state(&self) -> MutexGuard<'_, State> {
-        // Plain maps: a panic elsewhere cannot leave them inconsistent.
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::lock(&self.state)
     }
 
     /// Records one event of the claims cache; the claims whose resolution may have changed.

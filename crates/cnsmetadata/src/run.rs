@@ -31,17 +31,18 @@ use crate::{
     backend::{ClusterFlavor, VolumeMetadataBackend},
     backoff::PerObjectBackoff,
     config::{Config, ConfigError},
-    reconciler::{Context, ReconcileError, error_policy, reconcile},
+    context::{Context, ReconcileError},
+    reconciler::{error_policy, reconcile},
     related::{ClaimKey, Related},
     resource::CnsVolumeMetadata,
     trigger::Triggers,
 };
 
-/// Why [`run`] stopped early.
+/// Why [`MetadataController::run`] stopped early.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The configuration cannot be used. Not returned by [`run`] any more: an empty
+    /// The configuration cannot be used. Not returned by [`MetadataController::run`]: an empty
     /// cluster ID fails the objects that need it ([`ReconcileError::Config`](crate::ReconcileError::Config)).
     #[error("invalid configuration")]
     Config(#[from] ConfigError),
@@ -178,195 +179,217 @@ async fn watch_objects(
         .await;
 }
 
-/// Runs the `CnsVolumeMetadata` reconciler until `shutdown` completes; the same as
-/// [`run_while_leading`] with a replica that always leads.
-///
-/// # Errors
-/// As [`run_while_leading`].
-#[doc(alias = "Add")]
-pub async fn run(
-    client: Client,
-    backend: Arc<dyn VolumeMetadataBackend>,
-    config: Config,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), Error> {
-    run_while_leading(client, backend, config, Leading::always(), shutdown).await
-}
-
-/// Runs the `CnsVolumeMetadata` reconciler until `shutdown` completes, reconciling only
-/// while `leading` says this replica is the leader: follow the election of another
-/// controller ([`Health::leading`](kube_controller_kit::http::Health::leading)) or of an
-/// elector of your own ([`LeaderElector::leading`](kube_controller_kit::leader::LeaderElector::leading)).
-///
-/// Does nothing and returns `Ok(())` at once unless the cluster flavor is
-/// [`ClusterFlavor::Workload`]. Otherwise it starts at once, leader or not, the caches of
-/// supervisor claims and volumes (managedFields dropped) and the watch of
-/// `CnsVolumeMetadata` objects of every namespace, so that a standby is warm. Once they are
-/// filled, each time `leading` turns to leading a term starts: the objects are
-/// listed again, every object is reconciled (the new leader catches up on whatever
-/// happened meanwhile), then each object again on its creation, a change of spec or finalizers, the start of its
-/// deletion, a change of a supervisor claim it names or of that claim's PV (the claim
-/// appears, binds or goes; the PV appears, changes driver, volume handle or `claimRef`,
-/// or goes: seen in the same caches, no extra watch), and its retries, with
-/// [`Config::worker_threads`] workers.
-///
-/// # Guarantees
-/// - A term reconciles nothing before a new list of the objects is complete (one LIST
-///   per term): a standby's watch may have been broken, and a reconcile of an object
-///   another leader deleted meanwhile would push its entity to CNS again, for good.
-/// - When `leading` turns to not leading, no new reconcile starts; the ones running finish, the
-///   retry delays are forgotten, and the replica waits to lead again.
-/// - A source of `leading` that is gone (the elector or health handle dropped) means "not
-///   leading" for good: the replica stays a warm standby until `shutdown` completes.
-/// - When `shutdown` completes, no new reconcile starts; the ones running finish, then
-///   `run_while_leading` returns `Ok(())` (after writing the events published so far, for
-///   at most 5 s). No task outlives the returned future.
-///
-/// # Errors
-/// [`Error::CacheStopped`] if a cache cannot be filled. A configuration whose PV
-/// references would get an empty ID ([`Config::validate`]) is no error here, as upstream
-/// keeps running with it: each object with PERSISTENT_VOLUME references fails its
-/// reconcile ([`ReconcileError::Config`](crate::ReconcileError::Config), a Warning event
-/// naming the option) until the ID or the feature state is right.
-///
-/// # Assumptions
-/// The `CnsVolumeMetadata` CRD is installed ([`crate::crd()`]); until it is, the watch
-/// is retried with backoff. The client may list and watch claims, volumes and
-/// `cnsvolumemetadatas`, update `cnsvolumemetadatas` and create events. Leadership is
-/// decided elsewhere (a Lease); a replica that lost it may still finish the reconciles
-/// it had started.
+/// The `CnsVolumeMetadata` reconciler (Go: `cnsvolumemetadata.Add`): build it with
+/// [`MetadataController::new`] and the builder methods, then [`run`](Self::run) it; `run`
+/// consumes the controller, so no option can be changed once it runs.
 ///
 /// # Example
 /// ```no_run
-/// # async fn doc(backend: std::sync::Arc<dyn cnsmetadata::VolumeMetadataBackend>) -> Result<(), Box<dyn std::error::Error>> {
+/// # async fn doc(backend: impl cnsmetadata::VolumeMetadataBackend) -> Result<(), Box<dyn std::error::Error>> {
+/// use cnsmetadata::{Config, MetadataController};
 /// use kube_controller_kit::leader::Leading;
 /// use tokio::sync::watch;
 ///
 /// let client = kube_client::Client::try_default().await?;
-/// let config = cnsmetadata::Config::default().cluster_id("domain-c8");
 /// // Whoever elects owns the sender: `send(true)` on acquiring the lease, `send(false)`
 /// // on losing it. (With a kube-controller-kit elector or health handle, pass its
 /// // `leading()` instead.)
 /// let (elected, follower) = watch::channel(false);
-/// let leading = Leading::from(follower);
+/// let controller = MetadataController::new(client, backend)
+///     .config(Config::default().cluster_id("domain-c8"))
+///     .leading(Leading::from(follower));
 /// // SIGTERM (the kubelet's) or SIGINT (Ctrl-C) starts the graceful stop.
 /// let signal = kube_controller_kit::signal::shutdown_signal()?;
-/// let shutdown = async move {
+/// let reconciler = tokio::spawn(controller.run(async move {
 ///     signal.await;
-/// };
-/// let reconciler = tokio::spawn(cnsmetadata::run_while_leading(
-///     client, backend, config, leading, shutdown,
-/// ));
+/// }));
 /// elected.send(true)?;
 /// reconciler.await??;
 /// # Ok(())
 /// # }
 /// ```
-pub async fn run_while_leading(
+#[doc(alias = "Add")]
+pub struct MetadataController {
     client: Client,
     backend: Arc<dyn VolumeMetadataBackend>,
     config: Config,
     leading: Leading,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), Error> {
-    serve(
-        client,
-        backend,
-        config,
-        leading,
-        shutdown,
-        Arc::default(),
-        Arc::default(),
-    )
-    .await
-}
-
-/// [`run_while_leading`] with the per-object state given (tests look into it).
-pub(crate) async fn serve(
-    client: Client,
-    backend: Arc<dyn VolumeMetadataBackend>,
-    config: Config,
-    leading: Leading,
-    shutdown: impl Future<Output = ()> + Send + 'static,
+    /// Per-object state, given by tests that look into it.
     triggers: Arc<Triggers>,
     backoff: Arc<PerObjectBackoff>,
-) -> Result<(), Error> {
-    // No `config.validate()` here: as upstream, an empty cluster ID does not stop the
-    // reconciler (the TKGsHA state that picks the ID may change while it runs); an object
-    // whose PV references would get an empty ID fails alone (`ReconcileError::Config`).
-    let flavor = config.cluster_flavor;
-    if flavor != ClusterFlavor::Workload {
-        info!(%flavor, "not a supervisor (WORKLOAD) cluster; CnsVolumeMetadata reconciler not started");
-        return Ok(());
-    }
-    let shutdown = shutdown.boxed().shared();
-    let workers = config.worker_threads.get();
+}
 
-    let (claims, claims_writer) = reflector::store();
-    let (volumes, volumes_writer) = reflector::store();
-    let (objects, objects_writer) = reflector::store();
-    let related = Arc::new(Related::default());
-    let related_volumes = related.clone();
-    let (relist, relist_asked) = watch::channel(0);
-    let (listed_sender, listed) = watch::channel(0);
-    let relists = Relists { relist, listed };
-    let watches = future::join3(
-        fill_cache(
-            Api::<PersistentVolumeClaim>::all(client.clone()),
-            claims_writer,
-            "claims",
-            triggers.clone(),
-            move |event| related.observe_claim(event),
-        ),
-        fill_cache(
-            Api::<PersistentVolume>::all(client.clone()),
-            volumes_writer,
-            "volumes",
-            triggers.clone(),
-            move |event| related_volumes.observe_volume(event),
-        ),
-        watch_objects(
-            client.clone(),
-            objects_writer,
-            triggers.clone(),
-            backoff.clone(),
-            relist_asked,
-            listed_sender,
-        ),
-    );
-    let ctx = Arc::new(
-        Context::new(client, backend, config, claims.clone(), volumes.clone())
-            .with_backoff(backoff),
-    );
-    let terms = async move {
-        let ready = future::try_join3(
-            claims.wait_until_ready(),
-            volumes.wait_until_ready(),
-            objects.wait_until_ready(),
-        );
-        tokio::select! {
-            ready = ready => ready.map_err(|_| Error::CacheStopped("claims, volumes or objects"))?,
-            () = shutdown.clone() => return Ok(()),
-        };
-        info!(workers, "caches filled");
-        lead(
-            ctx.clone(),
-            objects,
-            triggers,
-            relists,
-            workers,
+impl MetadataController {
+    /// A reconciler pushing to `backend`, with the default [`Config`], that always leads.
+    #[must_use]
+    pub fn new(client: Client, backend: impl VolumeMetadataBackend) -> Self {
+        Self {
+            client,
+            backend: Arc::new(backend),
+            config: Config::default(),
+            leading: Leading::always(),
+            triggers: Arc::default(),
+            backoff: Arc::default(),
+        }
+    }
+
+    /// Replaces the configuration.
+    #[doc(alias = "with_config")]
+    #[must_use]
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Reconciles only while `leading` says this replica is the leader: follow the
+    /// election of another controller ([`Health::leading`](kube_controller_kit::http::Health::leading))
+    /// or of an elector of your own ([`LeaderElector::leading`](kube_controller_kit::leader::LeaderElector::leading)).
+    /// Default [`Leading::always`]: a single replica.
+    #[must_use]
+    pub fn leading(mut self, leading: Leading) -> Self {
+        self.leading = leading;
+        self
+    }
+
+    /// Uses the given per-object state (tests look into it).
+    #[cfg(test)]
+    pub(crate) fn state(mut self, triggers: Arc<Triggers>, backoff: Arc<PerObjectBackoff>) -> Self {
+        self.triggers = triggers;
+        self.backoff = backoff;
+        self
+    }
+
+    /// Runs the reconciler until `shutdown` completes.
+    ///
+    /// Does nothing and returns `Ok(())` at once unless the cluster flavor is
+    /// [`ClusterFlavor::Workload`]. Otherwise it starts at once, leader or not, the caches
+    /// of supervisor claims and volumes (managedFields dropped) and the watch of
+    /// `CnsVolumeMetadata` objects of every namespace, so that a standby is warm. Once
+    /// they are filled, each time the replica turns to leading ([`leading`](Self::leading))
+    /// a term starts: the objects are listed again, every object is reconciled (the new
+    /// leader catches up on whatever happened meanwhile), then each object again on its
+    /// creation, a change of spec or finalizers, the start of its deletion, a change of a
+    /// supervisor claim it names or of that claim's PV (the claim appears, binds or goes;
+    /// the PV appears, changes driver, volume handle or `claimRef`, or goes: seen in the
+    /// same caches, no extra watch), and its retries, with [`Config::worker_threads`]
+    /// workers.
+    ///
+    /// # Guarantees
+    /// - A term reconciles nothing before a new list of the objects is complete (one LIST
+    ///   per term): a standby's watch may have been broken, and a reconcile of an object
+    ///   another leader deleted meanwhile would push its entity to CNS again, for good.
+    /// - When the replica stops leading, no new reconcile starts; the ones running
+    ///   finish, the retry delays are forgotten, and the replica waits to lead again.
+    /// - A source of leadership that is gone (the elector or health handle dropped) means
+    ///   "not leading" for good: the replica stays a warm standby until `shutdown`
+    ///   completes.
+    /// - When `shutdown` completes, no new reconcile starts; the ones running finish, then
+    ///   `run` returns `Ok(())` (after writing the events published so far, for at most
+    ///   5 s). No task outlives the returned future.
+    ///
+    /// # Errors
+    /// [`Error::CacheStopped`] if a cache cannot be filled. A configuration whose PV
+    /// references would get an empty ID ([`Config::validate`]) is no error here, as
+    /// upstream keeps running with it: each object with PERSISTENT_VOLUME references fails
+    /// its reconcile ([`ReconcileError::Config`](crate::ReconcileError::Config), a Warning
+    /// event naming the option) until the ID or the feature state is right.
+    ///
+    /// # Assumptions
+    /// The `CnsVolumeMetadata` CRD is installed ([`crate::crd()`]); until it is, the watch
+    /// is retried with backoff. The client may list and watch claims, volumes and
+    /// `cnsvolumemetadatas`, update `cnsvolumemetadatas` and create events. Leadership is
+    /// decided elsewhere (a Lease); a replica that lost it may still finish the reconciles
+    /// it had started.
+    #[doc(alias = "Run")]
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), Error> {
+        let Self {
+            client,
+            backend,
+            config,
             leading,
-            shutdown,
-        )
-        .await;
-        ctx.flush_events(EVENTS_FLUSH_LIMIT).await;
-        info!("CnsVolumeMetadata reconciler stopped");
-        Ok(())
-    };
-    futures::pin_mut!(terms, watches);
-    match future::select(terms, watches).await {
-        future::Either::Left((result, _)) => result,
-        future::Either::Right(_) => Err(Error::CacheStopped("claims, volumes or objects")),
+            triggers,
+            backoff,
+        } = self;
+        // No `config.validate()` here: as upstream, an empty cluster ID does not stop the
+        // reconciler (the TKGsHA state that picks the ID may change while it runs); an object
+        // whose PV references would get an empty ID fails alone (`ReconcileError::Config`).
+        let flavor = config.cluster_flavor;
+        if flavor != ClusterFlavor::Workload {
+            info!(%flavor, "not a supervisor (WORKLOAD) cluster; CnsVolumeMetadata reconciler not started");
+            return Ok(());
+        }
+        let shutdown = shutdown.boxed().shared();
+        let workers = config.worker_threads.get();
+
+        let (claims, claims_writer) = reflector::store();
+        let (volumes, volumes_writer) = reflector::store();
+        let (objects, objects_writer) = reflector::store();
+        let related = Arc::new(Related::default());
+        let related_volumes = related.clone();
+        let (relist, relist_asked) = watch::channel(0);
+        let (listed_sender, listed) = watch::channel(0);
+        let relists = Relists { relist, listed };
+        let watches = future::join3(
+            fill_cache(
+                Api::<PersistentVolumeClaim>::all(client.clone()),
+                claims_writer,
+                "claims",
+                triggers.clone(),
+                move |event| related.observe_claim(event),
+            ),
+            fill_cache(
+                Api::<PersistentVolume>::all(client.clone()),
+                volumes_writer,
+                "volumes",
+                triggers.clone(),
+                move |event| related_volumes.observe_volume(event),
+            ),
+            watch_objects(
+                client.clone(),
+                objects_writer,
+                triggers.clone(),
+                backoff.clone(),
+                relist_asked,
+                listed_sender,
+            ),
+        );
+        let ctx = Arc::new(
+            Context::new(client, backend, config, claims.clone(), volumes.clone())
+                .with_backoff(backoff),
+        );
+        let terms = async move {
+            let ready = future::try_join3(
+                claims.wait_until_ready(),
+                volumes.wait_until_ready(),
+                objects.wait_until_ready(),
+            );
+            tokio::select! {
+                ready = ready => ready.map_err(|_| Error::CacheStopped("claims, volumes or objects"))?,
+                () = shutdown.clone() => return Ok(()),
+            };
+            info!(workers, "caches filled");
+            lead(
+                ctx.clone(),
+                objects,
+                triggers,
+                relists,
+                workers,
+                leading,
+                shutdown,
+            )
+            .await;
+            ctx.flush_events(EVENTS_FLUSH_LIMIT).await;
+            info!("CnsVolumeMetadata reconciler stopped");
+            Ok(())
+        };
+        futures::pin_mut!(terms, watches);
+        match future::select(terms, watches).await {
+            future::Either::Left((result, _)) => result,
+            future::Either::Right(_) => Err(Error::CacheStopped("claims, volumes or objects")),
+        }
     }
 }
 
@@ -502,23 +525,15 @@ mod tests {
         t
     }
 
-    /// Compile-only: the futures `run` and `run_while_leading` return can be spawned.
+    /// Compile-only: the future `run` returns can be spawned.
     #[allow(dead_code)]
-    fn run_futures_are_send(client: Client, backend: Arc<dyn VolumeMetadataBackend>) {
-        drop(assert_send(run(
-            client.clone(),
-            backend.clone(),
-            Config::default(),
-            future::pending(),
-        )));
+    fn run_future_is_send(client: Client, backend: Arc<dyn VolumeMetadataBackend>) {
         let (_leader, leading) = watch::channel(false);
-        drop(assert_send(run_while_leading(
-            client,
-            backend,
-            Config::default(),
-            leading.into(),
-            future::pending(),
-        )));
+        drop(assert_send(
+            MetadataController::new(client, backend)
+                .leading(leading.into())
+                .run(future::pending()),
+        ));
     }
 
     #[tokio::test]
@@ -593,17 +608,15 @@ mod tests {
         let triggers = Arc::new(Triggers::default());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (leader, leading) = watch::channel(true);
-        let running = tokio::spawn(serve(
-            client.clone(),
-            Arc::new(backend.clone()),
-            Config::default().cluster_id("cluster-7"),
-            leading.into(),
-            async move {
-                let _ = stopped.await;
-            },
-            triggers.clone(),
-            backoff.clone(),
-        ));
+        let running = tokio::spawn(
+            MetadataController::new(client.clone(), Arc::new(backend.clone()))
+                .config(Config::default().cluster_id("cluster-7"))
+                .leading(leading.into())
+                .state(triggers.clone(), backoff.clone())
+                .run(async move {
+                    let _ = stopped.await;
+                }),
+        );
         let objects: Api<CnsVolumeMetadata> = Api::namespaced(client.clone(), "tenant");
         let mut object = CnsVolumeMetadata::new("gc-1-data", pvc_spec());
         object.metadata.namespace = Some("tenant".into());
@@ -749,17 +762,15 @@ mod tests {
         let triggers = Arc::new(Triggers::default());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (leader, leading) = watch::channel(true);
-        let running = tokio::spawn(serve(
-            client.clone(),
-            Arc::new(backend.clone()),
-            Config::default().cluster_id("cluster-7"),
-            leading.into(),
-            async move {
-                let _ = stopped.await;
-            },
-            triggers.clone(),
-            Arc::default(),
-        ));
+        let running = tokio::spawn(
+            MetadataController::new(client.clone(), Arc::new(backend.clone()))
+                .config(Config::default().cluster_id("cluster-7"))
+                .leading(leading.into())
+                .state(triggers.clone(), Arc::default())
+                .run(async move {
+                    let _ = stopped.await;
+                }),
+        );
         let objects: Api<CnsVolumeMetadata> = Api::namespaced(client.clone(), "tenant");
         let object = |name: &str, claim: &str| {
             let mut spec = pvc_spec();
@@ -869,17 +880,15 @@ mod tests {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (_leader, leading) = watch::channel(true);
         let config = Config::default().cluster_id("cluster-7");
-        let running = tokio::spawn(serve(
-            client.clone(),
-            Arc::new(backend.clone()),
-            config,
-            leading.into(),
-            async move {
-                let _ = stopped.await;
-            },
-            triggers.clone(),
-            backoff.clone(),
-        ));
+        let running = tokio::spawn(
+            MetadataController::new(client.clone(), Arc::new(backend.clone()))
+                .config(config)
+                .leading(leading.into())
+                .state(triggers.clone(), backoff.clone())
+                .run(async move {
+                    let _ = stopped.await;
+                }),
+        );
 
         // Valid objects are pushed; invalid ones and ones whose claim is missing fail and
         // get a retry delay.

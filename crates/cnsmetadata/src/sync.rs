@@ -1,29 +1,16 @@
 //! Reads from the caches which CNS volume is behind a volume name, and sends one update.
 
-use std::time::SystemTime;
-
 use kube_client::ResourceExt;
 use kube_controller_kit::error::chain;
 use kube_runtime::reflector::ObjectRef;
 use tracing::{debug, info, warn};
 
 use crate::{
-    plan::referred_entities,
-    reconciler::Context,
+    context::Context,
+    plan::{Failed, Resolved, Target, referred_entities},
     record::PushedEntry,
     resource::{CnsVolumeMetadata, EntityType},
 };
-
-/// What a name of `spec.volumenames` stands for right now.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Resolved {
-    /// The CNS volume ID (the CSI volume handle of the bound supervisor PV).
-    Volume(String),
-    /// A volume of another CSI driver: nothing goes to CNS.
-    OtherDriver,
-    /// No CNS volume can be found: the claim or its PV is missing, or the claim is unbound.
-    Missing(String),
-}
 
 /// Resolves the supervisor claim `volume` of `namespace` through the caches.
 pub(crate) fn resolve(ctx: &Context, namespace: &str, volume: &str) -> Resolved {
@@ -55,13 +42,6 @@ pub(crate) fn resolve(ctx: &Context, namespace: &str, volume: &str) -> Resolved 
             Resolved::OtherDriver
         }
     }
-}
-
-/// One volume name of the spec, resolved, with the entry to push when there is one.
-pub(crate) struct Target {
-    pub(crate) volume_name: String,
-    pub(crate) resolved: Resolved,
-    pub(crate) entry: Option<PushedEntry>,
 }
 
 /// Resolves every volume name of a valid spec, pairing it with its reference.
@@ -114,16 +94,6 @@ pub(crate) fn best_effort_entries(object: &CnsVolumeMetadata, ctx: &Context) -> 
             _ => None,
         })
         .collect()
-}
-
-/// Why a push failed.
-#[derive(Debug)]
-pub(crate) struct Failed {
-    /// The message to put in the volume's status.
-    pub(crate) message: String,
-    /// When the push was sent, if it got no answer (it timed out): CNS may still carry it
-    /// out. `None` when CNS answered.
-    pub(crate) unanswered: Option<SystemTime>,
 }
 
 /// Adds (or, with `delete`, removes) `entry` on CNS within the backend timeout. While

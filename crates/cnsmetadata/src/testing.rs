@@ -121,10 +121,7 @@ impl InMemoryBackend {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        // A test that panicked while holding the lock has already failed; keep going.
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::lock(&self.state)
     }
 
     /// Fails the next `n` calls (after volume-specific failures) with `failure`.

@@ -1,16 +1,6 @@
 //! Which watch events reconcile an object, across leadership terms (Go: the controller's
-//! predicate `Funcs`).
-//!
-//! The watch of `CnsVolumeMetadata` objects runs for the whole life of the reconciler,
-//! leader or not, so a standby is warm. [`Triggers`] sees every event, remembers per object
-//! what reconciles it (and forgets deleted objects at once, unlike kube's
-//! `predicate_filter`, which keeps entries for an hour), and hands the objects to reconcile
-//! to the controller of the current leadership term, if there is one.
-//!
-//! It also keeps an index from each supervisor claim to the objects whose
-//! `spec.volumenames` name it (one entry per name, gone with the object), so that a claim
-//! or PV change that [`Related`](crate::related::Related) reports reconciles the objects
-//! using the claim at once, instead of after their retry delay.
+//! predicate `Funcs`): [`Triggers`] remembers per object what reconciles it, indexes
+//! claims to the objects naming them, and hands objects to the current term's controller.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -114,10 +104,7 @@ pub(crate) struct Triggers {
 
 impl Triggers {
     fn state(&self) -> MutexGuard<'_, State> {
-        // Plain maps: a panic elsewhere cannot leave them inconsistent.
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::lock(&self.state)
     }
 
     /// Starts a term: the objects to reconcile from now on go to the returned queues.

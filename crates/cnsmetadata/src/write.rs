@@ -6,7 +6,7 @@ use kube_controller_kit::{error::chain, events::EventType};
 use tracing::debug;
 
 use crate::{
-    reconciler::{Context, ReconcileError, describe},
+    context::{Context, ReconcileError, describe},
     record::{self, Edit},
     resource::{CnsVolumeMetadata, VolumeStatus},
 };

@@ -13,8 +13,8 @@ use std::{
 
 use cnsmetadata::{
     ClusterFlavor, ClusterType, ContainerCluster, EntityMetadata, EntityReference, EntityType,
-    FINALIZER, REASON_UPDATE_FAILED, REASON_UPDATE_SUCCEEDED, VolumeMetadataUpdate, VolumeStatus,
-    run, run_while_leading,
+    FINALIZER, MetadataController, REASON_UPDATE_FAILED, REASON_UPDATE_SUCCEEDED,
+    VolumeMetadataUpdate, VolumeStatus,
     testing::{pod_spec, pv_spec, pvc_spec},
 };
 use kube_client::Api;
@@ -31,7 +31,7 @@ fn container_cluster(distribution: &str) -> ContainerCluster {
     }
 }
 
-/// Starts `run` in a task owned by the test; returns the shutdown trigger and the handle.
+/// Starts the reconciler in a task owned by the test; returns the shutdown trigger and the handle.
 fn start(
     h: &Harness,
     config: cnsmetadata::Config,
@@ -43,12 +43,11 @@ fn start(
     let shutdown = async move {
         let _ = stopped.await;
     };
-    let handle = tokio::spawn(run(
-        h.client.clone(),
-        Arc::new(h.backend.clone()),
-        config,
-        shutdown,
-    ));
+    let handle = tokio::spawn(
+        MetadataController::new(h.client.clone(), h.backend.clone())
+            .config(config)
+            .run(shutdown),
+    );
     (stop, handle)
 }
 
@@ -240,11 +239,12 @@ async fn other_flavors_start_nothing() {
     h.sim.clear_requests();
     for flavor in [ClusterFlavor::GuestCluster, ClusterFlavor::Vanilla] {
         let config = config().cluster_flavor(flavor);
-        let backend = Arc::new(h.backend.clone());
         let never = futures::future::pending::<()>();
         let result = tokio::time::timeout(
             Duration::from_secs(5),
-            run(h.client.clone(), backend, config, never),
+            MetadataController::new(h.client.clone(), h.backend.clone())
+                .config(config)
+                .run(never),
         )
         .await;
         assert!(matches!(result, Ok(Ok(()))), "{flavor}: {result:?}");
@@ -300,7 +300,7 @@ async fn an_empty_cluster_id_fails_only_its_objects_until_tkgs_ha_is_switched_on
     stop(trigger, handle).await;
 }
 
-/// Starts `run_while_leading` with `backend`; returns the leadership sender, the shutdown
+/// Starts a standby reconciler (not leading) with `backend`; returns the leadership sender, the shutdown
 /// trigger and the handle.
 fn start_standby(
     h: &Harness,
@@ -312,15 +312,14 @@ fn start_standby(
 ) {
     let (elected, leading) = watch::channel(false);
     let (stop, stopped) = oneshot::channel::<()>();
-    let handle = tokio::spawn(run_while_leading(
-        h.client.clone(),
-        backend,
-        config(),
-        leading.into(),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let handle = tokio::spawn(
+        MetadataController::new(h.client.clone(), backend)
+            .config(config())
+            .leading(leading.into())
+            .run(async move {
+                let _ = stopped.await;
+            }),
+    );
     (elected, stop, handle)
 }
 

@@ -2,7 +2,6 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow};
@@ -249,7 +248,7 @@ pub fn start_controllers(
 }
 
 /// The reconciler's task: its configuration, then (on a supervisor) the CRD and the
-/// feature states, then [`cnsmetadata::run_while_leading`].
+/// feature states, then [`cnsmetadata::MetadataController::run`].
 async fn run_reconciler(
     kube: Client,
     backend: CnsMetadataBackend,
@@ -262,7 +261,10 @@ async fn run_reconciler(
     let config =
         config.context("the CnsVolumeMetadata reconciler cannot start; the provisioner runs on")?;
     if config.cluster_flavor != cnsmetadata::ClusterFlavor::Workload {
-        return cnsmetadata::run_while_leading(kube, Arc::new(backend), config, leading, shutdown)
+        return cnsmetadata::MetadataController::new(kube, backend)
+            .config(config)
+            .leading(leading)
+            .run(shutdown)
             .await
             .context("CnsVolumeMetadata reconciler failed");
     }
@@ -274,8 +276,10 @@ async fn run_reconciler(
     let (tkgs_ha, state) = watch::channel(false);
     let config = config.use_supervisor_id_for_pv(cnsmetadata::FeatureState::follow(state));
     let states = watch_feature_states(kube.clone(), feature_states, tkgs_ha);
-    let reconciler =
-        cnsmetadata::run_while_leading(kube, Arc::new(backend), config, leading, shutdown);
+    let reconciler = cnsmetadata::MetadataController::new(kube, backend)
+        .config(config)
+        .leading(leading)
+        .run(shutdown);
     tokio::select! {
         result = reconciler => result.context("CnsVolumeMetadata reconciler failed"),
         () = states => Ok(()),

@@ -15,7 +15,7 @@ pub use provision_controller::rbac::{
     JOURNAL_PERMISSIONS, LEADER_ELECTION_PERMISSIONS, Names, Permission,
 };
 
-/// What the `CnsVolumeMetadata` reconciler ([`cnsmetadata::run_while_leading`]) calls,
+/// What the `CnsVolumeMetadata` reconciler ([`cnsmetadata::MetadataController`]) calls,
 /// cluster-wide:
 ///
 /// - claims and volumes: `list`/`watch` only (its caches; it never writes them);
