@@ -208,7 +208,7 @@ pub async fn run_demo(
     } else {
         "no lease (leader election off)".to_owned()
     };
-    let logout = crate::run::logout(&cns_client).await;
+    let logout = crate::app::logout(&cns_client).await;
     demo.line(&format!("stopped: {lease}, {logout}"))?;
     demo.out.flush()?;
     let volumes_left = cns.volumes().len();
