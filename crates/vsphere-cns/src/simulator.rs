@@ -18,7 +18,8 @@
 //! ```no_run
 //! # async fn doc() -> Result<(), Box<dyn std::error::Error>> {
 //! use vsphere_cns::simulator::{CnsSimulator, SimFault};
-//! use vsphere_cns::{CnsClient, QueryFilter};
+//! use vsphere_cns::CnsClient;
+//! use vsphere_cns::wire::QueryFilter;
 //!
 //! let sim = CnsSimulator::start().await?;
 //! let client = CnsClient::connect(&sim.vc_config()).await?;
@@ -43,9 +44,9 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::connection::VcConfig;
+use crate::connection::VirtualCenterConfig;
 use crate::tls::{Thumbprint, TlsMode};
-use crate::types::{ClusterFlavor, CnsVolumeId, ContainerCluster, MoRef, VolumeMetadata};
+use crate::wire::{ClusterFlavor, CnsVolumeId, ContainerCluster, MoRef, VolumeMetadata};
 
 /// The user name the simulator accepts by default.
 pub const DEFAULT_USER: &str = "cnsuser";
@@ -403,13 +404,13 @@ impl CnsSimulator {
     /// Connection settings for this simulator: its address, its user and password, short
     /// task polls, and [`TlsMode::PlainHttp`], or with [`Builder::https`] the pinned
     /// [`CnsSimulator::thumbprint`].
-    pub fn vc_config(&self) -> VcConfig {
+    pub fn vc_config(&self) -> VirtualCenterConfig {
         let tls = if self.https {
             TlsMode::Thumbprint(self.thumbprint())
         } else {
             TlsMode::PlainHttp
         };
-        VcConfig::new(
+        VirtualCenterConfig::new(
             self.addr.ip().to_string(),
             self.shared.user.clone(),
             self.shared.password.clone(),

@@ -7,7 +7,7 @@
 //!
 //! # Memory
 //! The tree is kept small because a response may be large (up to the client's
-//! [`VcConfig::max_response_bytes`](crate::VcConfig::max_response_bytes)): namespace URIs are
+//! [`VirtualCenterConfig::max_response_bytes`](crate::VirtualCenterConfig::max_response_bytes)): namespace URIs are
 //! shared between the elements that use them (one allocation per distinct URI, not one per
 //! element), the whitespace between child elements is dropped, and child lists carry no
 //! spare capacity. Callers move parts out of the tree ([`Element::take_child`]) instead of

@@ -417,7 +417,7 @@ pub async fn connect_real(
             vsphere_config.display()
         )
     })?;
-    let cns = CnsClient::connect(&vc.vc_config())
+    let cns = CnsClient::connect(vc)
         .await
         .with_context(|| format!("cannot log in to vCenter {}", vc.host))?;
     // The provisioner needs the flavor: a bad CLUSTER_FLAVOR stops the process. Any other

@@ -106,7 +106,7 @@ impl Demo<'_> {
             .filter(|v| v.id.as_str() == volume_id)
             .flat_map(|v| &v.metadata.entity_metadata)
             .any(|e| {
-                e.entity_type == vsphere_cns::EntityType::PersistentVolumeClaim
+                e.entity_type == vsphere_cns::wire::EntityType::PersistentVolumeClaim
                     && e.entity_name == claim
                     && e.cluster_id.as_deref() == Some(GUEST_CLUSTER)
             })

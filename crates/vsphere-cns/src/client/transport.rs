@@ -6,7 +6,7 @@ use reqwest::header::{CONTENT_TYPE, COOKIE, LOCATION, SET_COOKIE};
 use tracing::{debug, warn};
 
 use super::{Endpoint, Inner, SESSION_COOKIE};
-use crate::connection::VcConfig;
+use crate::connection::VirtualCenterConfig;
 use crate::error::{Error, Result};
 use crate::soap::{decode, encode};
 use crate::xml::Element;
@@ -29,7 +29,7 @@ pub(super) struct Exchange {
 /// [`Error::Transport`] with a source that does not repeat the URL.
 pub(super) async fn exchange(
     request: reqwest::RequestBuilder,
-    config: &VcConfig,
+    config: &VirtualCenterConfig,
     operation: &'static str,
     url: &str,
 ) -> Result<Exchange> {
@@ -95,7 +95,7 @@ fn location_host(response: &reqwest::Response) -> Option<String> {
 
 pub(super) async fn fetch_version(
     http: &reqwest::Client,
-    config: &VcConfig,
+    config: &VirtualCenterConfig,
     base: &str,
     file: &str,
     namespace: &str,
