@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use kube_controller_kit::backoff::{ItemExponentialLimiter, RateLimiter as _};
 use tracing::{debug, instrument, warn};
 
 use crate::connection::VirtualCenterConfig;
@@ -295,7 +296,9 @@ impl CnsClient {
 
     /// Polls `RetrievePropertiesEx(Task.info)` until the task succeeds or fails.
     async fn wait_for_task(&self, operation: &'static str, task: &MoRef) -> Result<TaskInfo> {
-        let mut pause = self.inner.config.task_poll_interval;
+        let first = self.inner.config.task_poll_interval;
+        // Doubling up to 2 s (a longer first pause stays as it is).
+        let pauses = ItemExponentialLimiter::new(first, MAX_POLL_INTERVAL.max(first));
         let body = encode::retrieve_task_info(&self.inner.content.property_collector, task);
         loop {
             let response = self
@@ -306,8 +309,7 @@ impl CnsClient {
             if matches!(info.state, TaskState::Success | TaskState::Error) {
                 return Ok(info);
             }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(MAX_POLL_INTERVAL);
+            tokio::time::sleep(pauses.when(operation)).await;
         }
     }
 }

@@ -28,7 +28,8 @@ pub struct VirtualCenterConfig {
     pub timeout: Duration,
     /// Limit for waiting on a task (create, delete, update). Default 5 min.
     pub task_timeout: Duration,
-    /// First pause between task polls; it doubles up to 2 s. Default 200 ms.
+    /// First pause between task polls; it doubles up to 2 s (a longer one stays as it is).
+    /// Default 200 ms.
     pub task_poll_interval: Duration,
     /// `datacenters` of `csi-vsphere.conf`, split at commas (the client does not use them).
     pub datacenters: Vec<String>,

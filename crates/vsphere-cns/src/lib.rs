@@ -29,3 +29,11 @@ pub use secret::Secret;
 pub use simulator::CnsSimulator;
 pub use tls::{Thumbprint, TlsMode};
 pub use wire::{ClusterFlavor, CnsVolumeId, MoRef};
+
+/// Locks `mutex`, using it as is when a panic poisoned it: every lock of this crate guards
+/// plain values that a panic cannot leave half-updated.
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

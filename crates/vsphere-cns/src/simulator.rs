@@ -38,7 +38,7 @@ mod wire;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -226,12 +226,11 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn data(&self) -> std::sync::MutexGuard<'_, Data> {
-        // Plain values only: a panic elsewhere cannot leave them half-updated.
-        self.data.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::lock(&self.data)
     }
 
     fn work(&self) -> std::sync::MutexGuard<'_, JoinSet<()>> {
-        self.work.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::lock(&self.work)
     }
 
     /// Runs `job` in a task owned by the simulator (reaping the finished ones first).

@@ -1,15 +1,10 @@
-//! The API permissions the vSphere application uses, for writing its RBAC rules.
-//!
-//! The process runs two controllers on one service account: the provision controller
-//! (its rules are [`provision_controller::rbac`]'s) and the `CnsVolumeMetadata` reconciler
-//! ([`METADATA_PERMISSIONS`]). `examples/deploy/vsphere-rbac.yaml` grants exactly
-//! [`cluster_permissions`] in a ClusterRole and [`LEADER_ELECTION_PERMISSIONS`],
-//! [`JOURNAL_PERMISSIONS`] (the provisioning journal) and
-//! [`FEATURE_STATES_PERMISSIONS`] in a Role of the Deployment's namespace (which is
-//! upstream's `vmware-system-csi`, where the feature-state ConfigMap lives), rule by rule
-//! (the repository's
-//! `tests/deploy_manifests.rs` keeps them equal). The demo's own calls (installing the
-//! CRD and a StorageClass, creating claims) are not the controllers' and need no rule.
+//! The API permissions the vSphere application uses, for writing its RBAC rules: a
+//! ClusterRole of [`cluster_permissions`] (the provision controller's rules and the
+//! `CnsVolumeMetadata` reconciler's), and a Role, in the Deployment's namespace, of
+//! [`LEADER_ELECTION_PERMISSIONS`], [`JOURNAL_PERMISSIONS`] and
+//! [`FEATURE_STATES_PERMISSIONS`]. `examples/deploy/vsphere-rbac.yaml` grants exactly
+//! these (the repository's `tests/deploy_manifests.rs` keeps them equal); the demo's own
+//! calls need no rule.
 
 pub use provision_controller::rbac::{
     JOURNAL_PERMISSIONS, LEADER_ELECTION_PERMISSIONS, Names, Permission,

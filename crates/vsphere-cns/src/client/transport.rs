@@ -139,12 +139,9 @@ impl Inner {
         self.cookie_slot().clone()
     }
 
-    /// The session cookie. It is a plain value, so a panic elsewhere while the lock was
-    /// held cannot leave it half-written: a poisoned lock is used as is.
+    /// The session cookie.
     pub(super) fn cookie_slot(&self) -> std::sync::MutexGuard<'_, Option<String>> {
-        self.cookie
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::lock(&self.cookie)
     }
 
     async fn relogin(&self, stale: Option<String>) -> Result<()> {
