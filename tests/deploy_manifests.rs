@@ -260,7 +260,7 @@ fn the_vsphere_rbac_grants_exactly_what_both_controllers_use() {
     assert_eq!(granted(&docs, "ClusterRole"), union);
     assert_eq!(
         granted(&docs, "ClusterRole"),
-        flatten(rbac::CLUSTER_PERMISSIONS, &lease)
+        flatten(&rbac::cluster_permissions(), &lease)
     );
     let namespaced = rbac::LEADER_ELECTION_PERMISSIONS
         .iter()

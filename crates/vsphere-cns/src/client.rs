@@ -4,13 +4,14 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use kube_controller_kit::backoff::{ItemExponentialLimiter, RateLimiter as _};
 use tracing::{debug, instrument, warn};
 
-use crate::connection::VcConfig;
+use crate::connection::VirtualCenterConfig;
 use crate::error::{Error, Result};
 use crate::soap::decode::{self, ServiceContent, TaskInfo, TaskState, VolumeResult};
 use crate::soap::encode;
-use crate::types::{
+use crate::wire::{
     CnsVolume, CnsVolumeId, MoRef, QueryFilter, VolumeCreateSpec, VolumeMetadataUpdateSpec,
 };
 
@@ -42,7 +43,7 @@ pub(crate) enum Endpoint {
 /// A logged-in client for the CNS volume manager of one vCenter.
 ///
 /// Cheap to clone; clones share the session. Every SOAP round trip is bounded by
-/// [`VcConfig::timeout`] and every task wait by [`VcConfig::task_timeout`].
+/// [`VirtualCenterConfig::timeout`] and every task wait by [`VirtualCenterConfig::task_timeout`].
 ///
 /// # Guarantees
 /// - A call that fails with `NotAuthenticated` (expired session) logs in again and is
@@ -57,7 +58,7 @@ pub struct CnsClient {
 struct Inner {
     http: reqwest::Client,
     base: String,
-    config: VcConfig,
+    config: VirtualCenterConfig,
     vim_version: String,
     vsan_version: String,
     content: ServiceContent,
@@ -82,10 +83,10 @@ impl CnsClient {
     /// `/vsanHealth`.
     ///
     /// # Guarantees
-    /// - Nothing is sent before [`VcConfig::validate`] passes: `https://` for every TLS
+    /// - Nothing is sent before [`VirtualCenterConfig::validate`] passes: `https://` for every TLS
     ///   mode, plain `http://` only to a loopback IP address.
     /// - Redirects are not followed; no response body is read past
-    ///   [`VcConfig::max_response_bytes`]; proxies from the environment are not used.
+    ///   [`VirtualCenterConfig::max_response_bytes`]; proxies from the environment are not used.
     ///
     /// # Errors
     /// [`Error::Settings`] for unusable settings (TLS, host, plain HTTP to a host that is
@@ -94,7 +95,7 @@ impl CnsClient {
     /// [`Error::Timeout`], [`Error::Transport`] or [`Error::Protocol`] when the server cannot
     /// be talked to.
     #[instrument(skip_all, fields(vc = %config.host))]
-    pub async fn connect(config: &VcConfig) -> Result<CnsClient> {
+    pub async fn connect(config: &VirtualCenterConfig) -> Result<CnsClient> {
         config.validate()?;
         if config.tls == crate::tls::TlsMode::Insecure {
             warn!(vc = %config.host, "TLS certificate verification is disabled (insecure-flag)");
@@ -172,7 +173,7 @@ impl CnsClient {
     }
 
     /// The connection settings this client was made with (for its timeouts).
-    pub(crate) fn config(&self) -> &VcConfig {
+    pub(crate) fn config(&self) -> &VirtualCenterConfig {
         &self.inner.config
     }
 
@@ -295,7 +296,9 @@ impl CnsClient {
 
     /// Polls `RetrievePropertiesEx(Task.info)` until the task succeeds or fails.
     async fn wait_for_task(&self, operation: &'static str, task: &MoRef) -> Result<TaskInfo> {
-        let mut pause = self.inner.config.task_poll_interval;
+        let first = self.inner.config.task_poll_interval;
+        // Doubling up to 2 s (a longer first pause stays as it is).
+        let pauses = ItemExponentialLimiter::new(first, MAX_POLL_INTERVAL.max(first));
         let body = encode::retrieve_task_info(&self.inner.content.property_collector, task);
         loop {
             let response = self
@@ -306,8 +309,7 @@ impl CnsClient {
             if matches!(info.state, TaskState::Success | TaskState::Error) {
                 return Ok(info);
             }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(MAX_POLL_INTERVAL);
+            tokio::time::sleep(pauses.when(operation)).await;
         }
     }
 }

@@ -46,7 +46,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::connection::VcConfig;
+use crate::connection::VirtualCenterConfig;
 use crate::secret::Secret;
 use crate::tls::{Thumbprint, TlsMode};
 use ini::Item;
@@ -76,52 +76,6 @@ pub struct GlobalConfig {
     pub supervisor_id: Option<String>,
     /// `cluster-distribution`, for example `OpenShift`.
     pub cluster_distribution: Option<String>,
-}
-
-/// One `[VirtualCenter "host"]` section, with `[Global]` defaults applied.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct VirtualCenterConfig {
-    /// The host from the section name.
-    pub host: String,
-    /// `user`.
-    pub user: String,
-    /// `password` (never printed).
-    pub password: Secret,
-    /// `port`, default 443.
-    pub port: u16,
-    /// `datacenters`, split at commas.
-    pub datacenters: Vec<String>,
-    /// `insecure-flag`: skip certificate verification.
-    pub insecure_flag: bool,
-    /// `ca-file`: a PEM bundle to verify the server against.
-    pub ca_file: Option<PathBuf>,
-    /// `thumbprint`: the server certificate's SHA-256 thumbprint.
-    pub thumbprint: Option<Thumbprint>,
-}
-
-impl VirtualCenterConfig {
-    /// The TLS mode these settings ask for: `insecure-flag`, else `thumbprint`, else
-    /// `ca-file`, else the system roots. A parsed file never sets `insecure-flag` together
-    /// with a `thumbprint` or `ca-file` (that is a [`ConfigError`]).
-    pub fn tls_mode(&self) -> TlsMode {
-        if self.insecure_flag {
-            TlsMode::Insecure
-        } else if let Some(thumbprint) = &self.thumbprint {
-            TlsMode::Thumbprint(thumbprint.clone())
-        } else if let Some(ca_file) = &self.ca_file {
-            TlsMode::CaFile(ca_file.clone())
-        } else {
-            TlsMode::Verified
-        }
-    }
-
-    /// Connection settings for [`CnsClient::connect`](crate::CnsClient::connect), with
-    /// default timeouts.
-    pub fn vc_config(&self) -> VcConfig {
-        VcConfig::new(self.host.clone(), self.user.clone(), self.password.clone())
-            .port(self.port)
-            .tls(self.tls_mode())
-    }
 }
 
 /// The section currently being filled.
@@ -478,27 +432,26 @@ fn virtual_center(
     let password = pick("password").ok_or_else(|| missing("password"))?;
     let port = match parser.port(vc)? {
         Some(port) => port,
-        None => parser.port(global)?.unwrap_or(VcConfig::DEFAULT_PORT),
+        None => parser
+            .port(global)?
+            .unwrap_or(VirtualCenterConfig::DEFAULT_PORT),
     };
     let tls = tls_settings(parser, vc, global)?;
-    Ok(VirtualCenterConfig {
-        host: vc.host.clone(),
-        user,
-        password: Secret::new(password),
-        port,
-        datacenters: pick("datacenters")
-            .map(|d| {
-                d.split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default(),
-        insecure_flag: tls.insecure_flag,
-        ca_file: tls.ca_file,
-        thumbprint: tls.thumbprint,
-    })
+    let datacenters = pick("datacenters")
+        .map(|d| {
+            d.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(
+        VirtualCenterConfig::new(vc.host.clone(), user, Secret::new(password))
+            .port(port)
+            .tls(tls.mode())
+            .datacenters(datacenters),
+    )
 }
 
 /// The keys that decide how the server certificate is checked; resolved as a group.
@@ -508,6 +461,28 @@ struct TlsSettings {
     insecure_flag: bool,
     thumbprint: Option<Thumbprint>,
     ca_file: Option<PathBuf>,
+}
+
+impl TlsSettings {
+    /// `insecure-flag`, else `thumbprint`, else `ca-file`, else the system roots (the
+    /// parser refuses `insecure-flag` together with either of the others).
+    fn mode(self) -> TlsMode {
+        match self {
+            Self {
+                insecure_flag: true,
+                ..
+            } => TlsMode::Insecure,
+            Self {
+                thumbprint: Some(thumbprint),
+                ..
+            } => TlsMode::Thumbprint(thumbprint),
+            Self {
+                ca_file: Some(ca_file),
+                ..
+            } => TlsMode::CaFile(ca_file),
+            _ => TlsMode::Verified,
+        }
+    }
 }
 
 /// `insecure-flag`, `thumbprint` and `ca-file` of `vc`: all from the section when it sets

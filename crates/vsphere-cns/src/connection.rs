@@ -1,18 +1,19 @@
-//! [`VcConfig`]: where and how [`CnsClient`](crate::CnsClient) connects.
+//! [`VirtualCenterConfig`]: where and how [`CnsClient`](crate::CnsClient) connects.
 
 use std::time::Duration;
 
 use crate::secret::Secret;
 use crate::tls::TlsMode;
 
-/// Connection settings for one vCenter.
+/// One vCenter: where and how [`CnsClient`](crate::CnsClient) connects.
 ///
-/// Build it with [`VcConfig::new`] and the `#[must_use]` setters, or from a parsed
-/// `csi-vsphere.conf` with
-/// [`VirtualCenterConfig::vc_config`](crate::config::VirtualCenterConfig::vc_config).
+/// Build it with [`VirtualCenterConfig::new`] and the `#[must_use]` setters, or parse a
+/// `csi-vsphere.conf` ([`VsphereConfig::virtual_centers`](crate::VsphereConfig::virtual_centers):
+/// one per `[VirtualCenter "host"]` section, with `[Global]` defaults applied and
+/// `insecure-flag`, `thumbprint` and `ca-file` resolved into [`tls`](Self::tls)).
 /// `Debug` never shows the password.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct VcConfig {
+pub struct VirtualCenterConfig {
     /// Host name or IP address of the vCenter.
     pub host: String,
     /// HTTPS port. Default 443.
@@ -27,24 +28,27 @@ pub struct VcConfig {
     pub timeout: Duration,
     /// Limit for waiting on a task (create, delete, update). Default 5 min.
     pub task_timeout: Duration,
-    /// First pause between task polls; it doubles up to 2 s. Default 200 ms.
+    /// First pause between task polls; it doubles up to 2 s (a longer one stays as it is).
+    /// Default 200 ms.
     pub task_poll_interval: Duration,
+    /// `datacenters` of `csi-vsphere.conf`, split at commas (the client does not use them).
+    pub datacenters: Vec<String>,
     /// Largest response body read from the server, in bytes. A larger response fails with
     /// [`Error::ResponseTooLarge`](crate::Error::ResponseTooLarge) and is not read past the
     /// limit. Default 16 MiB (a `CnsQueryVolume` page of 100 volumes is well under 1 MiB).
     pub max_response_bytes: u64,
 }
 
-impl VcConfig {
-    /// Default for [`VcConfig::port`].
+impl VirtualCenterConfig {
+    /// Default for [`VirtualCenterConfig::port`].
     pub const DEFAULT_PORT: u16 = 443;
-    /// Default for [`VcConfig::timeout`].
+    /// Default for [`VirtualCenterConfig::timeout`].
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
-    /// Default for [`VcConfig::task_timeout`].
+    /// Default for [`VirtualCenterConfig::task_timeout`].
     pub const DEFAULT_TASK_TIMEOUT: Duration = Duration::from_secs(300);
-    /// Default for [`VcConfig::task_poll_interval`].
+    /// Default for [`VirtualCenterConfig::task_poll_interval`].
     pub const DEFAULT_TASK_POLL_INTERVAL: Duration = Duration::from_millis(200);
-    /// Default for [`VcConfig::max_response_bytes`]: 16 MiB.
+    /// Default for [`VirtualCenterConfig::max_response_bytes`]: 16 MiB.
     pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 16 * 1024 * 1024;
 
     /// Settings for `host` with every default: port 443, verified TLS, 60 s per call.
@@ -62,46 +66,54 @@ impl VcConfig {
             timeout: Self::DEFAULT_TIMEOUT,
             task_timeout: Self::DEFAULT_TASK_TIMEOUT,
             task_poll_interval: Self::DEFAULT_TASK_POLL_INTERVAL,
+            datacenters: Vec::new(),
             max_response_bytes: Self::DEFAULT_MAX_RESPONSE_BYTES,
         }
     }
 
-    /// Sets [`VcConfig::port`].
+    /// Sets [`VirtualCenterConfig::datacenters`].
+    #[must_use]
+    pub fn datacenters(mut self, datacenters: Vec<String>) -> Self {
+        self.datacenters = datacenters;
+        self
+    }
+
+    /// Sets [`VirtualCenterConfig::port`].
     #[must_use]
     pub fn port(mut self, port: u16) -> Self {
         self.port = port;
         self
     }
 
-    /// Sets [`VcConfig::tls`].
+    /// Sets [`VirtualCenterConfig::tls`].
     #[must_use]
     pub fn tls(mut self, tls: TlsMode) -> Self {
         self.tls = tls;
         self
     }
 
-    /// Sets [`VcConfig::timeout`].
+    /// Sets [`VirtualCenterConfig::timeout`].
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
     }
 
-    /// Sets [`VcConfig::task_timeout`].
+    /// Sets [`VirtualCenterConfig::task_timeout`].
     #[must_use]
     pub fn task_timeout(mut self, timeout: Duration) -> Self {
         self.task_timeout = timeout;
         self
     }
 
-    /// Sets [`VcConfig::task_poll_interval`].
+    /// Sets [`VirtualCenterConfig::task_poll_interval`].
     #[must_use]
     pub fn task_poll_interval(mut self, interval: Duration) -> Self {
         self.task_poll_interval = interval;
         self
     }
 
-    /// Sets [`VcConfig::max_response_bytes`].
+    /// Sets [`VirtualCenterConfig::max_response_bytes`].
     #[must_use]
     pub fn max_response_bytes(mut self, limit: u64) -> Self {
         self.max_response_bytes = limit;
@@ -181,7 +193,7 @@ mod tests {
 
     #[test]
     fn defaults_are_secure() {
-        let config = VcConfig::new("vc.example.com", "admin", "pw");
+        let config = VirtualCenterConfig::new("vc.example.com", "admin", "pw");
         assert_eq!(config.tls, TlsMode::Verified);
         assert_eq!(config.base_url(), "https://vc.example.com:443");
         assert_eq!(config.max_response_bytes, 16 * 1024 * 1024);
@@ -190,7 +202,7 @@ mod tests {
 
     #[test]
     fn plain_http_and_ipv6_urls() {
-        let config = VcConfig::new("::1", "admin", "pw")
+        let config = VirtualCenterConfig::new("::1", "admin", "pw")
             .port(8989)
             .tls(TlsMode::PlainHttp);
         assert_eq!(config.base_url(), "http://[::1]:8989");
@@ -199,11 +211,11 @@ mod tests {
     #[test]
     fn plain_http_is_refused_unless_the_host_is_a_loopback_ip() {
         for host in ["127.0.0.1", "127.3.4.5", "::1", "[::1]"] {
-            let config = VcConfig::new(host, "admin", "pw").tls(TlsMode::PlainHttp);
+            let config = VirtualCenterConfig::new(host, "admin", "pw").tls(TlsMode::PlainHttp);
             assert!(config.validate().is_ok(), "{host}");
         }
         for host in ["vc.example.com", "10.0.0.1", "localhost", "::2", "0.0.0.0"] {
-            let config = VcConfig::new(host, "admin", "pw").tls(TlsMode::PlainHttp);
+            let config = VirtualCenterConfig::new(host, "admin", "pw").tls(TlsMode::PlainHttp);
             let err = config.validate().unwrap_err().to_string();
             assert!(
                 err.contains("only allowed to a loopback IP"),
@@ -218,10 +230,12 @@ mod tests {
     #[test]
     fn a_url_or_an_empty_host_and_a_zero_response_limit_are_refused() {
         for host in ["", "https://vc", "vc/sdk", "user@vc", "vc?x", "vc #1"] {
-            let err = VcConfig::new(host, "admin", "pw").validate().unwrap_err();
+            let err = VirtualCenterConfig::new(host, "admin", "pw")
+                .validate()
+                .unwrap_err();
             assert!(err.to_string().contains("not a URL"), "{host:?}: {err}");
         }
-        let err = VcConfig::new("vc", "admin", "pw")
+        let err = VirtualCenterConfig::new("vc", "admin", "pw")
             .max_response_bytes(0)
             .validate()
             .unwrap_err();
@@ -230,7 +244,7 @@ mod tests {
 
     #[test]
     fn debug_hides_the_password() {
-        let config = VcConfig::new("vc", "admin", "very-secret-pw");
+        let config = VirtualCenterConfig::new("vc", "admin", "very-secret-pw");
         assert!(!format!("{config:?}").contains("very-secret-pw"));
     }
 }

@@ -45,11 +45,11 @@ pub enum Error {
         detail: String,
     },
     /// The response body was larger than
-    /// [`VcConfig::max_response_bytes`](crate::VcConfig::max_response_bytes). The body was
+    /// [`VirtualCenterConfig::max_response_bytes`](crate::VirtualCenterConfig::max_response_bytes). The body was
     /// not read past the limit.
     #[error(
         "{operation}: the response body exceeds the limit of {limit} bytes \
-         (VcConfig::max_response_bytes); the rest was not read"
+         (VirtualCenterConfig::max_response_bytes); the rest was not read"
     )]
     ResponseTooLarge {
         /// The SOAP method.

@@ -11,12 +11,12 @@ mod secret;
 pub mod simulator;
 mod soap;
 mod tls;
-mod types;
+pub mod wire;
 mod xml;
 
 pub use client::{CnsClient, SESSION_COOKIE};
-pub use config::{ConfigError, VirtualCenterConfig, VsphereConfig};
-pub use connection::VcConfig;
+pub use config::{ConfigError, VsphereConfig};
+pub use connection::VirtualCenterConfig;
 pub use error::{Error, Result};
 pub use metadata::CnsMetadataBackend;
 pub use provisioner::{
@@ -28,8 +28,12 @@ pub use secret::Secret;
 #[cfg(feature = "simulator")]
 pub use simulator::CnsSimulator;
 pub use tls::{Thumbprint, TlsMode};
-pub use types::{
-    ClusterFlavor, CnsVolume, CnsVolumeId, ContainerCluster, EntityMetadata, EntityReference,
-    EntityType, KeyValue, MoRef, QueryFilter, VolumeCreateSpec, VolumeMetadata,
-    VolumeMetadataUpdateSpec, VolumeType,
-};
+pub use wire::{ClusterFlavor, CnsVolumeId, MoRef};
+
+/// Locks `mutex`, using it as is when a panic poisoned it: every lock of this crate guards
+/// plain values that a panic cannot leave half-updated.
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

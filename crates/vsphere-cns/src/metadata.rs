@@ -7,7 +7,7 @@ use tracing::instrument;
 
 use crate::Error;
 use crate::client::CnsClient;
-use crate::types::{
+use crate::wire::{
     CnsVolumeId, ContainerCluster, EntityMetadata, EntityReference, EntityType, KeyValue,
     VolumeMetadata, VolumeMetadataUpdateSpec,
 };
@@ -26,9 +26,9 @@ use crate::types::{
 /// ```no_run
 /// # async fn doc() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::sync::Arc;
-/// use vsphere_cns::{CnsClient, CnsMetadataBackend, VcConfig};
+/// use vsphere_cns::{CnsClient, CnsMetadataBackend, VirtualCenterConfig};
 ///
-/// let client = CnsClient::connect(&VcConfig::new("vc.example.com", "user", "password")).await?;
+/// let client = CnsClient::connect(&VirtualCenterConfig::new("vc.example.com", "user", "password")).await?;
 /// let backend: Arc<dyn cnsmetadata::VolumeMetadataBackend> =
 ///     Arc::new(CnsMetadataBackend::new(client));
 /// # let _ = backend;
@@ -143,7 +143,7 @@ fn entity_type(value: &cnsmetadata::EntityType) -> Result<EntityType, BackendErr
 mod tests {
     use std::collections::BTreeMap;
 
-    use crate::types::ClusterFlavor;
+    use crate::wire::ClusterFlavor;
     use cnsmetadata::{ClusterType, EntityReference as CrdReference};
 
     use super::*;

@@ -17,7 +17,7 @@ use tracing::{debug, info, instrument, warn};
 
 use crate::client::CnsClient;
 use crate::error::Error;
-use crate::types::{
+use crate::wire::{
     ClusterFlavor, CnsVolume, CnsVolumeId, ContainerCluster, MoRef, QueryFilter, VolumeCreateSpec,
     VolumeMetadata, VolumeType,
 };
@@ -255,9 +255,9 @@ pub enum ProvisionerError {
 ///
 /// ```no_run
 /// # async fn doc() -> Result<(), Box<dyn std::error::Error>> {
-/// use vsphere_cns::{ClusterFlavor, CnsClient, CnsProvisioner, MoRef, VcConfig};
+/// use vsphere_cns::{ClusterFlavor, CnsClient, CnsProvisioner, MoRef, VirtualCenterConfig};
 ///
-/// let client = CnsClient::connect(&VcConfig::new("vc.example.com", "user", "password")).await?;
+/// let client = CnsClient::connect(&VirtualCenterConfig::new("vc.example.com", "user", "password")).await?;
 /// let provisioner = CnsProvisioner::new(client, "cluster-1", ClusterFlavor::Vanilla)?
 ///     .datastore_url("ds:///vmfs/volumes/vsan:52e1/", MoRef::datastore("datastore-59"));
 /// # let _ = provisioner;
@@ -314,9 +314,9 @@ impl CnsProvisioner {
     /// than duplicated. It should cover the longest a create can take to finish in
     /// vCenter once sent.
     ///
-    /// Default: the client's [`VcConfig::task_timeout`](crate::VcConfig::task_timeout)
+    /// Default: the client's [`VirtualCenterConfig::task_timeout`](crate::VirtualCenterConfig::task_timeout)
     /// (the longest the client waits for a create, call and task) plus its
-    /// [`VcConfig::timeout`](crate::VcConfig::timeout) (one more request's time as a margin
+    /// [`VirtualCenterConfig::timeout`](crate::VirtualCenterConfig::timeout) (one more request's time as a margin
     /// for a task vCenter finishes after the client gave up): 6 minutes with the defaults.
     /// `Duration::ZERO` turns the wait off (every retry creates again, as before).
     #[must_use]

@@ -18,7 +18,8 @@
 //! ```no_run
 //! # async fn doc() -> Result<(), Box<dyn std::error::Error>> {
 //! use vsphere_cns::simulator::{CnsSimulator, SimFault};
-//! use vsphere_cns::{CnsClient, QueryFilter};
+//! use vsphere_cns::CnsClient;
+//! use vsphere_cns::wire::QueryFilter;
 //!
 //! let sim = CnsSimulator::start().await?;
 //! let client = CnsClient::connect(&sim.vc_config()).await?;
@@ -37,15 +38,15 @@ mod wire;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::connection::VcConfig;
+use crate::connection::VirtualCenterConfig;
 use crate::tls::{Thumbprint, TlsMode};
-use crate::types::{ClusterFlavor, CnsVolumeId, ContainerCluster, MoRef, VolumeMetadata};
+use crate::wire::{ClusterFlavor, CnsVolumeId, ContainerCluster, MoRef, VolumeMetadata};
 
 /// The user name the simulator accepts by default.
 pub const DEFAULT_USER: &str = "cnsuser";
@@ -225,12 +226,11 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn data(&self) -> std::sync::MutexGuard<'_, Data> {
-        // Plain values only: a panic elsewhere cannot leave them half-updated.
-        self.data.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::lock(&self.data)
     }
 
     fn work(&self) -> std::sync::MutexGuard<'_, JoinSet<()>> {
-        self.work.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::lock(&self.work)
     }
 
     /// Runs `job` in a task owned by the simulator (reaping the finished ones first).
@@ -403,13 +403,13 @@ impl CnsSimulator {
     /// Connection settings for this simulator: its address, its user and password, short
     /// task polls, and [`TlsMode::PlainHttp`], or with [`Builder::https`] the pinned
     /// [`CnsSimulator::thumbprint`].
-    pub fn vc_config(&self) -> VcConfig {
+    pub fn vc_config(&self) -> VirtualCenterConfig {
         let tls = if self.https {
             TlsMode::Thumbprint(self.thumbprint())
         } else {
             TlsMode::PlainHttp
         };
-        VcConfig::new(
+        VirtualCenterConfig::new(
             self.addr.ip().to_string(),
             self.shared.user.clone(),
             self.shared.password.clone(),

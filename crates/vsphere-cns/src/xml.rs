@@ -1,17 +1,7 @@
-//! A small namespace-aware XML tree and a writer that produces the bytes govmomi produces.
-//!
-//! Parsing uses quick-xml's `NsReader`, so `xsi:type` is found by namespace (any prefix,
-//! including govmomi's `_XMLSchema-instance`), not by the literal prefix. Writing is a plain
-//! string builder: element order is decided by the callers (`soap::request`), escaping
-//! follows Go's `encoding/xml` so golden comparisons with govmomi's requests are exact.
-//!
-//! # Memory
-//! The tree is kept small because a response may be large (up to the client's
-//! [`VcConfig::max_response_bytes`](crate::VcConfig::max_response_bytes)): namespace URIs are
-//! shared between the elements that use them (one allocation per distinct URI, not one per
-//! element), the whitespace between child elements is dropped, and child lists carry no
-//! spare capacity. Callers move parts out of the tree ([`Element::take_child`]) instead of
-//! cloning them.
+//! A small namespace-aware XML tree (quick-xml's `NsReader`: `xsi:type` found by namespace,
+//! any prefix) and a writer whose escaping follows Go's `encoding/xml`, so requests are
+//! byte-equal to govmomi's. The tree is kept small (shared namespace URIs, no whitespace
+//! between elements); callers move parts out ([`Element::take_child`]) instead of cloning.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -18,7 +18,7 @@ use provision_controller::{DeleteError, ProvisionError, ProvisionOptions, Provis
 use vsphere_cns::simulator::{CnsSimulator, SimFault};
 use vsphere_cns::{
     CSI_DRIVER, ClusterFlavor, CnsClient, CnsProvisioner, CnsVolumeId, MoRef, ProvisionerError,
-    VcConfig,
+    VirtualCenterConfig,
 };
 
 const DS_URL: &str = "ds:///vmfs/volumes/test-ds/";
@@ -34,7 +34,7 @@ async fn sim() -> CnsSimulator {
         .unwrap()
 }
 
-async fn provisioner_with(config: &VcConfig) -> CnsProvisioner {
+async fn provisioner_with(config: &VirtualCenterConfig) -> CnsProvisioner {
     let client = CnsClient::connect(config).await.unwrap();
     CnsProvisioner::new(client, CLUSTER, ClusterFlavor::Vanilla)
         .unwrap()

@@ -10,8 +10,8 @@ use cnsmetadata::{
 };
 use vsphere_cns::simulator::{CnsSimulator, DEFAULT_DATASTORE, SimFault};
 use vsphere_cns::{
-    ClusterFlavor, CnsClient, CnsMetadataBackend, CnsVolumeId, ContainerCluster, EntityType,
-    KeyValue, MoRef, VolumeCreateSpec, VolumeMetadata,
+    ClusterFlavor, CnsClient, CnsMetadataBackend, CnsVolumeId, MoRef,
+    wire::{ContainerCluster, EntityType, KeyValue, VolumeCreateSpec, VolumeMetadata},
 };
 
 async fn volume(client: &CnsClient) -> CnsVolumeId {

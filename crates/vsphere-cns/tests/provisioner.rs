@@ -32,7 +32,10 @@ async fn provisioner(sim: &CnsSimulator) -> CnsProvisioner {
     provisioner_with(sim, sim.vc_config()).await
 }
 
-async fn provisioner_with(sim: &CnsSimulator, config: vsphere_cns::VcConfig) -> CnsProvisioner {
+async fn provisioner_with(
+    sim: &CnsSimulator,
+    config: vsphere_cns::VirtualCenterConfig,
+) -> CnsProvisioner {
     let _ = sim;
     let client = CnsClient::connect(&config).await.unwrap();
     CnsProvisioner::new(client, "cluster-1", ClusterFlavor::Vanilla)

@@ -9,7 +9,7 @@ use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Metadata, Subscriber};
 use vsphere_cns::simulator::CnsSimulator;
-use vsphere_cns::{CnsClient, QueryFilter, VcConfig};
+use vsphere_cns::{CnsClient, VirtualCenterConfig, wire::QueryFilter};
 
 const PASSWORD: &str = "Pa55-w0rd-never-logged";
 
@@ -64,7 +64,7 @@ async fn the_password_is_in_no_log_error_or_debug_output() {
     let client = CnsClient::connect(&config).await.unwrap();
     sim.expire_sessions();
     client.query_volume(&QueryFilter::default()).await.unwrap();
-    let wrong = VcConfig {
+    let wrong = VirtualCenterConfig {
         password: format!("{PASSWORD}-wrong").into(),
         ..config.clone()
     };

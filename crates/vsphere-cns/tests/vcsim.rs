@@ -15,8 +15,11 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 use vsphere_cns::{
-    ClusterFlavor, CnsClient, ContainerCluster, EntityMetadata, EntityType, QueryFilter, TlsMode,
-    VcConfig, VolumeCreateSpec, VolumeMetadata, VolumeMetadataUpdateSpec,
+    ClusterFlavor, CnsClient, TlsMode, VirtualCenterConfig,
+    wire::{
+        ContainerCluster, EntityMetadata, EntityType, QueryFilter, VolumeCreateSpec,
+        VolumeMetadata, VolumeMetadataUpdateSpec,
+    },
 };
 
 const GOPATH: &str = "/usr/share/gocode";
@@ -90,13 +93,13 @@ async fn client_against_govmomi_vcsim() {
         .and_then(|p| p.parse().ok())
         .expect("port in URL");
 
-    let config = VcConfig::new("127.0.0.1", "cnsuser", "cnspass")
+    let config = VirtualCenterConfig::new("127.0.0.1", "cnsuser", "cnspass")
         .port(port)
         .tls(TlsMode::PlainHttp)
         .timeout(Duration::from_secs(20))
         .task_poll_interval(Duration::from_millis(50));
 
-    let bad = VcConfig {
+    let bad = VirtualCenterConfig {
         password: "wrong".into(),
         ..config.clone()
     };

@@ -147,6 +147,21 @@ impl Settings {
 /// timeout is a minute, longer than a pod is given to stop).
 pub const LOGOUT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Logs out of vCenter within [`LOGOUT_TIMEOUT`]; says how it went.
+pub(crate) async fn logout(cns: &CnsClient) -> &'static str {
+    match tokio::time::timeout(LOGOUT_TIMEOUT, cns.logout()).await {
+        Ok(Ok(())) => "vCenter session logged out",
+        Ok(Err(error)) => {
+            tracing::warn!(error = %error, "vCenter logout failed");
+            "vCenter logout failed"
+        }
+        Err(_) => {
+            tracing::warn!(timeout = ?LOGOUT_TIMEOUT, "vCenter logout timed out");
+            "vCenter logout timed out"
+        }
+    }
+}
+
 /// Both controllers, running until [`Running::stop`].
 pub struct Running {
     stop: watch::Sender<bool>,
@@ -406,7 +421,7 @@ pub async fn connect_real(
             vsphere_config.display()
         )
     })?;
-    let cns = CnsClient::connect(&vc.vc_config())
+    let cns = CnsClient::connect(vc)
         .await
         .with_context(|| format!("cannot log in to vCenter {}", vc.host))?;
     // The provisioner needs the flavor: a bad CLUSTER_FLAVOR stops the process. Any other

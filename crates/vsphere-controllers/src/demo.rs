@@ -106,7 +106,7 @@ impl Demo<'_> {
             .filter(|v| v.id.as_str() == volume_id)
             .flat_map(|v| &v.metadata.entity_metadata)
             .any(|e| {
-                e.entity_type == vsphere_cns::EntityType::PersistentVolumeClaim
+                e.entity_type == vsphere_cns::wire::EntityType::PersistentVolumeClaim
                     && e.entity_name == claim
                     && e.cluster_id.as_deref() == Some(GUEST_CLUSTER)
             })
@@ -208,7 +208,7 @@ pub async fn run_demo(
     } else {
         "no lease (leader election off)".to_owned()
     };
-    let logout = crate::run::logout(&cns_client).await;
+    let logout = crate::app::logout(&cns_client).await;
     demo.line(&format!("stopped: {lease}, {logout}"))?;
     demo.out.flush()?;
     let volumes_left = cns.volumes().len();

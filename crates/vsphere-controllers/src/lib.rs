@@ -2,16 +2,19 @@
 //! [`vsphere_cns::CnsProvisioner`]) and the `CnsVolumeMetadata` reconciler ([`cnsmetadata`]
 //! driving [`vsphere_cns::CnsMetadataBackend`]), wired as one process.
 //!
-//! `cargo run --example vsphere` is a thin binary over this crate: it parses its flags
-//! (`--datastore` with [`parse_datastore`]) into [`Options`] and calls [`run`] with a lookup
-//! of its environment. [`run`] chooses the mode ([`select_mode`]), then runs
-//! [`connect_real`] and [`start_controllers`] against a real cluster and vCenter, or
-//! [`run_demo`] against kube-sim and the CNS simulator. The binary passes
-//! [`shutdown_signal`] as the shutdown: SIGTERM and SIGINT both start the graceful stop
-//! (the drain, the lease release, the vCenter logout), bounded by
-//! [`Settings::stop_deadline`]. [`rbac`] lists the API permissions both controllers use.
-//! [`uninstall`] (the binary's `uninstall` subcommand) removes what the provision
-//! controller leaves in the cluster once it no longer runs.
+//! [`run`] chooses the mode ([`select_mode`]), then runs [`connect_real`] and
+//! [`start_controllers`] against a real cluster and vCenter, or (feature `demo`) `run_demo`
+//! against kube-sim and the CNS simulator, until its shutdown future completes (a binary
+//! passes [`shutdown_signal`]: SIGTERM and SIGINT both start the graceful stop, bounded by
+//! [`Settings::stop_deadline`]). [`uninstall`] removes what the provision controller leaves
+//! in the cluster once it no longer runs; [`rbac`] lists the API permissions both
+//! controllers use. With feature `cli`, `cli::Cli` is the whole command line of
+//! `cargo run --example vsphere` (which turns on `demo` and `cli`).
+//!
+//! # Features
+//! - `demo`: `run_demo`, and [`run`] without configuration runs it (else that is a usage
+//!   error); pulls kube-sim and vsphere-cns's `simulator`.
+//! - `cli`: the `cli` module (clap).
 //!
 //! # One leader
 //! With [`Settings::leader_election`] on (the binary's default), the provision controller
@@ -32,6 +35,9 @@
 //! ```
 
 mod app;
+#[cfg(feature = "cli")]
+pub mod cli;
+#[cfg(feature = "demo")]
 mod demo;
 pub mod flags;
 pub mod rbac;
@@ -44,6 +50,7 @@ pub use app::{
     STOP_MARGIN, Settings, connect_real, exists, kube_config, reachable, select_mode,
     start_controllers,
 };
+#[cfg(feature = "demo")]
 pub use demo::{CLASS, DemoOptions, DemoReport, Row, run_demo};
 pub use provision_controller::signal::{Signal, shutdown_signal};
 pub use run::{Options, RunError, parse_datastore, run};

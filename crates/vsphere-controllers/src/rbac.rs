@@ -1,15 +1,10 @@
-//! The API permissions the vSphere application uses, for writing its RBAC rules.
-//!
-//! The process runs two controllers on one service account: the provision controller
-//! (its rules are [`provision_controller::rbac`]'s) and the `CnsVolumeMetadata` reconciler
-//! ([`METADATA_PERMISSIONS`]). `examples/deploy/vsphere-rbac.yaml` grants exactly
-//! [`CLUSTER_PERMISSIONS`] in a ClusterRole and [`LEADER_ELECTION_PERMISSIONS`],
-//! [`JOURNAL_PERMISSIONS`] (the provisioning journal) and
-//! [`FEATURE_STATES_PERMISSIONS`] in a Role of the Deployment's namespace (which is
-//! upstream's `vmware-system-csi`, where the feature-state ConfigMap lives), rule by rule
-//! (the repository's
-//! `tests/deploy_manifests.rs` keeps them equal). The demo's own calls (installing the
-//! CRD and a StorageClass, creating claims) are not the controllers' and need no rule.
+//! The API permissions the vSphere application uses, for writing its RBAC rules: a
+//! ClusterRole of [`cluster_permissions`] (the provision controller's rules and the
+//! `CnsVolumeMetadata` reconciler's), and a Role, in the Deployment's namespace, of
+//! [`LEADER_ELECTION_PERMISSIONS`], [`JOURNAL_PERMISSIONS`] and
+//! [`FEATURE_STATES_PERMISSIONS`]. `examples/deploy/vsphere-rbac.yaml` grants exactly
+//! these (the repository's `tests/deploy_manifests.rs` keeps them equal); the demo's own
+//! calls need no rule.
 
 pub use provision_controller::rbac::{
     JOURNAL_PERMISSIONS, LEADER_ELECTION_PERMISSIONS, Names, Permission,
@@ -64,37 +59,33 @@ pub const FEATURE_STATES_PERMISSIONS: &[Permission] =
 /// provision controller's
 /// [`CLUSTER_PERMISSIONS`](provision_controller::rbac::CLUSTER_PERMISSIONS),
 /// [`METADATA_PERMISSIONS`] and [`CRD_PERMISSIONS`], one rule per group, resource and
-/// object names (a unit test keeps it the union).
-pub const CLUSTER_PERMISSIONS: &[Permission] = &[
-    Permission::new(
-        "",
-        "persistentvolumeclaims",
-        &["get", "list", "watch", "update"],
-    ),
-    Permission::new(
-        "",
-        "persistentvolumes",
-        &["get", "list", "watch", "create", "delete", "patch"],
-    ),
-    Permission::new("storage.k8s.io", "storageclasses", &["list", "watch"]),
-    Permission::new("events.k8s.io", "events", &["create", "patch"]),
-    Permission::new(
-        "cns.vmware.com",
-        "cnsvolumemetadatas",
-        &["get", "list", "watch", "update"],
-    ),
-    Permission::new(
-        "apiextensions.k8s.io",
-        "customresourcedefinitions",
-        &["create"],
-    ),
-    Permission::new(
-        "apiextensions.k8s.io",
-        "customresourcedefinitions",
-        &["get", "update"],
-    )
-    .only(Names::Named(cnsmetadata::CRD_NAME)),
-];
+/// object names where one rule's verbs include the other's (else both rules are kept).
+pub fn cluster_permissions() -> Vec<Permission> {
+    let all = provision_controller::rbac::CLUSTER_PERMISSIONS
+        .iter()
+        .chain(METADATA_PERMISSIONS)
+        .chain(CRD_PERMISSIONS);
+    union(all)
+}
+
+/// `permissions` as rules: a permission whose verbs a rule of the same group, resource and
+/// names includes adds nothing; one that includes a rule's verbs replaces it.
+fn union<'a>(permissions: impl IntoIterator<Item = &'a Permission>) -> Vec<Permission> {
+    let covers = |a: &Permission, b: &Permission| b.verbs.iter().all(|v| a.verbs.contains(v));
+    let mut rules: Vec<Permission> = Vec::new();
+    for p in permissions {
+        let same = |r: &&mut Permission| {
+            (r.group, r.resource, r.names) == (p.group, p.resource, p.names)
+                && (covers(r, p) || covers(p, r))
+        };
+        match rules.iter_mut().find(same) {
+            Some(rule) if covers(rule, p) => {}
+            Some(rule) => *rule = *p,
+            None => rules.push(*p),
+        }
+    }
+    rules
+}
 
 #[cfg(test)]
 mod tests {
@@ -112,6 +103,18 @@ mod tests {
     }
 
     #[test]
+    fn a_rule_is_merged_only_into_one_whose_verbs_include_it_or_that_it_includes() {
+        let read = Permission::new("", "persistentvolumes", &["list", "watch"]);
+        let write = Permission::new("", "persistentvolumes", &["get", "list", "watch", "create"]);
+        let delete = Permission::new("", "persistentvolumes", &["delete"]);
+        let named = delete.only(Names::Named("pv-1"));
+        assert_eq!(union([&read, &write]), [write]);
+        assert_eq!(union([&write, &read]), [write]);
+        assert_eq!(union([&read, &delete, &named]), [read, delete, named]);
+        assert_eq!(grants(&union([&read, &delete])), grants([&read, &delete]));
+    }
+
+    #[test]
     fn the_process_is_granted_the_union_of_both_controllers_permissions() {
         let union = grants(
             provision_controller::rbac::CLUSTER_PERMISSIONS
@@ -119,17 +122,18 @@ mod tests {
                 .chain(METADATA_PERMISSIONS)
                 .chain(CRD_PERMISSIONS),
         );
-        assert_eq!(grants(CLUSTER_PERMISSIONS), union);
-        let rules: BTreeSet<_> = CLUSTER_PERMISSIONS
+        let cluster = cluster_permissions();
+        assert_eq!(grants(&cluster), union);
+        let rules: BTreeSet<_> = cluster
             .iter()
             .map(|p| (p.group, p.resource, p.names))
             .collect();
         assert_eq!(
             rules.len(),
-            CLUSTER_PERMISSIONS.len(),
+            cluster.len(),
             "one rule per resource and names"
         );
-        let named: Vec<_> = CLUSTER_PERMISSIONS
+        let named: Vec<_> = cluster
             .iter()
             .filter(|p| p.names != Names::Any)
             .map(|p| (p.resource, p.names))

@@ -7,14 +7,17 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::anyhow;
-use vsphere_cns::{CnsClient, CnsMetadataBackend};
+use vsphere_cns::CnsMetadataBackend;
 
 use crate::app::{
-    DEFAULT_VSPHERE_CONFIG, DEMO_BANNER, Found, LOGOUT_TIMEOUT, Mode, RealOptions, connect_real,
-    exists, select_mode, start_controllers,
+    DEFAULT_VSPHERE_CONFIG, Found, Mode, RealOptions, connect_real, exists, logout, select_mode,
+    start_controllers,
 };
-use crate::demo::{DemoOptions, run_demo};
+
+/// Why [`run`] refuses to run without configuration when built without the `demo` feature.
+#[cfg(not(feature = "demo"))]
+const NO_DEMO: &str = "no kubeconfig and no vSphere config: pass --kubeconfig FILE and \
+     --vsphere-config FILE (this build has no demo on simulators: its `demo` feature is off)";
 
 /// What the binary's flags ask for, in both modes.
 #[derive(Clone, Debug)]
@@ -115,7 +118,7 @@ pub fn parse_datastore(value: &str) -> Result<(String, String), String> {
 /// lease (when leading) so a standby takes over at once; the reconciler stops with it. The
 /// whole stop is bounded by [`Settings::stop_deadline`](crate::Settings::stop_deadline)
 /// (the grace plus the release's bound plus [`STOP_MARGIN`](crate::STOP_MARGIN)); then the
-/// vCenter session is logged out (bounded by [`LOGOUT_TIMEOUT`]) and one last line on
+/// vCenter session is logged out (bounded by [`LOGOUT_TIMEOUT`](crate::LOGOUT_TIMEOUT)) and one last line on
 /// `out`, starting with `stopped:`, says what was done. `shutdown` completing while the
 /// demo provisions, or while connecting to vCenter, stops as well (the demo then fails,
 /// as unfinished).
@@ -153,7 +156,10 @@ pub async fn run(
         shutdown.await;
     };
     match select_mode(&found).map_err(RunError::Usage)? {
+        #[cfg(feature = "demo")]
         Mode::Demo => demo(options, shutdown, out).await?,
+        #[cfg(not(feature = "demo"))]
+        Mode::Demo => return Err(RunError::Usage(NO_DEMO.to_owned())),
         Mode::Real {
             kubeconfig,
             vsphere_config,
@@ -214,12 +220,17 @@ pub(crate) fn missing_files(
     }
 }
 
+#[cfg(feature = "demo")]
 async fn demo(
     options: &Options,
     shutdown: impl Future<Output = ()>,
     out: &mut (dyn Write + Send),
 ) -> anyhow::Result<()> {
-    writeln!(out, "{DEMO_BANNER}")?;
+    use anyhow::anyhow;
+
+    use crate::demo::{DemoOptions, run_demo};
+
+    writeln!(out, "{}", crate::DEMO_BANNER)?;
     let demo_options = DemoOptions {
         claims: options.claims,
         provisioner_name: options.provisioner_name.clone(),
@@ -288,23 +299,10 @@ async fn real(
     result
 }
 
-/// Logs out of vCenter within [`LOGOUT_TIMEOUT`]; says how it went.
-pub(crate) async fn logout(cns: &CnsClient) -> &'static str {
-    match tokio::time::timeout(LOGOUT_TIMEOUT, cns.logout()).await {
-        Ok(Ok(())) => "vCenter session logged out",
-        Ok(Err(error)) => {
-            tracing::warn!(error = %error, "vCenter logout failed");
-            "vCenter logout failed"
-        }
-        Err(_) => {
-            tracing::warn!(timeout = ?LOGOUT_TIMEOUT, "vCenter logout timed out");
-            "vCenter logout timed out"
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use anyhow::anyhow;
+
     use super::*;
 
     #[test]

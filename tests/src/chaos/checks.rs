@@ -604,7 +604,7 @@ fn expected(spec: &CnsVolumeMetadataSpec, reference: usize) -> Option<EntityView
     })
 }
 
-fn actual(entity: &vsphere_cns::EntityMetadata) -> EntityView {
+fn actual(entity: &vsphere_cns::wire::EntityMetadata) -> EntityView {
     EntityView {
         key: (
             entity.entity_type.as_str().to_owned(),
@@ -778,7 +778,10 @@ mod tests {
         CSIPersistentVolumeSource, ObjectReference, PersistentVolumeSpec,
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-    use vsphere_cns::{ClusterFlavor, CnsVolumeId, ContainerCluster, MoRef, VolumeMetadata};
+    use vsphere_cns::{
+        ClusterFlavor, CnsVolumeId, MoRef,
+        wire::{ContainerCluster, VolumeMetadata},
+    };
 
     use super::*;
     use crate::chaos::world::ClaimRecord;

@@ -17,7 +17,9 @@ use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::Instrument as _;
-use vsphere_cns::{ClusterFlavor, CnsClient, CnsMetadataBackend, CnsProvisioner, MoRef, VcConfig};
+use vsphere_cns::{
+    ClusterFlavor, CnsClient, CnsMetadataBackend, CnsProvisioner, MoRef, VirtualCenterConfig,
+};
 use vsphere_controllers::Settings;
 
 use super::names;
@@ -29,7 +31,7 @@ pub struct ReplicaSpec {
     /// The kube-sim connection.
     pub kube: kube_client::Config,
     /// The CNS simulator connection.
-    pub vc: VcConfig,
+    pub vc: VirtualCenterConfig,
     /// The controllers' settings.
     pub settings: Settings,
     /// The seed of the run, in thread names (`replica-s<seed>-<index>.<start>`).

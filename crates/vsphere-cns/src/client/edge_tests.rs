@@ -9,13 +9,13 @@ use kube_controller_kit::error::chain;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::{CnsClient, Error, TlsMode, VcConfig};
+use crate::{CnsClient, Error, TlsMode, VirtualCenterConfig};
 
 const PASSWORD: &str = "pw-Secret-7781";
 const SERVICE_CONTENT: &str = r#"<?xml version="1.0" encoding="UTF-8"?><soapenv:Envelope xmlns:soapenv="http://schemas.xmlsoap.org/soap/envelope/"><soapenv:Body><RetrieveServiceContentResponse xmlns="urn:vim25"><returnval><sessionManager type="SessionManager">SessionManager</sessionManager><propertyCollector type="PropertyCollector">propertyCollector</propertyCollector></returnval></RetrieveServiceContentResponse></soapenv:Body></soapenv:Envelope>"#;
 
-fn config(port: u16) -> VcConfig {
-    VcConfig::new("127.0.0.1", "admin", PASSWORD)
+fn config(port: u16) -> VirtualCenterConfig {
+    VirtualCenterConfig::new("127.0.0.1", "admin", PASSWORD)
         .port(port)
         .tls(TlsMode::PlainHttp)
         .timeout(Duration::from_secs(30))
@@ -234,7 +234,7 @@ async fn a_redirect_on_login_is_an_error_and_the_password_goes_nowhere_else() {
 #[tokio::test]
 async fn plain_http_to_a_host_that_is_not_loopback_is_refused_before_sending() {
     // 192.0.2.0/24 is TEST-NET-1: nothing answers there, so only an early refusal is quick.
-    let config = VcConfig::new("192.0.2.1", "admin", PASSWORD)
+    let config = VirtualCenterConfig::new("192.0.2.1", "admin", PASSWORD)
         .tls(TlsMode::PlainHttp)
         .timeout(Duration::from_secs(60));
     let err = tokio::time::timeout(Duration::from_secs(10), CnsClient::connect(&config))

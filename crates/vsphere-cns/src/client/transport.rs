@@ -6,7 +6,7 @@ use reqwest::header::{CONTENT_TYPE, COOKIE, LOCATION, SET_COOKIE};
 use tracing::{debug, warn};
 
 use super::{Endpoint, Inner, SESSION_COOKIE};
-use crate::connection::VcConfig;
+use crate::connection::VirtualCenterConfig;
 use crate::error::{Error, Result};
 use crate::soap::{decode, encode};
 use crate::xml::Element;
@@ -29,7 +29,7 @@ pub(super) struct Exchange {
 /// [`Error::Transport`] with a source that does not repeat the URL.
 pub(super) async fn exchange(
     request: reqwest::RequestBuilder,
-    config: &VcConfig,
+    config: &VirtualCenterConfig,
     operation: &'static str,
     url: &str,
 ) -> Result<Exchange> {
@@ -95,7 +95,7 @@ fn location_host(response: &reqwest::Response) -> Option<String> {
 
 pub(super) async fn fetch_version(
     http: &reqwest::Client,
-    config: &VcConfig,
+    config: &VirtualCenterConfig,
     base: &str,
     file: &str,
     namespace: &str,
@@ -139,12 +139,9 @@ impl Inner {
         self.cookie_slot().clone()
     }
 
-    /// The session cookie. It is a plain value, so a panic elsewhere while the lock was
-    /// held cannot leave it half-written: a poisoned lock is used as is.
+    /// The session cookie.
     pub(super) fn cookie_slot(&self) -> std::sync::MutexGuard<'_, Option<String>> {
-        self.cookie
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::lock(&self.cookie)
     }
 
     async fn relogin(&self, stale: Option<String>) -> Result<()> {

@@ -41,14 +41,13 @@ fn parses_a_complete_file_with_global_defaults() {
     assert_eq!(vc1.password.expose(), "p;a#s\"s");
     assert_eq!(vc1.port, 443);
     assert_eq!(vc1.datacenters, ["dc-1", "dc-2"]);
-    assert!(!vc1.insecure_flag);
-    assert!(matches!(vc1.tls_mode(), TlsMode::Thumbprint(_)));
+    assert!(matches!(vc1.tls, TlsMode::Thumbprint(_)));
 
     let vc2 = &config.virtual_centers[1];
     assert_eq!(vc2.user, "global-user");
     assert_eq!(vc2.password.expose(), "global-pass");
     assert_eq!(vc2.port, 8443);
-    assert_eq!(vc2.tls_mode(), TlsMode::Insecure);
+    assert_eq!(vc2.tls, TlsMode::Insecure);
     assert_eq!(
         config.labels.get("zone").map(String::as_str),
         Some("k8s-zone")
@@ -59,7 +58,7 @@ fn parses_a_complete_file_with_global_defaults() {
 #[test]
 fn vc_config_carries_host_port_credentials_and_tls() {
     let config = VsphereConfig::parse(GOOD).unwrap();
-    let vc = config.virtual_centers[1].vc_config();
+    let vc = &config.virtual_centers[1];
     assert_eq!(vc.base_url(), "https://vc2.example.com:8443");
     assert_eq!(vc.user, "global-user");
     assert_eq!(vc.tls, TlsMode::Insecure);
@@ -70,7 +69,7 @@ fn minimal_file_defaults_port_443_and_verified_tls() {
     let config = VsphereConfig::parse("[VirtualCenter \"vc\"]\nuser = u\npassword = p\n").unwrap();
     let vc = &config.virtual_centers[0];
     assert_eq!(vc.port, 443);
-    assert_eq!(vc.tls_mode(), TlsMode::Verified);
+    assert_eq!(vc.tls, TlsMode::Verified);
     assert_eq!(config.global.cluster_id, "");
 }
 
@@ -79,9 +78,10 @@ fn ca_file_and_bare_boolean_keys() {
     let text =
         "[Global]\nca-file = /etc/ssl/vc.pem\n[VirtualCenter \"vc\"]\nuser = u\npassword = p\n";
     let vc = &VsphereConfig::parse(text).unwrap().virtual_centers[0];
-    assert_eq!(vc.tls_mode(), TlsMode::CaFile("/etc/ssl/vc.pem".into()));
+    assert_eq!(vc.tls, TlsMode::CaFile("/etc/ssl/vc.pem".into()));
     let text = "[VirtualCenter \"vc\"]\nuser = u\npassword = p\ninsecure-flag\n";
-    assert!(VsphereConfig::parse(text).unwrap().virtual_centers[0].insecure_flag);
+    let vc = &VsphereConfig::parse(text).unwrap().virtual_centers[0];
+    assert_eq!(vc.tls, TlsMode::Insecure);
 }
 
 #[test]
@@ -249,28 +249,23 @@ fn a_sections_certificate_settings_win_over_global_insecure_flag() {
     let vc = vc_of(&format!(
         "{global}[VirtualCenter \"vc\"]\nthumbprint = {THUMB}\n"
     ));
-    assert!(!vc.insecure_flag);
-    assert!(
-        matches!(vc.tls_mode(), TlsMode::Thumbprint(_)),
-        "{:?}",
-        vc.tls_mode()
-    );
+    assert!(matches!(vc.tls, TlsMode::Thumbprint(_)), "{:?}", vc.tls);
     let vc = vc_of(&format!(
         "{global}[VirtualCenter \"vc\"]\nca-file = /etc/vc.pem\n"
     ));
-    assert_eq!(vc.tls_mode(), TlsMode::CaFile("/etc/vc.pem".into()));
+    assert_eq!(vc.tls, TlsMode::CaFile("/etc/vc.pem".into()));
     let vc = vc_of(&format!(
         "{global}[VirtualCenter \"vc\"]\ninsecure-flag = false\n"
     ));
-    assert_eq!(vc.tls_mode(), TlsMode::Verified);
+    assert_eq!(vc.tls, TlsMode::Verified);
     // A section that sets none of the three inherits all of them.
     let vc = vc_of(&format!("{global}[VirtualCenter \"vc\"]\n"));
-    assert_eq!(vc.tls_mode(), TlsMode::Insecure);
+    assert_eq!(vc.tls, TlsMode::Insecure);
     // And the other way round: a section's insecure-flag is not mixed with Global's pin.
     let text = format!(
         "[Global]\nthumbprint = {THUMB}\nuser = u\npassword = p\n[VirtualCenter \"vc\"]\ninsecure-flag = true\n"
     );
-    assert_eq!(vc_of(&text).tls_mode(), TlsMode::Insecure);
+    assert_eq!(vc_of(&text).tls, TlsMode::Insecure);
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! volume may still appear in vCenter later.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -29,8 +29,7 @@ pub(super) struct Unresolved {
 
 impl PendingCreates {
     fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
-        // Every critical section leaves the map consistent: a panic cannot tear it.
-        self.sent.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::lock(&self.sent)
     }
 
     /// Remembers that a create of `name` sent at `sent_at` may still land, and drops

@@ -13,7 +13,7 @@ use provision_controller::ProvisionOptions;
 
 use super::params::{self, ClassParams};
 use super::{BLOCK_VOLUME_TYPE, CSI_DRIVER, FILE_VOLUME_TYPE, ProvisionerError, quantity};
-use crate::types::{CnsVolume, CnsVolumeId};
+use crate::wire::{CnsVolume, CnsVolumeId};
 
 /// What a claim asks for, checked, and how its PV looks.
 #[derive(Debug)]

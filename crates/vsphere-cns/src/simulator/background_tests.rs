@@ -6,7 +6,7 @@ use super::*;
 use crate::CnsClient;
 use crate::error::Error;
 use crate::soap::decode;
-use crate::types::*;
+use crate::wire::*;
 
 fn spec(sim: &CnsSimulator, name: &str) -> VolumeCreateSpec {
     let cluster =

@@ -18,7 +18,7 @@ use super::{FaultSite, Shared, SimFault, SimRequest, TaskRecord};
 use crate::client::SESSION_COOKIE;
 use crate::soap::decode;
 use crate::soap::encode::VIM_NS;
-use crate::types::CnsVolume;
+use crate::wire::CnsVolume;
 use crate::xml::Element;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use super::*;
 use crate::error::Error;
-use crate::types::*;
-use crate::{CnsClient, VcConfig};
+use crate::wire::*;
+use crate::{CnsClient, VirtualCenterConfig};
 
 fn cluster() -> ContainerCluster {
     ContainerCluster::kubernetes("demo-cluster", DEFAULT_USER, ClusterFlavor::Vanilla)
@@ -206,7 +206,7 @@ async fn requests_use_the_endpoints_versions_and_cookie_govmomi_uses() {
 #[tokio::test]
 async fn a_bad_password_is_reported_as_invalid_login_without_the_password() {
     let sim = CnsSimulator::start().await.unwrap();
-    let config = VcConfig {
+    let config = VirtualCenterConfig {
         password: "wrong-password-123".into(),
         ..sim.vc_config()
     };

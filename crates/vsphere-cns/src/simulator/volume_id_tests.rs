@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::CnsClient;
-use crate::types::*;
+use crate::wire::*;
 
 fn spec(sim: &CnsSimulator, name: &str) -> VolumeCreateSpec {
     let cluster =

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use super::wire;
 use super::{Shared, SimVolume};
 use crate::soap::decode;
-use crate::types::{EntityMetadata, MoRef};
+use crate::wire::{EntityMetadata, MoRef};
 use crate::xml::Element;
 
 pub(super) fn invalid_argument(property: &str) -> Result<String, String> {

@@ -1,7 +1,7 @@
 //! Response documents in the shapes vcsim sends (see `tests/samples`).
 
 use crate::soap::encode::{self, CNS_VOLUME_MANAGER};
-use crate::types::CnsVolume;
+use crate::wire::CnsVolume;
 use crate::xml::{XSI_NS, XmlWriter, escape};
 
 use super::TaskRecord;

@@ -1,7 +1,7 @@
 //! Response parsing: namespace-aware, by local name, unknown elements ignored.
 
 use crate::error::{Error, Result};
-use crate::types::{
+use crate::wire::{
     CnsVolume, CnsVolumeId, ContainerCluster, EntityMetadata, EntityReference, EntityType,
     KeyValue, MoRef, VolumeMetadata,
 };
@@ -313,7 +313,7 @@ fn cluster(element: &Element) -> ContainerCluster {
         vsphere_user: opt_text(element, "vSphereUser").unwrap_or_default(),
         cluster_flavor: element
             .child_text("clusterFlavor")
-            .and_then(crate::types::ClusterFlavor::parse),
+            .and_then(crate::wire::ClusterFlavor::parse),
         cluster_distribution: opt_text(element, "clusterDistribution"),
         delete: parse_bool(element, "delete"),
     }

@@ -2,7 +2,7 @@
 //! namespace on the method element, unprefixed descendants, and
 //! `_XMLSchema-instance:type` on polymorphic fields.
 
-use crate::types::{
+use crate::wire::{
     CnsVolume, ContainerCluster, EntityMetadata, MoRef, QueryFilter, VolumeCreateSpec,
     VolumeMetadata, VolumeMetadataUpdateSpec,
 };

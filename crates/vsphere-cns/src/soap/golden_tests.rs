@@ -7,7 +7,7 @@ use super::decode::{self, TaskState};
 use super::encode;
 use crate::client::Endpoint;
 use crate::error::Error;
-use crate::types::*;
+use crate::wire::*;
 use crate::xml::{Element, XmlWriter};
 
 fn samples() -> PathBuf {

@@ -1,5 +1,8 @@
-//! The CNS data types the client sends and receives, named for Rust and aliased to govmomi's
-//! `cns/types` names. Fields are listed in wire order.
+//! The CNS data types [`CnsClient`](crate::CnsClient) sends and receives: govmomi's
+//! `cns/types` without their `Cns`/`CnsKubernetes` prefix (each type's docs name its govmomi
+//! type), kept in this module so that they do not clash with `cnsmetadata`'s Kubernetes-side
+//! types (`EntityType`, `EntityReference`, the `CnsVolumeMetadata` CRD). Fields are listed
+//! in wire order. [`CnsVolumeId`], [`MoRef`] and [`ClusterFlavor`] are also at the crate root.
 
 use std::fmt;
 
