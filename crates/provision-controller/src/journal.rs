@@ -1,18 +1,9 @@
-//! The provisioning journal: where crash-safe provisioning
-//! ([`Config::crash_safe_provisioning`](crate::Config::crash_safe_provisioning)) records
-//! that an asset may exist without a PV, in objects the controller owns, never on users'
-//! claims or PVs.
-//!
-//! The journal is a set of ConfigMaps in the controller's namespace (the Lease's), named
-//! `<lease name>-journal-<seq>` and labelled [`JOURNAL_LABEL`]`: <lease name>`. Each holds
-//! one entry per claim whose provisioning started (`e.<claim uid>`) and the class snapshots
-//! those entries refer to (`k.<hash>`), at most [`BUDGET`] bytes per object. See
-//! `docs/architecture.md` ("Crash safety: the provisioning journal") for the states of an
-//! entry and why they give the crash-safety guarantee.
-//!
-//! This module's public part is what an operator needs besides the running controller:
-//! [`Uninstall`], which reports what the journal still holds and removes every trace of
-//! the controller from the cluster.
+//! The provisioning journal: ConfigMaps in the controller's namespace (the Lease's), named
+//! `<lease name>-journal-<seq>` and labelled [`JOURNAL_LABEL`]` = <lease name>`, each
+//! holding one entry per claim whose provisioning started (`e.<claim uid>`) and the class
+//! snapshots they refer to (`k.<hash>`), at most [`BUDGET`] bytes per object, written in
+//! groups with conditional updates. docs/architecture.md describes the entry states;
+//! [`Uninstall`] removes the journal.
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -33,7 +24,7 @@ use kube_client::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, oneshot};
 
-use crate::{annotations::FINALIZER_PV, leader::LeaderElection};
+use crate::{LeaderElection, annotations::FINALIZER_PV};
 
 /// The label every journal object carries, with the lease name (or, when that is no valid
 /// label value, a hash of it) as value. The domain is the project's own.
@@ -41,7 +32,7 @@ pub const JOURNAL_LABEL: &str = "provisioning-journal.rust-storage-controllers.g
 
 /// The most bytes of data (keys and values) one journal object holds: well under the API
 /// server's 1 MiB limit of a ConfigMap, so an object stays below 512 KiB.
-pub const BUDGET: usize = 384 * 1024;
+pub(crate) const BUDGET: usize = 384 * 1024;
 
 /// The prefix of an entry's key; the claim's uid follows.
 const ENTRY_PREFIX: &str = "e.";
@@ -984,7 +975,7 @@ pub struct UninstallReport {
 ///
 /// ```no_run
 /// # async fn doc(client: kube_client::Client) -> Result<(), kube_client::Error> {
-/// use provision_controller::journal::Uninstall;
+/// use provision_controller::Uninstall;
 /// let report = Uninstall::new(client, "example.com/nfs")
 ///     .namespace("storage")
 ///     .remove_pv_finalizers(true)
