@@ -387,10 +387,11 @@ pub(crate) async fn record_intent(
         })
 }
 
-/// The driver answered that it holds no asset for claim `uid`: its intent goes, unless
-/// another process (or an earlier life of this one) wrote it and a create it sent may
-/// still land: then it is settled for the end of the late-asset window, whose sweep
-/// looks for that asset once more.
+/// The driver answered that it holds no asset for claim `uid`: the intent goes if this
+/// process wrote it (the answer says nothing of another replica's create: its intent, or
+/// the entry of a PV it saved meanwhile, stays). One another process (or an earlier life
+/// of this one) wrote is settled instead when a create it sent may still land, for the
+/// end of the late-asset window, whose sweep looks for that asset once more.
 pub(crate) fn no_asset(ctx: &Context, uid: &str) {
     let Some(journal) = &ctx.journal else {
         return;
@@ -404,7 +405,7 @@ pub(crate) fn no_asset(ctx: &Context, uid: &str) {
         journal.settle(uid, due);
         queue_at(ctx, uid, due);
     } else {
-        journal.remove(uid, None);
+        journal.remove_own_intent(uid);
     }
 }
 
