@@ -20,8 +20,8 @@ use clap::Parser;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube_client::{Api, Client, api::DeleteParams, api::PostParams};
+use provision_controller::{AssetLookup, ProvisionOptions, Provisioner};
 use provision_controller::{Config, DeleteError, ProvisionController, ProvisionError};
-use provision_controller::{ProvisionOptions, Provisioner};
 use serde_json::json;
 use tracing_subscriber::EnvFilter;
 
@@ -38,7 +38,8 @@ struct Args {
     base: Option<PathBuf>,
 }
 
-/// The driver: `provision` makes a directory, `delete` removes it.
+/// The driver: `provision` makes a directory, `delete` removes it, `find` looks one up.
+#[derive(Clone)]
 struct HostPath(PathBuf);
 
 #[async_trait]
@@ -46,19 +47,9 @@ impl Provisioner for HostPath {
     async fn provision(&self, opts: &ProvisionOptions) -> Result<PersistentVolume, ProvisionError> {
         // The PV name is stable for a claim, so creating the directory twice is harmless.
         let path = self.0.join(&opts.pv_name);
-        if opts.cleanup && !path.is_dir() {
-            // A cleanup only looks for the directory: it creates none.
-            let reason = format!("no directory {}", path.display());
-            return Err(ProvisionError::Ignored { reason });
-        }
         let created = tokio::fs::create_dir_all(&path).await;
         created.map_err(ProvisionError::failed)?;
-        let claim = opts.claim.spec.clone().unwrap_or_default();
-        let volume = json!({"metadata": {"name": opts.pv_name}, "spec": {
-            "capacity": claim.resources.and_then(|r| r.requests), "accessModes": claim.access_modes,
-            "persistentVolumeReclaimPolicy": opts.storage_class.reclaim_policy,
-            "hostPath": {"path": path.display().to_string(), "type": "Directory"}}});
-        serde_json::from_value(volume).map_err(ProvisionError::failed)
+        volume(opts, &path)
     }
 
     async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError> {
@@ -76,6 +67,31 @@ impl Provisioner for HostPath {
             _ => Ok(()),
         }
     }
+}
+
+/// Crash-safe provisioning's cleanup looks for a claim's directory without making one.
+#[async_trait]
+impl AssetLookup for HostPath {
+    async fn find(
+        &self,
+        opts: &ProvisionOptions,
+    ) -> Result<Option<PersistentVolume>, ProvisionError> {
+        let path = self.0.join(&opts.pv_name);
+        if !path.is_dir() {
+            return Ok(None);
+        }
+        volume(opts, &path).map(Some)
+    }
+}
+
+/// The PV of the directory `path` for `opts`' claim.
+fn volume(opts: &ProvisionOptions, path: &Path) -> Result<PersistentVolume, ProvisionError> {
+    let claim = opts.claim.spec.clone().unwrap_or_default();
+    let volume = json!({"metadata": {"name": opts.pv_name}, "spec": {
+        "capacity": claim.resources.and_then(|r| r.requests), "accessModes": claim.access_modes,
+        "persistentVolumeReclaimPolicy": opts.storage_class.reclaim_policy,
+        "hostPath": {"path": path.display().to_string(), "type": "Directory"}}});
+    serde_json::from_value(volume).map_err(ProvisionError::failed)
 }
 
 #[tokio::main]
@@ -156,7 +172,9 @@ async fn demo(args: Args) -> anyhow::Result<()> {
         "metadata": {"name": "hostpath"}, "provisioner": NAME, "volumeBindingMode": "Immediate"}))?;
     classes.create(&post, &class).await?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let controller = ProvisionController::new(client, NAME, HostPath(base.clone()))
+    let driver = HostPath(base.clone());
+    let controller = ProvisionController::new(client, NAME, driver.clone())
+        .asset_lookup(driver)
         .config(Config::default().leader_election(None))
         .run(async {
             tokio::select! {
@@ -237,7 +255,10 @@ mod tests {
 
     #[tokio::test]
     async fn the_driver_keeps_the_provisioner_contract() {
-        let report = Conformance::new(NAME).check(&driver("conformance")).await;
+        let driver = driver("conformance");
+        let report = Conformance::new(NAME)
+            .check_with_lookup(&driver, &driver)
+            .await;
         report.assert_conforms();
     }
 

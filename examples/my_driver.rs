@@ -27,17 +27,9 @@ impl Provisioner for MyDriver {
     ) -> Result<PersistentVolume, ProvisionError> {
         // `pv_name` is the same at every call for a claim: create the disk idempotently.
         let path = self.root.join(&options.pv_name);
-        if options.cleanup {
-            // A cleanup only looks for a disk that exists: create nothing.
-            if !path.is_dir() {
-                let reason = format!("no directory {}", path.display());
-                return Err(ProvisionError::Ignored { reason });
-            }
-        } else {
-            tokio::fs::create_dir_all(&path)
-                .await
-                .map_err(ProvisionError::failed)?;
-        }
+        tokio::fs::create_dir_all(&path)
+            .await
+            .map_err(ProvisionError::failed)?;
         let claim = options.claim.spec.clone().unwrap_or_default();
         let requests = claim.resources.and_then(|r| r.requests).unwrap_or_default();
         let reclaim = options.storage_class.reclaim_policy.clone();
@@ -113,7 +105,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     ProvisionController::new(client, NAME, MyDriver { root: root.into() })
         .config(config)
         // Lease renewals on a client of their own, so they never wait behind provisioning.
-        .leader_election_client(provision_controller::leader::dedicated_client(
+        .leader_election_client(provision_controller::client::for_leader_election(
             &kube_config,
         )?)
         .run(async move {

@@ -154,7 +154,7 @@ async fn with_the_production_defaults_a_replica_leads_serves_probes_and_releases
     let controller = ProvisionController::new(client.clone(), NAME, fake.clone())
         .config(config)
         .leader_election_client(
-            provision_controller::leader::dedicated_client(&kube_config).unwrap(),
+            provision_controller::client::for_leader_election(&kube_config).unwrap(),
         );
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let run = tokio::spawn(controller.run(async {

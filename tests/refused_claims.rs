@@ -18,8 +18,7 @@ use kube_client::{
 use kube_sim::wait::Wait;
 use provision_controller::{
     Config, ProvisionController,
-    annotations::ANN_STORAGE_PROVISIONER,
-    journal::JOURNAL_LABEL,
+    annotations::{ANN_STORAGE_PROVISIONER, JOURNAL_LABEL},
     testing::{class, pvc},
 };
 use vsphere_cns::simulator::CnsSimulator;
@@ -74,7 +73,10 @@ impl Env {
             .leader_election(None)
             .resync_period(Duration::from_secs(2));
         let controller =
-            ProvisionController::new(self.client.clone(), CSI_DRIVER, provisioner).config(config);
+            ProvisionController::new(self.client.clone(), CSI_DRIVER, provisioner.clone())
+                .asset_lookup(provisioner.clone())
+                .late_assets(provisioner)
+                .config(config);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let run = tokio::spawn(async move {
             controller

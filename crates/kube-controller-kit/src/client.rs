@@ -67,8 +67,8 @@ pub enum ClientError {
 
 /// Finds the configuration as `kube_client::Config::infer` does (the kubeconfig of
 /// `KUBECONFIG` or `~/.kube/config`, else the in-cluster service account) and builds a
-/// client from it with [`from_config`]. Returns the config too, for a
-/// [`dedicated_client`](crate::leader::dedicated_client) or a second client.
+/// client from it with [`from_config`]. Returns the config too, for
+/// [`for_leader_election`] or a second client.
 ///
 /// This reads the environment (through kube's inference): call it from a binary, not
 /// from a library.
@@ -112,6 +112,23 @@ pub fn from_config(config: Config) -> Result<Client, ClientError> {
         cluster_url,
         source,
     })
+}
+
+/// Builds a client for leader election alone, from the same `config` the workers use.
+///
+/// The client ([`from_config`]: HTTP/2 where the server offers it) has its own request
+/// buffer and connection, so lease renewals never wait behind worker requests, and it
+/// does not retry on its own (the elector bounds and retries its attempts itself).
+///
+/// # Errors
+/// [`ClientError::Build`] when the TLS material or authentication settings are unusable.
+///
+/// # Panics
+/// Outside a Tokio runtime: the client spawns its buffer task.
+pub fn for_leader_election(config: &Config) -> Result<Client, ClientError> {
+    let mut config = config.clone();
+    config.default_retry = false;
+    from_config(config)
 }
 
 pub(crate) fn build(config: Config) -> Result<Client, kube_client::Error> {

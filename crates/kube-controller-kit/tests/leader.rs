@@ -10,8 +10,9 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube_client::Api;
 use kube_client::api::PostParams;
+use kube_controller_kit::client::for_leader_election;
 use kube_controller_kit::leader::{
-    LeaderElection, LeaderElector, LeaderError, LeaderState, LossReason, dedicated_client,
+    LeaderElection, LeaderElector, LeaderError, LeaderState, LossReason,
 };
 use kube_sim::{FaultRule, KubeSim, Verb};
 use tokio::time::{Instant, sleep};
@@ -35,7 +36,7 @@ fn elector(sim: &KubeSim, identity: &str) -> LeaderElector {
         .timings(LEASE, RENEW, RETRY)
         .unwrap();
     let config = kube_client::Config::new(sim.url().parse().unwrap());
-    LeaderElector::new(dedicated_client(&config).unwrap(), cfg).unwrap()
+    LeaderElector::new(for_leader_election(&config).unwrap(), cfg).unwrap()
 }
 
 fn leases(sim: &KubeSim) -> Api<Lease> {
@@ -510,7 +511,7 @@ async fn an_unset_namespace_is_the_clients_default_namespace() {
     }
     let mut config = kube_client::Config::new(sim.url().parse().unwrap());
     config.default_namespace = "team-a".into();
-    let client = dedicated_client(&config).unwrap();
+    let client = for_leader_election(&config).unwrap();
     let timings = |cfg: LeaderElection| cfg.identity("a").timings(LEASE, RENEW, RETRY).unwrap();
 
     let unset = timings(LeaderElection::default().lease_name(NAME));

@@ -1,30 +1,33 @@
-//! Annotation and finalizer names the controller reads and writes (Go's: the controller
-//! writes no key of its own on users' objects), with typed getters
-//! (and, for the crate, the `namespace/name` a claim is named by in logs and events, and
-//! `ClaimView`: all of this read off a claim once, when its sync starts).
+//! The names on objects a driver, a test or an operator may need: the Kubernetes
+//! annotations the controller reads and writes (Go's: it writes no key of its own on
+//! users' objects), the PV finalizer, and the label of the controller's journal objects.
 
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+
+/// On the controller's journal ConfigMaps: the name of its Lease (see docs/production.md).
+pub use crate::journal::JOURNAL_LABEL;
 
 /// On a PV: the provisioner that created it (Go: `annDynamicallyProvisioned`).
 #[doc(alias = "annDynamicallyProvisioned")]
 pub const ANN_PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
 /// On a PV: the CSI driver a migrated in-tree volume now belongs to (Go: `annMigratedTo`).
 #[doc(alias = "annMigratedTo")]
-pub const ANN_MIGRATED_TO: &str = "pv.kubernetes.io/migrated-to";
+pub(crate) const ANN_MIGRATED_TO: &str = "pv.kubernetes.io/migrated-to";
 /// On a claim: the provisioner asked to provision it (Go: `annStorageProvisioner`).
 #[doc(alias = "annStorageProvisioner")]
 pub const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
 /// On a claim: the beta form of [`ANN_STORAGE_PROVISIONER`], read when that one is absent.
 #[doc(alias = "annBetaStorageProvisioner")]
-pub const ANN_BETA_STORAGE_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-provisioner";
+pub(crate) const ANN_BETA_STORAGE_PROVISIONER: &str =
+    "volume.beta.kubernetes.io/storage-provisioner";
 /// On a claim: the node the scheduler chose (Go: `annSelectedNode`).
 #[doc(alias = "annSelectedNode")]
 pub const ANN_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 /// On a claim: the Kubernetes 1.11 form of [`ANN_SELECTED_NODE`] (Go: `annAlphaSelectedNode`).
 #[doc(alias = "annAlphaSelectedNode")]
-pub const ANN_ALPHA_SELECTED_NODE: &str = "volume.alpha.kubernetes.io/selected-node";
+pub(crate) const ANN_ALPHA_SELECTED_NODE: &str = "volume.alpha.kubernetes.io/selected-node";
 /// PV finalizer marking the provisioner as owner of its cleanup (Go: `finalizerPV`).
 #[doc(alias = "finalizerPV")]
 pub const FINALIZER_PV: &str = "external-provisioner.volume.kubernetes.io/finalizer";
@@ -38,21 +41,21 @@ fn annotation<'a>(
 
 /// The provisioner a claim asks for: [`ANN_STORAGE_PROVISIONER`], else its beta form.
 #[must_use]
-pub fn storage_provisioner(claim: &PersistentVolumeClaim) -> Option<&str> {
+pub(crate) fn storage_provisioner(claim: &PersistentVolumeClaim) -> Option<&str> {
     annotation(&claim.metadata, ANN_STORAGE_PROVISIONER)
         .or_else(|| annotation(&claim.metadata, ANN_BETA_STORAGE_PROVISIONER))
 }
 
 /// The node the scheduler chose: [`ANN_SELECTED_NODE`], else its alpha form.
 #[must_use]
-pub fn selected_node(claim: &PersistentVolumeClaim) -> Option<&str> {
+pub(crate) fn selected_node(claim: &PersistentVolumeClaim) -> Option<&str> {
     annotation(&claim.metadata, ANN_SELECTED_NODE)
         .or_else(|| annotation(&claim.metadata, ANN_ALPHA_SELECTED_NODE))
 }
 
 /// Whether the claim carries [`ANN_SELECTED_NODE`] (any value); the alpha form does not count.
 #[must_use]
-pub fn has_selected_node(claim: &PersistentVolumeClaim) -> bool {
+pub(crate) fn has_selected_node(claim: &PersistentVolumeClaim) -> bool {
     annotation(&claim.metadata, ANN_SELECTED_NODE).is_some()
 }
 
@@ -62,7 +65,7 @@ pub fn has_selected_node(claim: &PersistentVolumeClaim) -> bool {
 /// as in Kubernetes.
 #[must_use]
 #[doc(alias = "GetPersistentVolumeClaimClass")]
-pub fn claim_class(claim: &PersistentVolumeClaim) -> &str {
+pub(crate) fn claim_class(claim: &PersistentVolumeClaim) -> &str {
     if let Some(class) = annotation(&claim.metadata, "volume.beta.kubernetes.io/storage-class") {
         return class;
     }
@@ -76,26 +79,26 @@ pub fn claim_class(claim: &PersistentVolumeClaim) -> &str {
 /// Whether the claim asks for `volumeMode: Block`.
 #[must_use]
 #[doc(alias = "CheckPersistentVolumeClaimModeBlock")]
-pub fn is_block(claim: &PersistentVolumeClaim) -> bool {
+pub(crate) fn is_block(claim: &PersistentVolumeClaim) -> bool {
     claim.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block")
 }
 
 /// The PV's `pv.kubernetes.io/provisioned-by` value.
 #[must_use]
-pub fn provisioned_by(volume: &PersistentVolume) -> Option<&str> {
+pub(crate) fn provisioned_by(volume: &PersistentVolume) -> Option<&str> {
     annotation(&volume.metadata, ANN_PROVISIONED_BY)
 }
 
 /// The PV's `pv.kubernetes.io/migrated-to` value.
 #[must_use]
-pub fn migrated_to(volume: &PersistentVolume) -> Option<&str> {
+pub(crate) fn migrated_to(volume: &PersistentVolume) -> Option<&str> {
     annotation(&volume.metadata, ANN_MIGRATED_TO)
 }
 
 /// Whether the PV carries `finalizer`.
 #[must_use]
 #[doc(alias = "checkFinalizer")]
-pub fn has_finalizer(volume: &PersistentVolume, finalizer: &str) -> bool {
+pub(crate) fn has_finalizer(volume: &PersistentVolume, finalizer: &str) -> bool {
     volume
         .metadata
         .finalizers

@@ -11,8 +11,8 @@ use std::{
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 
 use crate::{
+    LeaderElection,
     error::{ConfigError, ConfigOption},
-    leader::LeaderElection,
     retry::{self, FailureBackoff, PvSaveStrategy},
 };
 
@@ -323,8 +323,7 @@ options! {
     /// Crash-safe provisioning. Default on.
     ///
     /// Before the driver is asked for an asset, the controller records the claim in its
-    /// provisioning journal ([`journal`](crate::journal): ConfigMaps in its own namespace,
-    /// the Lease's), and waits until that record is durable; the record is settled once a
+    /// provisioning journal (ConfigMaps in its own namespace, the Lease's), and waits until that record is durable; the record is settled once a
     /// PV records the asset, or removed once the driver answered that none exists. A
     /// controller that restarts at any point therefore finds every claim whose asset may
     /// exist without a PV, and finishes it, saving a PV for the asset also when the claim
@@ -332,7 +331,7 @@ options! {
     /// usual). Go leaks the asset (kubernetes-csi/external-provisioner#486). A PV that
     /// cannot be saved keeps its asset: the claim is provisioned and saved again (Go deletes
     /// the asset, which can destroy one that another replica's PV names). With
-    /// [`Provisioner::late_asset_window`](crate::Provisioner::late_asset_window) the record
+    /// a [`LateAssets::window`](crate::LateAssets::window) the record
     /// stays until the window has passed and the driver made its last sweep. Users' claims
     /// and PVs carry nothing of it. Requires `configmaps` access in the controller's
     /// namespace (see [`rbac`](crate::rbac)) and a driver whose `provision` is idempotent
@@ -409,7 +408,7 @@ mod tests {
 
     #[test]
     fn validation_names_the_invalid_option() {
-        use crate::leader::LeaderElectionOption as Le;
+        use kube_controller_kit::leader::LeaderElectionOption as Le;
         let cases: Vec<(&str, Config, Option<ConfigOption>)> = vec![
             ("defaults are valid", Config::default(), None),
             (

@@ -26,15 +26,16 @@ use k8s_openapi::api::{
 use kube_client::Client;
 use prometheus_client::registry::Registry;
 
+use kube_controller_kit::http::{Health, MetricsSource};
+
 use crate::{
     LeaderElection,
     cache::{Caches, SharedCache},
     config::Config,
     error::Result,
     events::Events,
-    http::{Health, MetricsSource},
     metrics::ControllerMetrics,
-    provisioner::{DeletionGuard, Provisioner, Qualifier},
+    provisioner::{AssetLookup, DeletionGuard, LateAssets, Provisioner, Qualifier},
     queue::WorkQueue,
 };
 
@@ -56,7 +57,7 @@ use crate::{
 ///   keep their caches synced and answer probes and scrapes.
 /// - With [`Config::crash_safe_provisioning`] (the default), a claim whose asset may exist
 ///   without a saved PV is recorded in the controller's provisioning journal
-///   ([`journal`](crate::journal)) before the driver is called, with the class it
+///   before the driver is called, with the class it
 ///   started with, so any later controller of that provisioner finishes it, whatever the
 ///   claim's annotation or class say now, even when its class was deleted. When the claim
 ///   will not get its PV the normal way (deleted, bound to another PV, now asking another
@@ -67,12 +68,12 @@ use crate::{
 ///   volume flow does, for a Released PV. Without it, a PV that could not be saved has its
 ///   asset deleted (Go), but only after a fresh read right before each attempt finds no PV
 ///   of its name. A PV saved first under the same name by another replica is kept; after
-///   every save the driver hears of the PV that records the asset
-///   ([`Provisioner::volume_saved`]), and releases any other asset of the name.
-/// - With [`Provisioner::late_asset_window`] and crash-safe provisioning, the journal
-///   keeps each provisioned claim until the window has passed since its PV was saved;
-///   whichever replica leads then makes the last sweep ([`Provisioner::volume_saved`]
-///   again, or a cleanup when the PV is gone), retried until the driver answers without
+///   every save a driver with [`LateAssets`] hears of the PV that records the asset
+///   ([`LateAssets::volume_saved`]), and releases any other asset of the name.
+/// - With a [`LateAssets::window`] and crash-safe provisioning, the journal keeps each
+///   provisioned claim until the window has passed since its PV was saved; whichever
+///   replica leads then makes the last sweep ([`LateAssets::volume_saved`] again, or a
+///   cleanup when the PV is gone), retried until the driver answers without
 ///   failing.
 /// - [`Provisioner::delete`] is called only after a fresh read of the PV shows the same
 ///   object still Released with reclaim policy Delete.
@@ -83,6 +84,8 @@ pub struct ProvisionController {
     provisioner: Arc<dyn Provisioner>,
     qualifier: Option<Arc<dyn Qualifier>>,
     guard: Option<Arc<dyn DeletionGuard>>,
+    asset_lookup: Option<Arc<dyn AssetLookup>>,
+    late_assets: Option<Arc<dyn LateAssets>>,
     config: Config,
     metrics: Option<ControllerMetrics>,
     claims: Option<SharedCache<PersistentVolumeClaim>>,
@@ -107,6 +110,8 @@ impl ProvisionController {
             provisioner: Arc::new(provisioner),
             qualifier: None,
             guard: None,
+            asset_lookup: None,
+            late_assets: None,
             config: Config::default(),
             metrics: None,
             claims: None,
@@ -138,6 +143,22 @@ impl ProvisionController {
     #[must_use]
     pub fn deletion_guard(mut self, guard: impl DeletionGuard) -> Self {
         self.guard = Some(Arc::new(guard));
+        self
+    }
+
+    /// Looks up a claim's asset with `lookup` when crash-safe provisioning cleans the claim
+    /// up, instead of calling [`Provisioner::provision`] (see [`AssetLookup`]).
+    #[must_use]
+    pub fn asset_lookup(mut self, lookup: impl AssetLookup) -> Self {
+        self.asset_lookup = Some(Arc::new(lookup));
+        self
+    }
+
+    /// Tells `late` of every saved PV and sweeps once more when its window has passed
+    /// (see [`LateAssets`]).
+    #[must_use]
+    pub fn late_assets(mut self, late: impl LateAssets) -> Self {
+        self.late_assets = Some(Arc::new(late));
         self
     }
 
@@ -209,7 +230,7 @@ impl ProvisionController {
     /// Renews the leader lease through `client` instead of the controller's client.
     ///
     /// Pass a client used for nothing else, built from the same `kube_client::Config` with
-    /// [`leader::dedicated_client`](crate::leader::dedicated_client): every clone of a
+    /// `client::for_leader_election`: every clone of a
     /// `kube_client::Client` shares one request buffer and connection, so without it a
     /// burst of provisioning requests or a slow LIST can hold a renewal back past the
     /// renew deadline and cost the lease. Default: the controller's client (works, but
@@ -263,6 +284,8 @@ pub(crate) struct Context {
     pub(crate) provisioner: Arc<dyn Provisioner>,
     pub(crate) qualifier: Option<Arc<dyn Qualifier>>,
     pub(crate) guard: Option<Arc<dyn DeletionGuard>>,
+    pub(crate) asset_lookup: Option<Arc<dyn AssetLookup>>,
+    pub(crate) late_assets: Option<Arc<dyn LateAssets>>,
     pub(crate) config: Config,
     pub(crate) caches: Caches,
     /// Claims whose provisioning may run in the background, by UID (Go `claimsInProgress`).
@@ -340,6 +363,8 @@ pub(crate) struct Parts {
     pub(crate) provisioner: Arc<dyn Provisioner>,
     pub(crate) qualifier: Option<Arc<dyn Qualifier>>,
     pub(crate) guard: Option<Arc<dyn DeletionGuard>>,
+    pub(crate) asset_lookup: Option<Arc<dyn AssetLookup>>,
+    pub(crate) late_assets: Option<Arc<dyn LateAssets>>,
     pub(crate) config: Config,
     pub(crate) caches: Caches,
     pub(crate) events: Events,
@@ -389,6 +414,8 @@ impl Context {
             provisioner,
             qualifier,
             guard,
+            asset_lookup,
+            late_assets,
             config,
             caches,
             events,
@@ -439,6 +466,8 @@ impl Context {
             provisioner,
             qualifier,
             guard,
+            asset_lookup,
+            late_assets,
             caches,
             in_progress: Mutex::default(),
             infeasible: Mutex::default(),
@@ -451,6 +480,11 @@ impl Context {
             cleanups: Mutex::default(),
             config,
         }
+    }
+
+    /// The driver's late-asset window ([`LateAssets::window`]), when it opted in.
+    pub(crate) fn late_window(&self) -> Option<std::time::Duration> {
+        self.late_assets.as_ref().and_then(|late| late.window())
     }
 
     pub(crate) fn names(&self) -> names::Names<'_> {

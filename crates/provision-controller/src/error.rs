@@ -116,7 +116,7 @@ pub enum ConfigOption {
     /// [`Config::pv_save`](crate::Config::pv_save()).
     PvSave,
     /// One option of [`Config::leader_election`](crate::Config::leader_election()).
-    LeaderElection(crate::leader::LeaderElectionOption),
+    LeaderElection(kube_controller_kit::leader::LeaderElectionOption),
     /// [`Config::additional_provisioner_names`](crate::Config::additional_provisioner_names()).
     AdditionalProvisionerNames,
     /// [`Config::add_finalizer`](crate::Config::add_finalizer()).
@@ -146,7 +146,7 @@ impl ConfigOption {
     /// leader election as `"leader_election.renew_deadline"`.
     #[must_use]
     pub fn name(self) -> &'static str {
-        use crate::leader::LeaderElectionOption as Le;
+        use kube_controller_kit::leader::LeaderElectionOption as Le;
         match self {
             Self::ResyncPeriod => "resync_period",
             Self::Threads => "threads",
@@ -213,8 +213,8 @@ impl std::fmt::Display for ConfigOption {
     }
 }
 
-impl From<crate::leader::LeaderElectionOption> for ConfigOption {
-    fn from(option: crate::leader::LeaderElectionOption) -> Self {
+impl From<kube_controller_kit::leader::LeaderElectionOption> for ConfigOption {
+    fn from(option: kube_controller_kit::leader::LeaderElectionOption) -> Self {
         Self::LeaderElection(option)
     }
 }
@@ -250,8 +250,8 @@ impl ConfigError {
     }
 }
 
-impl From<crate::leader::InvalidLeaderElection> for ConfigError {
-    fn from(error: crate::leader::InvalidLeaderElection) -> Self {
+impl From<kube_controller_kit::leader::InvalidLeaderElection> for ConfigError {
+    fn from(error: kube_controller_kit::leader::InvalidLeaderElection) -> Self {
         Self::invalid(error.option.into(), error.reason)
     }
 }
@@ -276,13 +276,13 @@ pub enum Error {
     /// failed for the renew deadline). The workers were stopped; the caller may restart
     /// the controller to stand by again, or exit so the pod restarts.
     #[error(transparent)]
-    LeadershipLost(#[from] crate::leader::LeadershipLost),
+    LeadershipLost(#[from] kube_controller_kit::leader::LeadershipLost),
     /// Leader election could not start (its client or configuration).
     #[error("leader election failed")]
-    LeaderElection(#[source] crate::leader::LeaderError),
+    LeaderElection(#[source] kube_controller_kit::leader::LeaderError),
     /// The metrics and probe server could not start.
     #[error("metrics and probe server failed")]
-    Http(#[from] crate::http::HttpError),
+    Http(#[from] kube_controller_kit::http::HttpError),
 }
 
 /// `Result` with this crate's [`Error`].

@@ -1,16 +1,7 @@
 //! Event reasons (Go's strings) and the controller's publisher of `events.k8s.io/v1`
-//! Events, a thin layer over [`kube_controller_kit::events::EventWriter`].
-//!
-//! No shared cache scanned on every publish (kube-runtime's `Recorder` scans its whole
-//! cache, which made a burst of N claims cost O(N²)): publishing is O(1) in the number of
-//! events. Repeats of one event of a claim (same reason and note) within 6 minutes are
-//! one Event whose `series` counts them, as client-go's correlator makes them.
-//!
-//! As in Go, events are written in the background and never stall a worker: publishing
-//! queues the event and the worker goes on; the kit's writers (64 at a time) create them.
-//! When the queue of 1,000 is full a publisher waits 5 ms at most, then the event is
-//! dropped and counted (`events_dropped_total{reason="queue_full"}`), as Go drops events
-//! beyond its queue. The controller flushes the queue when it stops.
+//! Events over [`kube_controller_kit::events::EventWriter`]: written in the background,
+//! repeats folded into one Event series, dropped and counted when the queue stays full
+//! (docs/production.md, "Events").
 
 use std::time::Duration;
 
@@ -18,23 +9,23 @@ use kube_client::{Client, Resource};
 use kube_controller_kit::events::{Event, EventType, EventWriter, Reporter};
 
 /// On a claim: provisioning started.
-pub const PROVISIONING: &str = "Provisioning";
+pub(crate) const PROVISIONING: &str = "Provisioning";
 /// On a claim: provisioning, or saving the PV, failed.
-pub const PROVISIONING_FAILED: &str = "ProvisioningFailed";
+pub(crate) const PROVISIONING_FAILED: &str = "ProvisioningFailed";
 /// On a claim: the PV was saved.
-pub const PROVISIONING_SUCCEEDED: &str = "ProvisioningSucceeded";
+pub(crate) const PROVISIONING_SUCCEEDED: &str = "ProvisioningSucceeded";
 /// On a claim: an asset could not be cleaned up (without crash-safe provisioning, the PV
 /// could not be saved and the asset not deleted either; the asset of a claim that will not get our
 /// PV the normal way could not be recorded in a PV, or cannot be looked for without the
 /// claim's class).
-pub const PROVISIONING_CLEANUP_FAILED: &str = "ProvisioningCleanupFailed";
+pub(crate) const PROVISIONING_CLEANUP_FAILED: &str = "ProvisioningCleanupFailed";
 /// On a claim: its provisioning has been held in the journal (started, with no
 /// volume and no final answer from the driver) for longer than
 /// [`Config::provisioning_held_warning`](crate::Config::provisioning_held_warning). No Go
 /// counterpart.
-pub const PROVISIONING_HELD: &str = "ProvisioningHeld";
+pub(crate) const PROVISIONING_HELD: &str = "ProvisioningHeld";
 /// On a PV: deleting its asset failed.
-pub const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
+pub(crate) const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
 
 /// Publishes events; failures are logged, never returned (events are for users).
 #[derive(Clone)]

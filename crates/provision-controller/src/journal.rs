@@ -1,18 +1,9 @@
-//! The provisioning journal: where crash-safe provisioning
-//! ([`Config::crash_safe_provisioning`](crate::Config::crash_safe_provisioning)) records
-//! that an asset may exist without a PV, in objects the controller owns, never on users'
-//! claims or PVs.
-//!
-//! The journal is a set of ConfigMaps in the controller's namespace (the Lease's), named
-//! `<lease name>-journal-<seq>` and labelled [`JOURNAL_LABEL`]`: <lease name>`. Each holds
-//! one entry per claim whose provisioning started (`e.<claim uid>`) and the class snapshots
-//! those entries refer to (`k.<hash>`), at most [`BUDGET`] bytes per object. See
-//! `docs/architecture.md` ("Crash safety: the provisioning journal") for the states of an
-//! entry and why they give the crash-safety guarantee.
-//!
-//! This module's public part is what an operator needs besides the running controller:
-//! [`Uninstall`], which reports what the journal still holds and removes every trace of
-//! the controller from the cluster.
+//! The provisioning journal: ConfigMaps in the controller's namespace (the Lease's), named
+//! `<lease name>-journal-<seq>` and labelled [`JOURNAL_LABEL`]` = <lease name>`, each
+//! holding one entry per claim whose provisioning started (`e.<claim uid>`) and the class
+//! snapshots they refer to (`k.<hash>`), at most [`BUDGET`] bytes per object, written in
+//! groups with conditional updates. docs/architecture.md describes the entry states;
+//! [`Uninstall`] removes the journal.
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -33,7 +24,7 @@ use kube_client::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, oneshot};
 
-use crate::{annotations::FINALIZER_PV, leader::LeaderElection};
+use crate::{LeaderElection, annotations::FINALIZER_PV};
 
 /// The label every journal object carries, with the lease name (or, when that is no valid
 /// label value, a hash of it) as value. The domain is the project's own.
@@ -41,7 +32,7 @@ pub const JOURNAL_LABEL: &str = "provisioning-journal.rust-storage-controllers.g
 
 /// The most bytes of data (keys and values) one journal object holds: well under the API
 /// server's 1 MiB limit of a ConfigMap, so an object stays below 512 KiB.
-pub const BUDGET: usize = 384 * 1024;
+pub(crate) const BUDGET: usize = 384 * 1024;
 
 /// The prefix of an entry's key; the claim's uid follows.
 const ENTRY_PREFIX: &str = "e.";
@@ -201,12 +192,43 @@ pub(crate) enum Change {
         entry: Box<Entry>,
         class: Option<(String, String)>,
     },
-    /// Marks the entry settled with its last sweep due at this time (no-op without entry;
-    /// keeps a later due time).
-    Settle { uid: String, due: i64 },
+    /// Marks the entry settled with its last sweep due at this time (keeps a later due
+    /// time). Without an entry (another replica removed the intent it wrote while this
+    /// one saved the PV), `fallback` (the entry and class snapshot as this process knew
+    /// them) is written settled, so the last sweep is not lost; without one, a no-op.
+    Settle {
+        uid: String,
+        due: i64,
+        fallback: Option<Fallback>,
+    },
     /// Removes the entry (no-op without entry). With `if_due`, only a settled entry
-    /// whose due time is at most this (a newer intent stays).
-    Remove { uid: String, if_due: Option<i64> },
+    /// whose due time is at most this (a newer intent stays); with `intent_of`, only an
+    /// intent that writer wrote (another replica's intent, or a settled entry, stays).
+    Remove {
+        uid: String,
+        if_due: Option<i64>,
+        intent_of: Option<String>,
+    },
+}
+
+/// What a settle writes when the entry is gone: the entry and its class snapshot (key,
+/// JSON) as the settling process knew them.
+pub(crate) type Fallback = Box<(Entry, Option<(String, String)>)>;
+
+/// `entry` settled for a last sweep at `due`: the node goes, and of the spec what
+/// describes the volume stays (the last sweep of a claim that is gone asks the driver
+/// about the claim as the entry describes it: the class name, when no snapshot was kept,
+/// and what a PV for the asset is made of).
+fn settle_entry(entry: &mut Entry, due: i64) {
+    entry.due = Some(due);
+    entry.node = None;
+    entry.spec = entry.spec.take().and_then(|spec| {
+        let kept: serde_json::Map<String, serde_json::Value> = SETTLED_SPEC
+            .iter()
+            .filter_map(|key| Some(((*key).to_owned(), spec.get(*key)?.clone())))
+            .collect();
+        (!kept.is_empty()).then_some(serde_json::Value::Object(kept))
+    });
 }
 
 impl Change {
@@ -226,29 +248,39 @@ impl Change {
                 let entry = Entry::clone(entry);
                 shard.entries.insert(uid.clone(), entry.clone()) != Some(entry)
             }
-            Self::Settle { uid, due } => match shard.entries.get_mut(uid) {
+            Self::Settle { uid, due, fallback } => match shard.entries.get_mut(uid) {
                 Some(entry) if entry.due.is_none_or(|d| d < *due) => {
-                    entry.due = Some(*due);
-                    entry.node = None;
-                    // The last sweep of a claim that is gone asks the driver about the
-                    // claim as the entry describes it: what describes its volume stays
-                    // (the class name, when no snapshot was kept, and what a PV for the
-                    // asset is made of), the rest goes.
-                    entry.spec = entry.spec.take().and_then(|spec| {
-                        let kept: serde_json::Map<String, serde_json::Value> = SETTLED_SPEC
-                            .iter()
-                            .filter_map(|key| Some(((*key).to_owned(), spec.get(*key)?.clone())))
-                            .collect();
-                        (!kept.is_empty()).then_some(serde_json::Value::Object(kept))
-                    });
+                    settle_entry(entry, *due);
                     true
                 }
-                _ => false,
+                Some(_) => false,
+                None => {
+                    let Some(fallback) = fallback else {
+                        return false;
+                    };
+                    let (mut entry, class) = (**fallback).clone();
+                    settle_entry(&mut entry, *due);
+                    if let Some((key, json)) = class {
+                        shard.classes.insert(key, json);
+                    }
+                    shard.entries.insert(uid.clone(), entry);
+                    true
+                }
             },
-            Self::Remove { uid, if_due } => {
-                let remove = shard.entries.get(uid).is_some_and(|e| match if_due {
-                    None => true,
-                    Some(limit) => e.due.is_some_and(|d| d <= *limit),
+            Self::Remove {
+                uid,
+                if_due,
+                intent_of,
+            } => {
+                let remove = shard.entries.get(uid).is_some_and(|e| {
+                    let due_ok = match if_due {
+                        None => true,
+                        Some(limit) => e.due.is_some_and(|d| d <= *limit),
+                    };
+                    let writer_ok = intent_of
+                        .as_ref()
+                        .is_none_or(|w| e.is_intent() && &e.writer == w);
+                    due_ok && writer_ok
                 });
                 if remove {
                     shard.entries.remove(uid);
@@ -581,7 +613,7 @@ impl Journal {
     /// Settles claim `uid`'s entry with its last sweep due at `due` (Unix seconds); written
     /// lazily with company, not waited for.
     pub(crate) fn settle(&self, uid: &str, due: i64) {
-        {
+        let fallback = {
             let mut state = self.state();
             let Some(entry) = state.entry(uid).cloned() else {
                 return;
@@ -589,16 +621,20 @@ impl Journal {
             if entry.due.is_some_and(|d| d >= due) {
                 return;
             }
-            let mut settled = entry;
-            settled.due = Some(due);
-            settled.node = None;
-            settled.spec = None;
+            let class = entry.class.as_ref().and_then(|key| {
+                let shard = state.shards.get(state.index.get(uid)?)?;
+                Some((key.clone(), shard.classes.get(key)?.clone()))
+            });
+            let mut settled = entry.clone();
+            settle_entry(&mut settled, due);
             state.overlay.insert(uid.to_owned(), Some(settled));
-        }
+            Box::new((entry, class))
+        };
         self.enqueue(
             Change::Settle {
                 uid: uid.to_owned(),
                 due,
+                fallback: Some(fallback),
             },
             self.commit_delay * LAZY_FACTOR,
             None,
@@ -608,16 +644,30 @@ impl Journal {
     /// Removes claim `uid`'s entry (`if_due`: only a settled one due at most then); written
     /// lazily with company, not waited for.
     pub(crate) fn remove(&self, uid: &str, if_due: Option<i64>) {
+        self.remove_if(uid, if_due, None);
+    }
+
+    /// Removes claim `uid`'s entry if it is an intent this process wrote: the driver
+    /// answered that it holds no asset, which says nothing of a create another replica
+    /// sent (its intent, or the settled entry of the PV it saved, stays).
+    pub(crate) fn remove_own_intent(&self, uid: &str) {
+        self.remove_if(uid, None, Some(self.writer.clone()));
+    }
+
+    fn remove_if(&self, uid: &str, if_due: Option<i64>, intent_of: Option<String>) {
         {
             let mut state = self.state();
             let Some(entry) = state.entry(uid) else {
                 return;
             };
-            let removed = match if_due {
+            let due_ok = match if_due {
                 None => true,
                 Some(limit) => entry.due.is_some_and(|d| d <= limit),
             };
-            if !removed {
+            let writer_ok = intent_of
+                .as_ref()
+                .is_none_or(|w| entry.is_intent() && &entry.writer == w);
+            if !(due_ok && writer_ok) {
                 return;
             }
             state.overlay.insert(uid.to_owned(), None);
@@ -626,6 +676,7 @@ impl Journal {
             Change::Remove {
                 uid: uid.to_owned(),
                 if_due,
+                intent_of,
             },
             self.commit_delay * LAZY_FACTOR,
             None,
@@ -984,7 +1035,7 @@ pub struct UninstallReport {
 ///
 /// ```no_run
 /// # async fn doc(client: kube_client::Client) -> Result<(), kube_client::Error> {
-/// use provision_controller::journal::Uninstall;
+/// use provision_controller::Uninstall;
 /// let report = Uninstall::new(client, "example.com/nfs")
 ///     .namespace("storage")
 ///     .remove_pv_finalizers(true)
@@ -1199,6 +1250,7 @@ mod tests {
         let settle = |due| Change::Settle {
             uid: "u1".into(),
             due,
+            fallback: None,
         };
         assert!(settle(100).apply(&mut shard));
         let settled = &shard.entries["u1"];
@@ -1219,6 +1271,7 @@ mod tests {
         let remove_if = |limit| Change::Remove {
             uid: "u1".into(),
             if_due: Some(limit),
+            intent_of: None,
         };
         assert!(!remove_if(100).apply(&mut shard), "not due yet at 100");
         assert!(remove_if(150).apply(&mut shard));
@@ -1226,7 +1279,8 @@ mod tests {
         assert!(
             !Change::Settle {
                 uid: "u9".into(),
-                due: 1
+                due: 1,
+                fallback: None,
             }
             .apply(&mut shard),
             "no entry: nothing to settle"
@@ -1235,6 +1289,64 @@ mod tests {
         assert!(
             !remove_if(i64::MAX).apply(&mut shard),
             "a conditional removal leaves an intent"
+        );
+    }
+
+    /// Two replicas provision one claim: one's create fails ("no asset") while the other
+    /// saves a PV. Whichever order their changes reach the object in, the entry ends
+    /// settled, so the last sweep (which releases a create of the failed replica that
+    /// lands late) is made.
+    #[test]
+    fn a_failed_replica_never_drops_the_entry_of_the_pv_another_one_saved() {
+        let intent = |writer: &str| Entry {
+            writer: writer.to_owned(),
+            due: None,
+            ..entry("ns/c")
+        };
+        let put = |writer: &str| Change::Put {
+            uid: "u1".into(),
+            entry: Box::new(intent(writer)),
+            class: Some(("0123456789abcdef".into(), "{}".into())),
+        };
+        let settle_by_a = Change::Settle {
+            uid: "u1".into(),
+            due: 100,
+            fallback: Some(Box::new((
+                intent("aaaaaaaa"),
+                Some(("0123456789abcdef".into(), "{}".into())),
+            ))),
+        };
+        let no_asset_of_b = Change::Remove {
+            uid: "u1".into(),
+            if_due: None,
+            intent_of: Some("bbbbbbbb".into()),
+        };
+        // b wrote the intent last; b's removal lands first, then a's settle.
+        let mut shard = Shard::default();
+        put("aaaaaaaa").apply(&mut shard);
+        put("bbbbbbbb").apply(&mut shard);
+        assert!(no_asset_of_b.apply(&mut shard), "b's own intent goes");
+        assert!(
+            settle_by_a.apply(&mut shard),
+            "a's settle writes its entry back"
+        );
+        assert_eq!(shard.entries["u1"].due, Some(100));
+        assert!(shard.classes.contains_key("0123456789abcdef"));
+        // a's settle lands first, then b's removal: the settled entry stays.
+        let mut shard = Shard::default();
+        put("bbbbbbbb").apply(&mut shard);
+        assert!(settle_by_a.apply(&mut shard));
+        assert!(
+            !no_asset_of_b.apply(&mut shard),
+            "a settled entry is not b's intent"
+        );
+        assert_eq!(shard.entries["u1"].due, Some(100));
+        // a wrote the intent last: b's removal leaves it.
+        let mut shard = Shard::default();
+        put("aaaaaaaa").apply(&mut shard);
+        assert!(
+            !no_asset_of_b.apply(&mut shard),
+            "another writer's intent stays"
         );
     }
 

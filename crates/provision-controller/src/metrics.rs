@@ -1,44 +1,7 @@
-//! Prometheus metrics of the controller, registered on a registry the caller owns.
-//!
-//! The names and labels are those of the Go library
-//! (`sig-storage-lib-external-provisioner/controller/metrics`) and of client-go's work
-//! queues, so existing dashboards and alerts keep working:
-//!
-//! | Metric | Type | Labels | Meaning |
-//! |---|---|---|---|
-//! | `controller_persistentvolumeclaim_provision_total` | counter | `class`, `source` | volumes provisioned |
-//! | `controller_persistentvolumeclaim_provision_failed_total` | counter | `class`, `source` | failed provisioning attempts |
-//! | `controller_persistentvolumeclaim_provision_stopped_total` | counter | `class`, `source` | attempts stopped without a failure (ignored by the driver, PV already there); Go counts these as failures |
-//! | `controller_persistentvolumeclaim_provision_duration_seconds` | histogram | `class`, `source` | time to provision, successes only |
-//! | `controller_persistentvolume_delete_total` | counter | `class` | volumes deleted |
-//! | `controller_persistentvolume_delete_failed_total` | counter | `class` | failed deletion attempts |
-//! | `controller_persistentvolume_delete_stopped_total` | counter | `class` | deletions the driver ignored; Go counts these as successes |
-//! | `controller_persistentvolume_delete_duration_seconds` | histogram | `class` | time to delete, successes only |
-//! | `controller_claims_in_progress` | gauge | | claims whose provisioning continues in the background |
-//! | `controller_unsaved_persistentvolumes` | gauge | | provisioned PVs still waiting to be saved |
-//! | `controller_journal_entries` | gauge | `state` | entries of the provisioning journal: `intent` (an asset may exist without a PV) or `settled` (a late-asset sweep still due) |
-//! | `controller_journal_oldest_entry_seconds` | gauge | `state` | age of the oldest journal entry of that state (0 without one) |
-//! | `controller_journal_writes_total` | counter | | writes of journal objects (each covers every entry change pending for that object) |
-//! | `controller_leader` | gauge | | 1 while this replica holds the leader lease (always 1 while running without leader election), else 0 |
-//! | `workqueue_depth` | gauge | `name` | keys waiting to be processed |
-//! | `workqueue_adds_total` | counter | `name` | keys added |
-//! | `workqueue_retries_total` | counter | `name` | rate-limited re-adds after failures |
-//! | `workqueue_queue_duration_seconds` | histogram | `name` | time from add to processing |
-//! | `workqueue_work_duration_seconds` | histogram | `name` | time spent processing a key |
-//! | `workqueue_unfinished_work_seconds` | gauge | `name` | summed age of the keys being processed |
-//! | `workqueue_longest_running_processor_seconds` | gauge | `name` | age of the oldest key being processed |
-//!
-//! `class` is the claim's `spec.storageClassName` (empty when unset; the deprecated
-//! `volume.beta.kubernetes.io/storage-class` annotation, which the provisioning reads first,
-//! is not looked at: Go's `updateProvisionStats` labels by the spec alone) or the volume's
-//! `spec.storageClassName`, `source` the kind of the
-//! claim's `spec.dataSource` (`VolumeSnapshot`, `PersistentVolumeClaim`, ...) or empty, as
-//! in newer upstream Go. The queue `name` is `claims`, `volumes` or `unsavedpvs`.
-//! `controller_leader` plays the part of client-go's `leader_election_master_status`; it
-//! carries no lease-name label because one controller holds one lease.
-//!
-//! The two `workqueue_*_seconds` gauges are computed when the registry is encoded, from
-//! the start times of the keys in flight, so they are exact at every scrape.
+//! The controller's Prometheus metrics, registered on a registry the caller owns
+//! ([`ProvisionController::metrics_registry`](crate::ProvisionController::metrics_registry)).
+//! Names and labels are the Go library's and client-go's work queues'; docs/production.md
+//! lists them. The two `workqueue_*_seconds` gauges are computed at each scrape.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -105,28 +68,10 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The controller's metrics: the Go library's provisioning and deletion counters, queue
 /// metrics, and a few gauges of controller state.
 ///
-/// Cheap to clone; clones update the same metrics. See the [module docs](self) for the
-/// list of names and labels.
-///
-/// # Example
-///
-/// ```
-/// use std::time::Duration;
-/// use prometheus_client::registry::Registry;
-/// use provision_controller::metrics::ControllerMetrics;
-///
-/// let mut registry = Registry::default();
-/// let metrics = ControllerMetrics::new(&mut registry);
-/// metrics.provision_succeeded("fast", "", Duration::from_millis(300));
-///
-/// let mut text = String::new();
-/// prometheus_client::encoding::text::encode(&mut text, &registry)?;
-/// assert!(text.contains(r#"controller_persistentvolumeclaim_provision_total{class="fast",source=""} 1"#));
-/// # Ok::<(), std::fmt::Error>(())
-/// ```
+/// Cheap to clone; clones update the same metrics.
 #[doc(alias = "MetricsInstance")]
 #[derive(Clone, Debug)]
-pub struct ControllerMetrics {
+pub(crate) struct ControllerMetrics {
     provision_total: Family<ClaimLabels, Counter>,
     provision_failed: Family<ClaimLabels, Counter>,
     provision_stopped: Family<ClaimLabels, Counter>,
@@ -155,7 +100,7 @@ impl ControllerMetrics {
     /// Nothing is registered globally. Call this once per registry: the names are fixed,
     /// so a second call on the same registry would encode every metric twice.
     #[must_use]
-    pub fn new(registry: &mut Registry) -> Self {
+    pub(crate) fn new(registry: &mut Registry) -> Self {
         let metrics = Self {
             provision_total: Family::default(),
             provision_failed: Family::default(),
@@ -284,7 +229,7 @@ impl ControllerMetrics {
 
     /// Counts a volume provisioned for a claim of `class` whose data source kind is
     /// `source` (empty without a data source), and records how long it took.
-    pub fn provision_succeeded(&self, class: &str, source: &str, elapsed: Duration) {
+    pub(crate) fn provision_succeeded(&self, class: &str, source: &str, elapsed: Duration) {
         let labels = claim_labels(class, source);
         self.provision_total.get_or_create(&labels).inc();
         self.provision_duration
@@ -296,7 +241,7 @@ impl ControllerMetrics {
     ///
     /// `elapsed` is not recorded: as in Go, the duration histogram holds successful
     /// attempts only, so failures that return at once do not drag the latency down.
-    pub fn provision_failed(&self, class: &str, source: &str, elapsed: Duration) {
+    pub(crate) fn provision_failed(&self, class: &str, source: &str, elapsed: Duration) {
         let _ = elapsed;
         self.provision_failed
             .get_or_create(&claim_labels(class, source))
@@ -307,14 +252,14 @@ impl ControllerMetrics {
     /// claim, or its PV already exists.
     ///
     /// Go counts these as failures; keeping them apart keeps the failure rate honest.
-    pub fn provision_stopped(&self, class: &str, source: &str) {
+    pub(crate) fn provision_stopped(&self, class: &str, source: &str) {
         self.provision_stopped
             .get_or_create(&claim_labels(class, source))
             .inc();
     }
 
     /// Counts a volume of `class` deleted, and records how long it took.
-    pub fn delete_succeeded(&self, class: &str, elapsed: Duration) {
+    pub(crate) fn delete_succeeded(&self, class: &str, elapsed: Duration) {
         let labels = ClassLabels {
             class: class.to_owned(),
         };
@@ -326,7 +271,7 @@ impl ControllerMetrics {
 
     /// Counts a failed deletion attempt; `elapsed` is not recorded (see
     /// [`provision_failed`](Self::provision_failed)).
-    pub fn delete_failed(&self, class: &str, elapsed: Duration) {
+    pub(crate) fn delete_failed(&self, class: &str, elapsed: Duration) {
         let _ = elapsed;
         self.delete_failed
             .get_or_create(&ClassLabels {
@@ -337,7 +282,7 @@ impl ControllerMetrics {
 
     /// Counts a deletion the driver ignored ([`DeleteError::Ignored`](crate::DeleteError::Ignored)):
     /// neither a success nor a failure (Go counts it as a success).
-    pub fn delete_stopped(&self, class: &str) {
+    pub(crate) fn delete_stopped(&self, class: &str) {
         self.delete_stopped
             .get_or_create(&ClassLabels {
                 class: class.to_owned(),
@@ -346,18 +291,18 @@ impl ControllerMetrics {
     }
 
     /// Sets the number of claims whose provisioning continues in the background.
-    pub fn set_claims_in_progress(&self, n: i64) {
+    pub(crate) fn set_claims_in_progress(&self, n: i64) {
         self.claims_in_progress.set(n);
     }
 
     /// Sets the number of provisioned PVs still waiting to be saved.
-    pub fn set_unsaved_pvs(&self, n: i64) {
+    pub(crate) fn set_unsaved_pvs(&self, n: i64) {
         self.unsaved_pvs.set(n);
     }
 
     /// Sets the provisioning journal's entries of `state` (`intent` or `settled`) and the
     /// age in seconds of the oldest of them.
-    pub fn set_journal(&self, state: &'static str, entries: i64, oldest_seconds: i64) {
+    pub(crate) fn set_journal(&self, state: &'static str, entries: i64, oldest_seconds: i64) {
         let labels = StateLabels { state };
         self.journal_entries.get_or_create(&labels).set(entries);
         self.journal_oldest
@@ -366,12 +311,12 @@ impl ControllerMetrics {
     }
 
     /// Counts one write of a provisioning journal object.
-    pub fn journal_write(&self) {
+    pub(crate) fn journal_write(&self) {
         self.journal_writes.inc();
     }
 
     /// Sets whether this replica currently holds the leader lease.
-    pub fn set_leader(&self, leading: bool) {
+    pub(crate) fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
     }
 
@@ -549,7 +494,7 @@ fn encode_ages(
 /// The `class` label of a claim's provisioning metrics: its `spec.storageClassName`, or
 /// `""` (Go's `updateProvisionStats`; the beta annotation is not read).
 #[must_use]
-pub fn claim_label_class(claim: &PersistentVolumeClaim) -> &str {
+pub(crate) fn claim_label_class(claim: &PersistentVolumeClaim) -> &str {
     claim
         .spec
         .as_ref()

@@ -1,4 +1,5 @@
-//! The traits a storage driver implements: [`Provisioner`], [`Qualifier`], [`DeletionGuard`].
+//! The traits a storage driver implements: [`Provisioner`], and the opt-ins
+//! [`Qualifier`], [`DeletionGuard`], [`AssetLookup`] and [`LateAssets`].
 
 use std::sync::Arc;
 
@@ -31,17 +32,6 @@ pub struct ProvisionOptions {
     /// scheduler choose again.
     #[doc(alias = "SelectedNode")]
     pub selected_node_name: Option<String>,
-    /// The claim will not get this volume the normal way (it was deleted, vanished or
-    /// bound to another PV) and the controller only looks for an asset that may exist, to
-    /// record it in a PV that is then released and reclaimed (crash-safe provisioning):
-    /// **create nothing**. Return the PV of an asset that exists for
-    /// [`pv_name`](Self::pv_name), [`ProvisionError::InBackground`] while one may still
-    /// appear (a create in flight), or [`ProvisionError::Ignored`] when none exists.
-    ///
-    /// A driver that creates an asset anyway stays correct (its PV is released and the
-    /// asset deleted), but makes an asset only to delete it, and one more asset that a
-    /// controller stopped at the wrong moment cannot find again. No Go counterpart.
-    pub cleanup: bool,
 }
 
 impl ProvisionOptions {
@@ -58,15 +48,7 @@ impl ProvisionOptions {
             pv_name: pv_name.into(),
             claim,
             selected_node_name,
-            cleanup: false,
         }
-    }
-
-    /// The same options for a cleanup ([`cleanup`](Self::cleanup)): find, do not create.
-    #[must_use]
-    pub fn for_cleanup(mut self) -> Self {
-        self.cleanup = true;
-        self
     }
 }
 
@@ -100,16 +82,15 @@ impl ProvisionOptions {
 /// - **Two replicas may provision one claim at once** (a failover, a replica cut off
 ///   from the API server whose calls still finish): both must end up describing one
 ///   asset (for example the oldest, or the lowest id, of those found by name), or release
-///   the loser's in [`volume_saved`](Provisioner::volume_saved), which is called with
-///   the PV that was saved (by either replica). A driver must never delete, while
+///   the loser's in [`LateAssets::volume_saved`], which is called with the PV that was
+///   saved (by either replica). A driver must never delete, while
 ///   provisioning, an asset another replica may have returned: a PV may already name it.
 ///
 /// With [crash-safe provisioning](crate::Config::crash_safe_provisioning) these rules are
 /// what lets a new controller clean up a claim deleted while an earlier one was
 /// provisioning: its journal names the claim, the PV name and the class the provisioning
-/// started with; it calls `provision` with those options and
-/// [`cleanup`](ProvisionOptions::cleanup) set (finding the asset), then saves a PV for the
-/// asset, which the PV controller releases and the controller reclaims as usual (a fresh
+/// started with; it finds the asset with those options ([`AssetLookup::find`], else
+/// `provision`), then saves a PV for the asset, which the PV controller releases and the controller reclaims as usual (a fresh
 /// read, then `delete`).
 ///
 /// ```
@@ -154,41 +135,6 @@ pub trait Provisioner: Send + Sync + 'static {
     /// [`DeleteError::Failed`] is retried with backoff.
     async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError>;
 
-    /// Called once the PV `saved` is stored (by this replica, or by another one first):
-    /// from now on it is the one record of the claim's asset.
-    ///
-    /// A driver whose assets are not identified by the PV name alone may hold others made
-    /// for the same claim by replicas that raced (a create that timed out and landed
-    /// later, the loser of a race to save the PV, whose replica may have died before it
-    /// could release its own): release them here. No PV can name them any more: a PV of
-    /// this name exists, and PV names are unique. **Never touch the asset `saved` names.**
-    /// The default does nothing.
-    ///
-    /// # Errors
-    /// A failure is logged and fails nothing; the asset `saved` names is kept whatever
-    /// happens. With crash-safe provisioning the call is made again (from the journal,
-    /// by whichever replica leads) until it succeeds, while the PV exists, is ours and is
-    /// not being deleted.
-    async fn volume_saved(&self, saved: &PersistentVolume) -> Result<(), DeleteError> {
-        let _ = saved;
-        Ok(())
-    }
-
-    /// How long after a PV is saved an asset made for its claim may still appear: a
-    /// create that timed out on the client and lands later, possibly sent by a replica
-    /// that died or was cut off meanwhile. `None` (the default): never.
-    ///
-    /// With `Some(window)` and crash-safe provisioning, the controller's journal keeps
-    /// each claim it provisioned until `window` has passed since its PV was saved, and
-    /// whichever replica leads then makes the last sweep: [`volume_saved`](Self::volume_saved)
-    /// again when the PV exists, else (the PV was deleted meanwhile) a cleanup `provision`
-    /// call that saves a PV for an asset that landed, which is then reclaimed. A cleanup
-    /// that finds no asset believes it only once `window` has passed since it first
-    /// looked.
-    fn late_asset_window(&self) -> Option<std::time::Duration> {
-        None
-    }
-
     /// Whether `volumeMode: Block` claims are supported. Default `false`.
     #[doc(alias = "BlockProvisioner")]
     #[doc(alias = "SupportsBlock")]
@@ -208,14 +154,84 @@ impl<P: Provisioner + ?Sized> Provisioner for Arc<P> {
     async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError> {
         (**self).delete(volume).await
     }
+    fn supports_block(&self) -> bool {
+        (**self).supports_block()
+    }
+}
+
+/// Opt-in: finds the asset provisioned for a claim without creating one
+/// ([`ProvisionController::asset_lookup`](crate::ProvisionController::asset_lookup)).
+///
+/// With crash-safe provisioning, a claim that will not get its volume the normal way
+/// (deleted, bound to another PV) while an asset may exist for it is cleaned up: the
+/// controller asks for that asset, records it in a PV, and the PV is then released and
+/// reclaimed. Without a lookup the controller calls [`Provisioner::provision`], which is
+/// correct (the asset is reclaimed all the same) but may create an asset only to delete
+/// it. No Go counterpart.
+#[async_trait]
+pub trait AssetLookup: Send + Sync + 'static {
+    /// The PV of the asset that exists for `options.pv_name`, or `None` when none does.
+    /// **Create nothing.**
+    ///
+    /// # Errors
+    /// [`ProvisionError::InBackground`] while an asset may still appear (a create in
+    /// flight); any other error is retried with backoff.
+    async fn find(
+        &self,
+        options: &ProvisionOptions,
+    ) -> Result<Option<PersistentVolume>, ProvisionError>;
+}
+
+#[async_trait]
+impl<P: AssetLookup + ?Sized> AssetLookup for Arc<P> {
+    async fn find(
+        &self,
+        options: &ProvisionOptions,
+    ) -> Result<Option<PersistentVolume>, ProvisionError> {
+        (**self).find(options).await
+    }
+}
+
+/// Opt-in for a backend in which more than one asset can be made for a claim, or an
+/// asset can appear after the controller stopped waiting for it (a create that timed out
+/// on the client and lands later, possibly sent by a replica that died meanwhile)
+/// ([`ProvisionController::late_assets`](crate::ProvisionController::late_assets)).
+/// No Go counterpart.
+#[async_trait]
+pub trait LateAssets: Send + Sync + 'static {
+    /// Called once the PV `saved` is stored (by this replica, or by another one first):
+    /// from now on it is the one record of the claim's asset. Release the other assets
+    /// made for the same claim (by replicas that raced, or creates that landed late): no
+    /// PV can name them any more. **Never touch the asset `saved` names.**
+    ///
+    /// # Errors
+    /// A failure is logged and fails nothing; the asset `saved` names is kept whatever
+    /// happens. With crash-safe provisioning the call is made again (from the journal, by
+    /// whichever replica leads) until it succeeds, while the PV exists, is ours and is not
+    /// being deleted.
+    async fn volume_saved(&self, saved: &PersistentVolume) -> Result<(), DeleteError>;
+
+    /// How long after a PV is saved an asset made for its claim may still appear; `None`
+    /// (the default): never.
+    ///
+    /// With `Some(window)` and crash-safe provisioning, the journal keeps each claim it
+    /// provisioned until `window` has passed since its PV was saved, and whichever
+    /// replica leads then makes the last sweep: [`volume_saved`](Self::volume_saved)
+    /// again when the PV exists, else a cleanup that records an asset that landed in a PV
+    /// which is then reclaimed. A cleanup that finds no asset believes it only once
+    /// `window` has passed since it first looked.
+    fn window(&self) -> Option<std::time::Duration> {
+        None
+    }
+}
+
+#[async_trait]
+impl<P: LateAssets + ?Sized> LateAssets for Arc<P> {
     async fn volume_saved(&self, saved: &PersistentVolume) -> Result<(), DeleteError> {
         (**self).volume_saved(saved).await
     }
-    fn late_asset_window(&self) -> Option<std::time::Duration> {
-        (**self).late_asset_window()
-    }
-    fn supports_block(&self) -> bool {
-        (**self).supports_block()
+    fn window(&self) -> Option<std::time::Duration> {
+        (**self).window()
     }
 }
 
@@ -260,7 +276,14 @@ where
 }
 
 #[cfg(test)]
-fn _dyn_compatible(_: &dyn Provisioner, _: &dyn Qualifier, _: &dyn DeletionGuard) {}
+fn _dyn_compatible(
+    _: &dyn Provisioner,
+    _: &dyn Qualifier,
+    _: &dyn DeletionGuard,
+    _: &dyn AssetLookup,
+    _: &dyn LateAssets,
+) {
+}
 
 #[cfg(test)]
 mod tests {

@@ -1,30 +1,10 @@
-//! The work queue that feeds claim and volume keys to the workers.
-//!
-//! Semantics follow client-go's rate-limited work queue, which the Go library uses:
-//!
-//! - a key waits in the queue at most once, however often it is added;
-//! - a key is processed by one worker at a time: a key added while it is processed is
-//!   marked dirty and queued again when the worker calls [`WorkQueue::done`];
-//! - delayed adds ([`WorkQueue::add_after`]) keep the earliest time asked for a key;
-//! - the rate limiter decides the delay of [`WorkQueue::add_rate_limited`] and counts
-//!   failures until [`WorkQueue::forget`].
-//!
-//! Delayed keys need no timer task: they sit in a map ordered by time, and workers
-//! waiting in [`WorkQueue::get`] sleep until the earliest one is due. A queue therefore
-//! owns no background task, leaks nothing when dropped and works under a paused clock.
-//!
-//! # Caveats
-//!
-//! - A delayed key that falls due while every worker is busy enters the queue when a
-//!   worker next calls `get` (or someone calls `len`); until then `workqueue_depth` does
-//!   not count it. No processing is lost by this: no worker could have taken it earlier.
-//!   Its queue time is measured from when it fell due.
-//! - Unlike client-go, where every `AddAfter` counts as a retry, `workqueue_retries_total`
-//!   counts [`WorkQueue::add_rate_limited`] calls only, so plain delayed adds (for example
-//!   a planned re-check) are not reported as failures.
-//! - Unlike client-go, `get` returns `None` as soon as the queue is shut down, even with
-//!   keys still queued: shutdown drops waiting work, and in-flight work is drained with
-//!   [`WorkQueue::wait_idle`].
+//! The work queue that feeds claim and volume keys to the workers, with client-go's
+//! rate-limited work-queue semantics: a key waits at most once, is processed by one worker
+//! at a time (re-added when [`WorkQueue::done`] finds it dirty), delayed adds keep the
+//! earliest time, the limiter counts failures until [`WorkQueue::forget`]. Delayed keys
+//! sit in a time-ordered map that waiting workers sleep on: no timer task, works under a
+//! paused clock. Unlike client-go, only [`WorkQueue::add_rate_limited`] counts as a retry,
+//! and `get` returns `None` at shutdown even with keys queued.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt;

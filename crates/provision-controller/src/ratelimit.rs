@@ -1,32 +1,22 @@
-//! The retry limiters the controller uses unless the caller passes its own, built from
-//! the limiters of [`kube_controller_kit::backoff`] (re-exported here).
-//!
-//! | Go (client-go `workqueue`)               | Rust                          |
-//! |------------------------------------------|-------------------------------|
-//! | `RateLimiter` (`When`, `Forget`, `NumRequeues`) | [`RateLimiter`] (`when`, `forget`, `retries`) |
-//! | `NewItemExponentialFailureRateLimiter`   | [`ItemExponentialLimiter`]    |
-//! | `BucketRateLimiter{rate.NewLimiter(..)}` | [`TokenBucketLimiter`]        |
-//! | `NewMaxOfRateLimiter`                    | [`MaxOfLimiter`]              |
-//! | the controller's built-in default        | [`default_controller_limiter`] |
-//! | `DefaultControllerRateLimiter()`         | [`default_pv_save_limiter`]   |
+//! The controller's default retry limiters, built from [`kube_controller_kit::backoff`].
 
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use kube_controller_kit::backoff::{
+pub(crate) use kube_controller_kit::backoff::{
     ItemExponentialLimiter, MaxOfLimiter, RateLimiter, TokenBucketLimiter,
 };
 
 /// First retry delay of the controller's default limiter (Go: 15 s).
-pub const DEFAULT_FAILURE_BASE_DELAY: Duration = Duration::from_secs(15);
+pub(crate) const DEFAULT_FAILURE_BASE_DELAY: Duration = Duration::from_secs(15);
 /// Longest retry delay of the default limiter with exponential backoff (Go: 1000 s).
-pub const DEFAULT_FAILURE_MAX_DELAY: Duration = Duration::from_secs(1000);
+pub(crate) const DEFAULT_FAILURE_MAX_DELAY: Duration = Duration::from_secs(1000);
 /// Refill rate of the token bucket shared by the default limiters (Go: 10 per second).
-pub const DEFAULT_BUCKET_QPS: f64 = 10.0;
+pub(crate) const DEFAULT_BUCKET_QPS: f64 = 10.0;
 /// Capacity of the token bucket shared by the default limiters (Go: 100).
-pub const DEFAULT_BUCKET_BURST: u32 = 100;
+pub(crate) const DEFAULT_BUCKET_BURST: u32 = 100;
 /// First retry delay of [`default_pv_save_limiter`] (client-go: 5 ms).
-pub const DEFAULT_PV_SAVE_BASE_DELAY: Duration = Duration::from_millis(5);
+pub(crate) const DEFAULT_PV_SAVE_BASE_DELAY: Duration = Duration::from_millis(5);
 
 /// The limiter the controller uses for its claim and volume queues unless the caller
 /// passes one.
@@ -42,7 +32,7 @@ pub const DEFAULT_PV_SAVE_BASE_DELAY: Duration = Duration::from_millis(5);
 /// as Go does: the token bucket then bounds the retries of both queues together.
 #[doc(alias = "ExponentialBackOffOnError")]
 #[must_use]
-pub fn default_controller_limiter(exponential: bool) -> Arc<dyn RateLimiter> {
+pub(crate) fn default_controller_limiter(exponential: bool) -> Arc<dyn RateLimiter> {
     let max = if exponential {
         DEFAULT_FAILURE_MAX_DELAY
     } else {
@@ -67,7 +57,7 @@ pub fn default_controller_limiter(exponential: bool) -> Arc<dyn RateLimiter> {
 #[doc(alias = "DefaultControllerRateLimiter")]
 #[doc(alias = "CreateProvisionedPVLimiter")]
 #[must_use]
-pub fn default_pv_save_limiter() -> Arc<dyn RateLimiter> {
+pub(crate) fn default_pv_save_limiter() -> Arc<dyn RateLimiter> {
     Arc::new(MaxOfLimiter::new(vec![
         Arc::new(ItemExponentialLimiter::new(
             DEFAULT_PV_SAVE_BASE_DELAY,

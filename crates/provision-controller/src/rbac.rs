@@ -95,7 +95,7 @@ pub const LEADER_ELECTION_PERMISSIONS: &[Permission] = &[
 ];
 
 /// Permissions in the controller's namespace (the Lease's, a Role) for the provisioning
-/// journal of crash-safe provisioning ([`journal`](crate::journal)): ConfigMaps named
+/// journal of crash-safe provisioning: ConfigMaps named
 /// `<lease name>-journal-<seq>`, which RBAC cannot list by a name pattern, so the rule
 /// covers the namespace's ConfigMaps: `list` (load the journal), `get` (read one again
 /// after a conflict), `create`, `update` and `delete` (write it). Not needed with

@@ -50,17 +50,16 @@ use k8s_openapi::{
 };
 use tokio::sync::watch;
 
-use crate::{DeleteError, ProvisionError, ProvisionOptions, Provisioner};
+use crate::{AssetLookup, DeleteError, LateAssets, ProvisionError, ProvisionOptions, Provisioner};
 
 /// What the next [`FakeProvisioner::provision`] call does.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ProvisionStep {
     /// Create the asset and return its PV (also what happens when the script is empty).
-    /// For a cleanup ([`ProvisionOptions::cleanup`]) only an asset that exists (or that
-    /// an earlier [`InBackground`](Self::InBackground) answer said is being made) is
-    /// returned; with none, the call answers [`ProvisionError::Ignored`] and creates
-    /// nothing, as the contract asks.
+    /// For a lookup ([`AssetLookup::find`]) only an asset that exists (or that an earlier
+    /// [`InBackground`](Self::InBackground) answer said is being made) is returned; with
+    /// none, the lookup answers `None` and creates nothing, as the contract asks.
     Succeed,
     /// Return [`ProvisionError::InBackground`].
     InBackground,
@@ -147,7 +146,8 @@ impl FakeProvisioner {
         self.block = true;
         self
     }
-    /// Answers `late_asset_window() == Some(window)` (default `None`), so the controller
+    /// Answers [`LateAssets::window`] `== Some(window)` (default `None`), so a controller
+    /// given this fake as its [`late_assets`](crate::ProvisionController::late_assets)
     /// keeps its journal entries until the window has passed and calls `volume_saved`
     /// again then.
     #[must_use]
@@ -223,60 +223,11 @@ impl Provisioner for FakeProvisioner {
         &self,
         options: &ProvisionOptions,
     ) -> Result<PersistentVolume, ProvisionError> {
-        let step = {
-            let mut state = self.lock();
-            state.provision_calls.push(options.clone());
-            let step = state
-                .provision_script
-                .pop_front()
-                .unwrap_or(ProvisionStep::Succeed);
-            // A cleanup looks for the asset and creates none (ProvisionOptions::cleanup).
-            if step == ProvisionStep::InBackground {
-                state.in_background.insert(options.pv_name.clone());
-            }
-            if options.cleanup
-                && step == ProvisionStep::Succeed
-                && !state.assets.contains(&options.pv_name)
-                && !state.in_background.contains(&options.pv_name)
-            {
-                return Err(ProvisionError::Ignored {
-                    reason: format!("fake: no asset {} to clean up", options.pv_name),
-                });
-            }
-            if matches!(step, ProvisionStep::Succeed | ProvisionStep::Block) {
-                state.in_background.remove(&options.pv_name);
-                state.assets.insert(options.pv_name.clone());
-            }
-            step
-        };
-        let err = |msg: &str| -> crate::BoxError { msg.into() };
-        match step {
-            ProvisionStep::Succeed => Ok(volume_for(options)),
-            ProvisionStep::InBackground => Err(ProvisionError::InBackground(err(
-                "fake: still provisioning",
-            ))),
-            ProvisionStep::Failed => Err(ProvisionError::Failed(err("fake: provisioning failed"))),
-            ProvisionStep::NoChange => Err(ProvisionError::NoChange(err("fake: no change"))),
-            ProvisionStep::Reschedule => Err(ProvisionError::Reschedule(err(
-                "fake: node cannot host the volume",
-            ))),
-            ProvisionStep::Ignored => Err(ProvisionError::Ignored {
-                reason: "fake: not mine".into(),
-            }),
-            ProvisionStep::Infeasible => Err(ProvisionError::Infeasible(err(
-                "fake: the request cannot be served",
-            ))),
-            ProvisionStep::Panic => panic!("fake provisioner panicked as scripted"),
-            ProvisionStep::Hang => std::future::pending().await,
-            ProvisionStep::Block => {
-                let mut open = self.gate.open.subscribe();
-                self.gate.blocked.send_modify(|n| *n += 1);
-                // Counted down also when the call is dropped (a controller stopped mid-call).
-                let _blocked = scopeguard(&self.gate.blocked);
-                let _ = open.wait_for(|open| *open).await;
-                Ok(volume_for(options))
-            }
-        }
+        self.answer(options, false)
+            .await?
+            .ok_or_else(|| ProvisionError::Ignored {
+                reason: format!("fake: no asset {}", options.pv_name),
+            })
     }
 
     async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError> {
@@ -299,6 +250,26 @@ impl Provisioner for FakeProvisioner {
         }
     }
 
+    fn supports_block(&self) -> bool {
+        self.block
+    }
+}
+
+/// A lookup follows the provision script as a `provision` call does (it is recorded in
+/// [`FakeProvisioner::provision_calls`] and takes the next step), but a step that would
+/// create an asset finds none instead.
+#[async_trait]
+impl AssetLookup for FakeProvisioner {
+    async fn find(
+        &self,
+        options: &ProvisionOptions,
+    ) -> Result<Option<PersistentVolume>, ProvisionError> {
+        self.answer(options, true).await
+    }
+}
+
+#[async_trait]
+impl LateAssets for FakeProvisioner {
     async fn volume_saved(&self, saved: &PersistentVolume) -> Result<(), DeleteError> {
         let mut state = self.lock();
         state.saved_calls.push(saved.clone());
@@ -317,12 +288,71 @@ impl Provisioner for FakeProvisioner {
         }
     }
 
-    fn late_asset_window(&self) -> Option<std::time::Duration> {
+    fn window(&self) -> Option<std::time::Duration> {
         self.late_window
     }
+}
 
-    fn supports_block(&self) -> bool {
-        self.block
+impl FakeProvisioner {
+    /// A `provision` call, or a lookup (`lookup`: creates nothing, `None` when no asset
+    /// exists).
+    async fn answer(
+        &self,
+        options: &ProvisionOptions,
+        lookup: bool,
+    ) -> Result<Option<PersistentVolume>, ProvisionError> {
+        let step = {
+            let mut state = self.lock();
+            state.provision_calls.push(options.clone());
+            let step = state
+                .provision_script
+                .pop_front()
+                .unwrap_or(ProvisionStep::Succeed);
+            if step == ProvisionStep::InBackground {
+                state.in_background.insert(options.pv_name.clone());
+            }
+            // A lookup finds the asset and creates none.
+            if lookup
+                && step == ProvisionStep::Succeed
+                && !state.assets.contains(&options.pv_name)
+                && !state.in_background.contains(&options.pv_name)
+            {
+                return Ok(None);
+            }
+            if matches!(step, ProvisionStep::Succeed | ProvisionStep::Block) {
+                state.in_background.remove(&options.pv_name);
+                state.assets.insert(options.pv_name.clone());
+            }
+            step
+        };
+        let err = |msg: &str| -> crate::BoxError { msg.into() };
+        match step {
+            ProvisionStep::Succeed => Ok(Some(volume_for(options))),
+            ProvisionStep::InBackground => Err(ProvisionError::InBackground(err(
+                "fake: still provisioning",
+            ))),
+            ProvisionStep::Failed => Err(ProvisionError::Failed(err("fake: provisioning failed"))),
+            ProvisionStep::NoChange => Err(ProvisionError::NoChange(err("fake: no change"))),
+            ProvisionStep::Reschedule => Err(ProvisionError::Reschedule(err(
+                "fake: node cannot host the volume",
+            ))),
+            ProvisionStep::Ignored => Err(ProvisionError::Ignored {
+                reason: "fake: not mine".into(),
+            }),
+            ProvisionStep::Infeasible => Err(ProvisionError::Infeasible(err(
+                "fake: the request cannot be served",
+            ))),
+            ProvisionStep::Panic => panic!("fake provisioner panicked as scripted"),
+            ProvisionStep::Hang => std::future::pending().await,
+            ProvisionStep::Block => {
+                let mut open = self.gate.open.subscribe();
+                self.gate.blocked.send_modify(|n| *n += 1);
+                // Counted down also when the call is dropped (a controller stopped mid-call).
+                let _blocked = scopeguard(&self.gate.blocked);
+                let _ = open.wait_for(|open| *open).await;
+                Ok(Some(volume_for(options)))
+            }
+        }
     }
 }
 

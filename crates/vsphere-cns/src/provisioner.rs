@@ -12,7 +12,9 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube_controller_kit::error::chain;
 use provision_controller::annotations::ANN_PROVISIONED_BY;
-use provision_controller::{DeleteError, ProvisionError, ProvisionOptions, Provisioner};
+use provision_controller::{
+    AssetLookup, DeleteError, LateAssets, ProvisionError, ProvisionOptions, Provisioner,
+};
 use tracing::{debug, info, instrument, warn};
 
 use crate::client::CnsClient;
@@ -173,7 +175,7 @@ pub enum ProvisionerError {
 /// - **`provision` never deletes a volume**, as a PV saved by another replica may name any
 ///   of them. The other volumes of that name (leftovers) are released later, never the one
 ///   a PV names:
-///   - by [`Provisioner::volume_saved`], once a PV of that name is saved (by any replica):
+///   - by [`LateAssets::volume_saved`], once a PV of that name is saved (by any replica):
 ///     the other volumes of this cluster with the PV's name are deleted;
 ///   - by `delete`, when the PV is deleted: the PV's volume and every other one of its name,
 ///     and again until a create of that name this provisioner sent can no longer land
@@ -184,7 +186,7 @@ pub enum ProvisionerError {
 ///   reclaim policy `Delete`; under `Retain` it stays, as the PV's own volume does. One
 ///   sent by another replica (or by an earlier life of this one) that lands after the PV
 ///   was deleted, but within the settle window, goes with the controller's last sweep when
-///   the window ends (see [`Provisioner::late_asset_window`]): its journal keeps the
+///   the window ends (see [`LateAssets::window`]): its journal keeps the
 ///   claim until then, and whichever replica leads makes a cleanup `provision` call that
 ///   finds the late volume and saves a PV for it, which is reclaimed.
 /// - **Errors say what runs in the background.** A timeout or a broken connection after the
@@ -416,7 +418,7 @@ impl CnsProvisioner {
     /// The volume to return after creating `created`: the lowest ID among `created` and
     /// the volumes of that name found now, so that replicas whose creates raced return
     /// the same volume. When the lookup fails, `created` (should another replica's PV be
-    /// saved first, its [`Provisioner::volume_saved`] releases this one).
+    /// saved first, its [`LateAssets::volume_saved`] releases this one).
     async fn winner_after_create(&self, name: &str, created: CnsVolumeId) -> CnsVolumeId {
         match self.find_by_name(name).await {
             Ok(volumes) => match volumes.into_iter().next() {
@@ -641,12 +643,13 @@ fn provisioned_name(volume: &PersistentVolume) -> Option<&str> {
         .filter(|name| provisioned && !name.is_empty())
 }
 
-#[async_trait]
-impl Provisioner for CnsProvisioner {
-    #[instrument(skip_all, fields(pv = %options.pv_name))]
-    async fn provision(
+impl CnsProvisioner {
+    /// A `provision` call, or with `cleanup` a lookup that creates nothing
+    /// ([`AssetLookup::find`]; `Ignored` when no volume exists).
+    async fn answer(
         &self,
         options: &ProvisionOptions,
+        cleanup: bool,
     ) -> Result<PersistentVolume, ProvisionError> {
         let name = &options.pv_name;
         let checked = VolumeRequest::new(options)
@@ -670,7 +673,7 @@ impl Provisioner for CnsProvisioner {
             return Err(ProvisionError::InBackground(Box::new(pending)));
         }
         // A cleanup records a volume that exists; it never creates one.
-        if options.cleanup {
+        if cleanup {
             info!("cleanup: no cns volume of this name exists, and none is created");
             return Err(ProvisionError::Ignored {
                 reason: format!("no cns volume named {name:?} exists to clean up"),
@@ -701,6 +704,17 @@ impl Provisioner for CnsProvisioner {
         info!(volume_id = %id, capacity_in_mb = spec.capacity_in_mb, "cns volume created");
         let id = self.winner_after_create(name, id).await;
         Ok(request.volume(name, &id))
+    }
+}
+
+#[async_trait]
+impl Provisioner for CnsProvisioner {
+    #[instrument(skip_all, fields(pv = %options.pv_name))]
+    async fn provision(
+        &self,
+        options: &ProvisionOptions,
+    ) -> Result<PersistentVolume, ProvisionError> {
+        self.answer(options, false).await
     }
 
     #[instrument(skip_all, fields(pv = volume.metadata.name.as_deref().unwrap_or_default()))]
@@ -741,6 +755,27 @@ impl Provisioner for CnsProvisioner {
         Ok(())
     }
 
+    fn supports_block(&self) -> bool {
+        true
+    }
+}
+
+/// A cleanup looks for the CNS volume of the PV name and creates none.
+#[async_trait]
+impl AssetLookup for CnsProvisioner {
+    #[instrument(skip_all, fields(pv = %options.pv_name))]
+    async fn find(
+        &self,
+        options: &ProvisionOptions,
+    ) -> Result<Option<PersistentVolume>, ProvisionError> {
+        self.answer(options, true).await.map(Some)
+    }
+}
+
+/// CNS names are not unique and a create can land after its client gave up: leftovers of
+/// a saved PV's name are released, again when the settle window has passed.
+#[async_trait]
+impl LateAssets for CnsProvisioner {
     #[instrument(skip_all, fields(pv = saved.metadata.name.as_deref().unwrap_or_default()))]
     async fn volume_saved(&self, saved: &PersistentVolume) -> Result<(), DeleteError> {
         let Some(id) = our_handle(saved).filter(|id| !id.as_str().is_empty()) else {
@@ -761,12 +796,8 @@ impl Provisioner for CnsProvisioner {
     /// The settle window ([`CnsProvisioner::create_settle`]): a create sent by any replica
     /// lands within it, so the controller sweeps a saved PV's leftovers once more when it
     /// has passed (and at a restarted replica's first sync). `None` when the window is 0.
-    fn late_asset_window(&self) -> Option<std::time::Duration> {
+    fn window(&self) -> Option<std::time::Duration> {
         (!self.create_settle.is_zero()).then_some(self.create_settle)
-    }
-
-    fn supports_block(&self) -> bool {
-        true
     }
 }
 

@@ -14,7 +14,9 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use provision_controller::annotations::ANN_PROVISIONED_BY;
-use provision_controller::{DeleteError, ProvisionError, ProvisionOptions, Provisioner};
+use provision_controller::{
+    DeleteError, LateAssets, ProvisionError, ProvisionOptions, Provisioner,
+};
 use vsphere_cns::simulator::{CnsSimulator, SimFault};
 use vsphere_cns::{
     CSI_DRIVER, ClusterFlavor, CnsClient, CnsProvisioner, CnsVolumeId, MoRef, ProvisionerError,

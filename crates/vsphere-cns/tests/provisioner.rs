@@ -13,7 +13,9 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use provision_controller::annotations::ANN_PROVISIONED_BY;
-use provision_controller::{DeleteError, ProvisionError, ProvisionOptions, Provisioner};
+use provision_controller::{
+    AssetLookup, DeleteError, ProvisionError, ProvisionOptions, Provisioner,
+};
 use vsphere_cns::simulator::{CnsSimulator, SimFault};
 use vsphere_cns::{ClusterFlavor, CnsClient, CnsProvisioner, MoRef, ProvisionerError};
 
@@ -541,8 +543,8 @@ async fn a_volume_of_the_same_name_in_another_cluster_is_neither_reused_nor_remo
 async fn a_cleanup_hands_over_the_volume_that_exists_and_never_creates_one() {
     let sim = sim().await;
     let provisioner = provisioner(&sim).await;
-    let cleanup = default_options().for_cleanup();
-    let answer = provisioner.provision(&cleanup).await;
+    let cleanup = default_options();
+    let answer = provisioner.find(&cleanup).await;
     assert!(
         matches!(answer, Err(ProvisionError::Ignored { .. })),
         "no volume: nothing to record, got {answer:?}"
@@ -550,7 +552,7 @@ async fn a_cleanup_hands_over_the_volume_that_exists_and_never_creates_one() {
     assert!(sim.volumes().is_empty(), "a cleanup created a volume");
 
     let made = provisioner.provision(&default_options()).await.unwrap();
-    let found = provisioner.provision(&cleanup).await.unwrap();
+    let found = provisioner.find(&cleanup).await.unwrap().unwrap();
     assert_eq!(handle(&found), handle(&made));
     assert_eq!(sim.volumes().len(), 1);
 }
@@ -572,7 +574,7 @@ async fn the_cns_provisioner_keeps_the_provisioner_contract() {
         .class(vsphere)
         .refused_class(refused)
         .retries(20, Duration::from_millis(100))
-        .check(&provisioner)
+        .check_with_lookup(&provisioner, &provisioner)
         .await;
     report.assert_conforms();
     assert_eq!(

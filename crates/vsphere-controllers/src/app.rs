@@ -8,7 +8,7 @@ use anyhow::{Context as _, anyhow};
 use kube_client::Client;
 use kube_client::config::{KubeConfigOptions, Kubeconfig};
 use kube_controller_kit::error::chain;
-use provision_controller::http::Health;
+use kube_controller_kit::http::Health;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use vsphere_cns::{CnsClient, CnsMetadataBackend, CnsProvisioner, MoRef, VsphereConfig};
@@ -218,8 +218,10 @@ pub fn start_controllers(
     let controller = provision_controller::ProvisionController::new(
         kube.clone(),
         settings.provisioner_name.clone(),
-        provisioner,
+        provisioner.clone(),
     )
+    .asset_lookup(provisioner.clone())
+    .late_assets(provisioner)
     .config(config)
     .health(health);
     let metadata_config = settings.metadata_config.clone().map(|config| {

@@ -52,7 +52,7 @@ pub use app::{
 };
 #[cfg(feature = "demo")]
 pub use demo::{CLASS, DemoOptions, DemoReport, Row, run_demo};
-pub use provision_controller::signal::{Signal, shutdown_signal};
+pub use kube_controller_kit::signal::{Signal, shutdown_signal};
 pub use run::{Options, RunError, parse_datastore, run};
 pub use uninstall::{UninstallOptions, uninstall};
 pub use upstream::{

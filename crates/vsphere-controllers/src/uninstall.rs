@@ -1,5 +1,5 @@
 //! `vsphere uninstall`: what the provision controller leaves in a cluster once it no longer
-//! runs, reported and removed ([`provision_controller::journal::Uninstall`]).
+//! runs, reported and removed ([`provision_controller::Uninstall`]).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -11,7 +11,7 @@ use kube_client::{Api, Client};
 use kube_controller_kit::error::chain;
 use provision_controller::LeaderElection;
 use provision_controller::annotations::FINALIZER_PV;
-use provision_controller::journal::{Uninstall, UninstallReport};
+use provision_controller::{Uninstall, UninstallReport};
 
 use crate::app::{kube_config, reachable};
 use crate::run::{RunError, missing_files};

@@ -18,7 +18,7 @@ use kube_client::api::{DeleteParams, PostParams};
 use kube_client::{Api, Client};
 use kube_sim::KubeSim;
 use kube_sim::wait::Wait;
-use provision_controller::leader::LeaderElection;
+use provision_controller::LeaderElection;
 use vsphere_cns::simulator::CnsSimulator;
 use vsphere_cns::{ClusterFlavor, CnsClient, CnsMetadataBackend, CnsProvisioner};
 use vsphere_controllers::{Settings, start_controllers};

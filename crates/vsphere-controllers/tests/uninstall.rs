@@ -12,7 +12,7 @@ use kube_client::Api;
 use kube_client::api::{ListParams, PostParams};
 use kube_sim::KubeSim;
 use provision_controller::annotations::FINALIZER_PV;
-use provision_controller::journal::JOURNAL_LABEL;
+use provision_controller::annotations::JOURNAL_LABEL;
 use provision_controller::testing::{FakeProvisioner, ProvisionStep, class, pv, pvc};
 use provision_controller::{Config, ProvisionController};
 use vsphere_controllers as app;

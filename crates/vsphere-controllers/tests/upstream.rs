@@ -20,8 +20,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube_client::api::PostParams;
 use kube_client::{Api, Client};
+use kube_controller_kit::http::NotReady;
 use kube_sim::{FaultRule, KubeSim, Verb};
-use provision_controller::http::NotReady;
 use vsphere_cns::simulator::{CnsSimulator, DEFAULT_PASSWORD, DEFAULT_USER};
 use vsphere_cns::{ClusterFlavor, CnsClient, CnsMetadataBackend, CnsProvisioner};
 use vsphere_controllers::{

@@ -26,7 +26,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube_client::ResourceExt;
 use kube_client::api::ListParams;
 use provision_controller::annotations::FINALIZER_PV;
-use provision_controller::journal::JOURNAL_LABEL;
+use provision_controller::annotations::JOURNAL_LABEL;
 use vsphere_cns::simulator::SimVolume;
 
 use super::names;

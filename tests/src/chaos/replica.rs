@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use kube_client::client::ClientBuilder;
-use provision_controller::http::{Health, Role};
+use kube_controller_kit::http::{Health, Role};
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
 use tokio::time::Instant;

@@ -59,7 +59,7 @@ struct Renewer {
 impl LeaderElector {
     /// An elector for `cfg` that talks to the API server through `client`.
     ///
-    /// Pass a client used for nothing else (see [`super::dedicated_client`]), so that
+    /// Pass a client used for nothing else (see [`for_leader_election`](crate::client::for_leader_election)), so that
     /// renewals do not queue behind other requests. Nothing is sent until
     /// [`acquire`](Self::acquire).
     ///

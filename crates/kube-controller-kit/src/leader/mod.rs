@@ -15,7 +15,7 @@
 //!   it reports its role to a [`Health`](crate::http::Health) handle, as
 //!   `provision-controller` does, [`Health::leading`](crate::http::Health::leading));
 //! - every other controller takes the `Leading` and works only while it leads
-//!   (`cnsmetadata::run_while_leading` does: its caches stay warm on a standby, and each
+//!   (`cnsmetadata::MetadataController::leading` does: its caches stay warm on a standby, and each
 //!   term starts from a fresh list);
 //! - losing the lease ends the elector's controller with an error; the application stops
 //!   the others then, and the process restarts as a standby.
@@ -39,7 +39,7 @@
 //! client's built-in retries back off inside the call. A burst of provisioning requests,
 //! slow LISTs or a throttling API server can therefore hold a renewal back past the renew
 //! deadline. Give the elector a client of its own, built from the same
-//! `kube_client::Config` with [`dedicated_client`]: its own buffer, pool and connection,
+//! `kube_client::Config` with [`for_leader_election`](crate::client::for_leader_election): its own buffer, pool and connection,
 //! and no built-in retries (the elector retries on its own schedule and bounds every
 //! attempt by the renew deadline). [`LeaderElector::new`] accepts any client so tests can
 //! share one, but production callers should pass a dedicated one.
@@ -53,13 +53,14 @@
 //!
 //! # Example
 //! ```no_run
-//! use kube_controller_kit::leader::{dedicated_client, LeaderElection, LeaderElector};
+//! use kube_controller_kit::client::for_leader_election;
+//! use kube_controller_kit::leader::{LeaderElection, LeaderElector};
 //! use tokio_util::sync::CancellationToken;
 //! # async fn doc() -> Result<(), Box<dyn std::error::Error>> {
 //! # let config: kube_client::Config = todo!();
 //! let shutdown = CancellationToken::new();
 //! let cfg = LeaderElection::for_provisioner("example.com/nfs", "kube-system")?;
-//! let mut elector = LeaderElector::new(dedicated_client(&config)?, cfg)?;
+//! let mut elector = LeaderElector::new(for_leader_election(&config)?, cfg)?;
 //!
 //! elector.acquire(shutdown.clone().cancelled_owned()).await?; // Err(Cancelled) on shutdown
 //! tokio::select! {
@@ -81,8 +82,6 @@ mod record;
 pub use config::{InvalidLeaderElection, LeaderElection, LeaderElectionOption};
 pub use elector::LeaderElector;
 pub use leading::Leading;
-
-use kube_client::Client;
 
 /// Where an elector stands. Published through [`LeaderElector::subscribe`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -184,26 +183,4 @@ pub enum LeaderError {
         /// The renew deadline that bounded the release.
         timeout: std::time::Duration,
     },
-    /// The dedicated client could not be built.
-    #[error("failed to build the leader-election client")]
-    Client(#[source] kube_client::Error),
-}
-
-/// Builds a client for the elector alone, from the same `config` the workers use.
-///
-/// The new client ([`crate::client::from_config`]: HTTP/2 where the server offers it) has
-/// its own request buffer and connection, so lease renewals never wait behind worker
-/// requests, and it does not retry on its own (the elector bounds and
-/// retries its attempts itself).
-///
-/// # Errors
-/// [`LeaderError::Client`] when kube cannot build a client from `config` (e.g. an
-/// `https` URL without a TLS feature enabled).
-///
-/// # Panics
-/// Outside a Tokio runtime: kube spawns the client's buffer task.
-pub fn dedicated_client(config: &kube_client::Config) -> Result<Client, LeaderError> {
-    let mut config = config.clone();
-    config.default_retry = false;
-    crate::client::build(config).map_err(LeaderError::Client)
 }

@@ -1,41 +1,10 @@
-//! Crash-safe provisioning: the claim's entry in the provisioning journal
-//! ([`crate::journal`]) that records "an asset may exist without a PV", and the cleanup
-//! of claims that will not get our PV while it was recorded.
-//!
-//! The entry of a claim is an **intent** exactly while the driver may have created (or be
-//! creating) an asset that no saved PV describes yet:
-//!
-//! - written right before [`Provisioner::provision`](crate::Provisioner::provision) is
-//!   called ([`record_intent`]; only when
-//!   [`Config::crash_safe_provisioning`](crate::Config) is on), with the claim's
-//!   `namespace/name`, spec and selected node, the PV name and a snapshot of the class the
-//!   provisioning starts with; the driver call waits until the write is durable (shared
-//!   with every claim that got there meanwhile);
-//! - **settled** once a saved PV records the asset ([`after_save`]): its last late-asset
-//!   sweep is due when the driver's late-asset window has passed, and the entry goes once
-//!   that sweep was made ([`Plan::Sweep`]);
-//! - removed once the driver answered that nothing exists (`Failed`, `Reschedule`,
-//!   `Ignored`, `Infeasible`; [`no_asset`]).
-//!
-//! Every leader loads the journal when it starts leading and at every resync, and queues
-//! the claim of every entry, so the next leader finishes or cleans up what the last one
-//! started. A claim with an intent that still asks for our volume is simply provisioned
-//! again. Any other (deleted, gone, bound to another PV, now asking another provisioner)
-//! is cleaned up **by saving, not by deleting** ([`clean_up`]): `provision` is called again
-//! with [`ProvisionOptions::cleanup`] (the driver finds the asset by `pv_name` and creates
-//! none), and the volume it returns is saved as a PV with a claimRef to the claim. The PV
-//! name is the one arbiter every replica agrees on: if a PV of that name exists already,
-//! the save counts as done. Deleting the asset instead would race with another replica
-//! saving a PV that names that very asset. The saved PV is released by the PV controller
-//! (the claim is gone or bound elsewhere) and reclaimed by the volume flow at once; a
-//! live, unbound claim that now asks another provisioner gets it bound: a real volume,
-//! not a leak.
-//!
-//! Users' claims carry nothing of this: a claim deleted mid-provisioning goes at once,
-//! and its entry is all the cleanup needs.
-//!
-//! In a claim's way: one step, [`before_provisioning`], before the normal flow of
-//! `claim` (which then records the intent around the driver call).
+//! Crash-safe provisioning: a claim's journal entry is an **intent** while an asset may
+//! exist without a saved PV ([`record_intent`] before the driver call), **settled** once a
+//! PV records the asset ([`after_save`], swept at the end of the late-asset window), and
+//! removed once the driver answered that nothing exists ([`no_asset`]). A claim that will
+//! not get our PV the normal way is cleaned up **by saving, not deleting** ([`clean_up`]).
+//! In a claim's way: one step, [`before_provisioning`]. docs/architecture.md ("Crash
+//! safety: the provisioning journal") tells why this gives the guarantee.
 
 use std::sync::Arc;
 
@@ -332,7 +301,7 @@ pub(crate) fn plan(claim: &PersistentVolumeClaim, facts: Facts<'_>) -> Plan {
 
 /// The driver's late-asset window in whole seconds (rounded up), 0 without one.
 pub(crate) fn window_secs(ctx: &Context) -> i64 {
-    ctx.provisioner.late_asset_window().map_or(0, |w| {
+    ctx.late_window().map_or(0, |w| {
         i64::try_from(w.as_secs() + u64::from(w.subsec_nanos() > 0)).unwrap_or(i64::MAX)
     })
 }
@@ -418,10 +387,11 @@ pub(crate) async fn record_intent(
         })
 }
 
-/// The driver answered that it holds no asset for claim `uid`: its intent goes, unless
-/// another process (or an earlier life of this one) wrote it and a create it sent may
-/// still land: then it is settled for the end of the late-asset window, whose sweep
-/// looks for that asset once more.
+/// The driver answered that it holds no asset for claim `uid`: the intent goes if this
+/// process wrote it (the answer says nothing of another replica's create: its intent, or
+/// the entry of a PV it saved meanwhile, stays). One another process (or an earlier life
+/// of this one) wrote is settled instead when a create it sent may still land, for the
+/// end of the late-asset window, whose sweep looks for that asset once more.
 pub(crate) fn no_asset(ctx: &Context, uid: &str) {
     let Some(journal) = &ctx.journal else {
         return;
@@ -435,12 +405,12 @@ pub(crate) fn no_asset(ctx: &Context, uid: &str) {
         journal.settle(uid, due);
         queue_at(ctx, uid, due);
     } else {
-        journal.remove(uid, None);
+        journal.remove_own_intent(uid);
     }
 }
 
 /// After the PV `saved` of claim `claim_uid` was saved (by us, or by another replica
-/// first): the driver hears of it ([`Provisioner::volume_saved`](crate::Provisioner::volume_saved):
+/// first): the driver hears of it ([`LateAssets::volume_saved`](crate::LateAssets::volume_saved):
 /// it releases any other asset of the name), and the claim's entry is settled for its last
 /// sweep when the late-asset window ends (removed without a window once the driver
 /// answered without failing; a failure is swept again a second later, and so on).
@@ -465,19 +435,20 @@ pub(crate) async fn after_save(
 }
 
 /// Tells the driver that `volume` is saved
-/// ([`Provisioner::volume_saved`](crate::Provisioner::volume_saved)), bounded by the
-/// provision timeout; whether it answered without failing (a failure is logged).
+/// ([`LateAssets::volume_saved`](crate::LateAssets::volume_saved), when it opted in),
+/// bounded by the provision timeout; whether it answered without failing (a failure is
+/// logged).
 pub(crate) async fn volume_saved(
     ctx: &Context,
     volume: &k8s_openapi::api::core::v1::PersistentVolume,
 ) -> bool {
+    let Some(late) = &ctx.late_assets else {
+        return true;
+    };
     let name = volume.metadata.name.as_deref().unwrap_or_default();
     let result = match ctx
         .driver_slots
-        .deleting(
-            ctx.config.provision_timeout,
-            ctx.provisioner.volume_saved(volume),
-        )
+        .deleting(ctx.config.provision_timeout, late.volume_saved(volume))
         .await
     {
         Ok(Ok(()) | Err(DeleteError::Ignored { .. })) => return true,
@@ -576,16 +547,20 @@ async fn clean_up(
         pv_name.to_owned(),
         Arc::clone(&claim.claim),
         claim.selected_node.clone(),
-    )
-    .for_cleanup();
+    );
     tracing::info!(pv = %pv_name, claim_gone, settled, "the claim will not get our PV the normal way; looking for its asset");
     let limit = ctx.config.provision_timeout;
     let answer = ctx
         .driver_slots
-        .provisioning(limit, ctx.provisioner.provision(&options))
+        .provisioning(limit, async {
+            match &ctx.asset_lookup {
+                Some(lookup) => lookup.find(&options).await,
+                None => ctx.provisioner.provision(&options).await.map(Some),
+            }
+        })
         .await;
     let volume = match answer {
-        Ok(Ok(volume)) => Some(volume),
+        Ok(Ok(volume)) => volume,
         Ok(Err(source)) if holds_no_asset(&source) => None,
         Ok(Err(source)) => {
             let state = match source {
@@ -645,8 +620,7 @@ async fn clean_up(
         // and forgotten it) may still land: "none" is believed once it can no longer.
         if !settled
             && let Some(wait) = ctx
-                .provisioner
-                .late_asset_window()
+                .late_window()
                 .and_then(|window| ctx.cleanup_wait(uid, window))
         {
             let settling = OpError::Settling {

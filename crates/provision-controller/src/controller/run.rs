@@ -22,13 +22,16 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::{Context, Parts, ProvisionController, save, worker};
+use kube_controller_kit::{
+    http::{Health, HttpServer, HttpServerHandle, MetricsSource, Role},
+    leader::{LeaderElection, LeaderElector, LeaderError},
+};
+
 use crate::{
     cache::{Caches, VolumeCache},
     config::Config,
     error::{Error, Result},
     events::Events,
-    http::{Health, HttpServer, HttpServerHandle, MetricsSource, Role},
-    leader::{LeaderElection, LeaderElector, LeaderError},
     metrics::ControllerMetrics,
 };
 
@@ -78,6 +81,8 @@ pub(super) async fn run(
         provisioner,
         qualifier,
         guard,
+        asset_lookup,
+        late_assets,
         config,
         metrics,
         claims,
@@ -166,6 +171,8 @@ pub(super) async fn run(
         provisioner,
         qualifier,
         guard,
+        asset_lookup,
+        late_assets,
         config,
         caches: Caches::new(claims.store.clone(), volumes.store, classes.store.clone()),
         metrics: Some(metrics),

@@ -159,7 +159,7 @@ pub(crate) fn same_source(a: &PersistentVolume, b: &PersistentVolume) -> bool {
 /// Another PV was saved under the name of `ours` first (another replica provisioned the
 /// same claim, or an earlier attempt of this one saved it): it counts as saved. When it
 /// names another asset, ours is released by the driver's
-/// [`Provisioner::volume_saved`](crate::Provisioner::volume_saved) of the saved PV, which
+/// [`LateAssets::volume_saved`](crate::LateAssets::volume_saved) of the saved PV, which
 /// the caller makes next (it releases every other asset of the name).
 pub(crate) fn reuse_existing(ours: &PersistentVolume, saved: &PersistentVolume) {
     let name = ours.metadata.name.as_deref().unwrap_or_default();

@@ -229,6 +229,8 @@ mod tests {
                 answer.load(std::sync::atomic::Ordering::SeqCst)
             })),
             guard: None,
+            asset_lookup: None,
+            late_assets: None,
             config: config.pv_save(PvSaveStrategy::background()),
             caches: Caches::new(claims_store, volumes_store, classes_store),
             events: Events::disabled(),

@@ -16,7 +16,8 @@
 //! `pvc-conformance-…`); every asset the suite made is deleted again at the end. A driver
 //! that needs class parameters (a datastore, a pool) is given them with
 //! [`Conformance::class`]; [`Conformance::refused_class`] names a class the driver must
-//! refuse, to check what its errors say.
+//! refuse, to check what its errors say. A driver that offers an [`AssetLookup`] is
+//! checked with [`Conformance::check_with_lookup`], which also checks the lookup.
 
 use std::{
     collections::BTreeMap,
@@ -35,9 +36,14 @@ use kube_client::{Api, api::PostParams};
 use kube_controller_kit::{error::chain, quantity::Quantity};
 
 use crate::{
-    DeleteError, ProvisionError, ProvisionOptions, Provisioner,
+    AssetLookup, DeleteError, ProvisionError, ProvisionOptions, Provisioner,
     testing::{class, pvc},
 };
+
+/// Why the clauses that need a cleanup lookup are skipped without one.
+const NO_LOOKUP: &str =
+    "the driver offers no AssetLookup (Conformance::check_with_lookup checks one)";
+const NO_LOOKUP_HINT: &str = "an AssetLookup (Conformance::check_with_lookup)";
 
 /// One clause of the driver's contract (the "Assumptions" of [`Provisioner`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -51,9 +57,9 @@ pub enum Clause {
     Idempotent,
     /// `delete` removes the asset, and deleting an asset that is already gone succeeds.
     DeleteMissing,
-    /// A cleanup lookup ([`ProvisionOptions::cleanup`]) creates nothing: it answers
-    /// [`ProvisionError::Ignored`] (or another final error) when no asset exists, and
-    /// finds the one that does.
+    /// A cleanup lookup ([`AssetLookup::find`]) creates nothing: it answers `None` (or a
+    /// final error) when no asset exists, and finds the one that does. Skipped for a
+    /// driver without a lookup.
     CleanupCreatesNothing,
     /// Errors classify as documented: a final answer (`Failed`, `Infeasible`,
     /// `Reschedule`, `Ignored`) leaves no asset; a retryable one (`InBackground`,
@@ -263,9 +269,28 @@ impl Conformance {
     /// Runs every check against `provisioner`; never panics (a driver's panic fails the
     /// check it happened in). Deletes the assets it made.
     pub async fn check(&self, provisioner: &(impl Provisioner + ?Sized)) -> Report {
+        self.run(provisioner, None).await
+    }
+
+    /// Runs every check against `provisioner` and its `lookup` (often the same value):
+    /// [`check`](Self::check), and the lookup finds what exists and creates nothing.
+    pub async fn check_with_lookup(
+        &self,
+        provisioner: &(impl Provisioner + ?Sized),
+        lookup: &impl AssetLookup,
+    ) -> Report {
+        self.run(provisioner, Some(lookup)).await
+    }
+
+    async fn run(
+        &self,
+        provisioner: &(impl Provisioner + ?Sized),
+        lookup: Option<&dyn AssetLookup>,
+    ) -> Report {
         let mut run = Run {
             suite: self,
             driver: provisioner,
+            lookup,
             tag: unique_tag(),
             made: Vec::new(),
             background_failure: None,
@@ -280,6 +305,8 @@ impl Conformance {
 struct Run<'a, P: ?Sized> {
     suite: &'a Conformance,
     driver: &'a P,
+    /// The driver's cleanup lookup, when it offers one.
+    lookup: Option<&'a dyn AssetLookup>,
     tag: String,
     /// Volumes the driver returned, deleted at the end.
     made: Vec<PersistentVolume>,
@@ -324,10 +351,12 @@ impl<P: Provisioner + ?Sized> Run<'_, P> {
                     Clause::Idempotent,
                     self.idempotent(&first_options, volume).await,
                 );
-                outcomes.insert(
-                    Clause::CleanupCreatesNothing,
-                    self.cleanup_creates_nothing(&first_options, volume).await,
-                );
+                let cleanup = if self.lookup.is_some() {
+                    self.cleanup_creates_nothing(&first_options, volume).await
+                } else {
+                    Outcome::Skipped(NO_LOOKUP.into())
+                };
+                outcomes.insert(Clause::CleanupCreatesNothing, cleanup);
                 outcomes.insert(
                     Clause::DeleteMissing,
                     self.delete_missing(&first_options, volume).await,
@@ -437,21 +466,32 @@ impl<P: Provisioner + ?Sized> Run<'_, P> {
         }
     }
 
-    /// A cleanup lookup: `Ok(None)` when the driver answers a final error (no asset).
+    /// A cleanup lookup ([`AssetLookup::find`]), bounded and with panics caught: `Ok(None)`
+    /// also when the driver answers a final error (no asset), as the controller reads it.
+    /// Callers check that the driver offers a lookup.
     async fn look_up(
         &self,
         options: &ProvisionOptions,
     ) -> Result<Option<PersistentVolume>, String> {
-        let lookup = options.clone().for_cleanup();
-        match self.provision_once(&lookup).await {
-            Provisioned::Volume(volume) => Ok(Some(*volume)),
-            // Any final answer says that no asset exists, which is what the controller
-            // reads from it (`Ignored` is the documented one).
-            Provisioned::Ignored(_) | Provisioned::Final(_) => Ok(None),
-            Provisioned::Retryable(what) | Provisioned::Broken(what) => Err(format!(
-                "a cleanup lookup of {} answered {what}, not a volume or a final answer",
-                options.pv_name
+        let Some(lookup) = self.lookup else {
+            return Err(NO_LOOKUP.into());
+        };
+        let name = &options.pv_name;
+        let call = AssertUnwindSafe(lookup.find(options)).catch_unwind();
+        match tokio::time::timeout(self.suite.call_limit, call).await {
+            Err(_) => Err(format!(
+                "a cleanup lookup of {name} did not return within {:?}",
+                self.suite.call_limit
             )),
+            Ok(Err(_)) => Err(format!("a cleanup lookup of {name} panicked")),
+            Ok(Ok(Ok(found))) => Ok(found),
+            Ok(Ok(Err(
+                error @ (ProvisionError::InBackground(_) | ProvisionError::NoChange(_)),
+            ))) => Err(format!(
+                "a cleanup lookup of {name} answered {}, not a volume or a final answer",
+                chain(&error)
+            )),
+            Ok(Ok(Err(_))) => Ok(None),
         }
     }
 
@@ -557,6 +597,7 @@ impl<P: Provisioner + ?Sized> Run<'_, P> {
             return Outcome::Failed(what);
         }
         match self.look_up(options).await {
+            _ if self.lookup.is_none() => {}
             Ok(None) => {}
             Ok(Some(found)) => {
                 return Outcome::Failed(format!(
@@ -623,6 +664,11 @@ impl<P: Provisioner + ?Sized> Run<'_, P> {
             }
             Ok(Err(final_error)) => final_error,
         };
+        if self.lookup.is_none() {
+            return Outcome::Skipped(format!(
+                "the refused class got a final answer ({final_error}); whether it left an asset needs {NO_LOOKUP_HINT}"
+            ));
+        }
         match self.look_up(&options).await {
             Ok(None) => Outcome::Passed,
             Ok(Some(found)) => {

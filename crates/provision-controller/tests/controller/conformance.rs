@@ -14,7 +14,7 @@ use std::{
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use provision_controller::{
-    DeleteError, ProvisionError, ProvisionOptions, Provisioner,
+    AssetLookup, DeleteError, ProvisionError, ProvisionOptions, Provisioner,
     testing::{
         FakeProvisioner, class,
         conformance::{Clause, Conformance, Outcome, Report},
@@ -36,7 +36,7 @@ enum Break {
     NewAssetEachCall,
     /// Fails to delete an asset that is gone.
     DeleteMissingFails,
-    /// Ignores `cleanup`: a lookup creates the asset.
+    /// A lookup creates the asset.
     CleanupCreates,
     /// Answers a final error (`Infeasible`) after creating the asset.
     ErrorLeavesAsset,
@@ -85,14 +85,6 @@ impl Provisioner for Toy {
     ) -> Result<PersistentVolume, ProvisionError> {
         let mut assets = self.assets.lock().unwrap();
         let existing = assets.get(&options.pv_name).copied();
-        if options.cleanup && self.broken != Break::CleanupCreates {
-            return match existing {
-                Some(id) => Ok(self.volume(options, id)),
-                None => Err(ProvisionError::Ignored {
-                    reason: "no such asset".into(),
-                }),
-            };
-        }
         let refused = options
             .storage_class
             .parameters
@@ -126,6 +118,20 @@ impl Provisioner for Toy {
     }
 }
 
+#[async_trait]
+impl AssetLookup for Toy {
+    async fn find(
+        &self,
+        options: &ProvisionOptions,
+    ) -> Result<Option<PersistentVolume>, ProvisionError> {
+        if self.broken == Break::CleanupCreates {
+            return self.provision(options).await.map(Some);
+        }
+        let existing = self.assets.lock().unwrap().get(&options.pv_name).copied();
+        Ok(existing.map(|id| self.volume(options, id)))
+    }
+}
+
 fn suite() -> Conformance {
     Conformance::new(ME)
         .refused_class(
@@ -138,7 +144,8 @@ fn suite() -> Conformance {
 }
 
 async fn check(broken: Break) -> Report {
-    suite().check(&Toy::new(broken)).await
+    let toy = Toy::new(broken);
+    suite().check_with_lookup(&toy, &toy).await
 }
 
 /// Asserts that `report` fails `clause` and only it, and that its text names the clause
@@ -165,7 +172,8 @@ async fn a_driver_that_keeps_the_contract_passes_every_clause() {
 
 #[tokio::test]
 async fn the_fake_provisioner_conforms() {
-    let report = Conformance::new(ME).check(&FakeProvisioner::new()).await;
+    let fake = FakeProvisioner::new();
+    let report = Conformance::new(ME).check_with_lookup(&fake, &fake).await;
     report.assert_conforms();
     // Without a refused class and with no retryable answer, the error clause is skipped.
     assert!(matches!(
@@ -267,4 +275,18 @@ async fn a_retryable_answer_that_never_ends_breaks_errors_tell_the_truth() {
 async fn a_block_claim_given_a_filesystem_volume_breaks_block_as_declared() {
     let report = check(Break::BlockIgnored).await;
     fails_only(&report, Clause::BlockAsDeclared, "volumeMode unset");
+}
+
+#[tokio::test]
+async fn a_driver_without_a_lookup_skips_only_the_clauses_that_need_one() {
+    let report = suite().check(&Toy::new(Break::None)).await;
+    for check in &report.checks {
+        match check.clause {
+            Clause::CleanupCreatesNothing | Clause::ErrorsTellTheTruth => assert!(
+                matches!(&check.outcome, Outcome::Skipped(why) if why.contains("AssetLookup")),
+                "{check:?}"
+            ),
+            _ => assert_eq!(check.outcome, Outcome::Passed, "{check:?}"),
+        }
+    }
 }

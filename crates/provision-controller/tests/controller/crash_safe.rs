@@ -54,7 +54,9 @@ async fn requests(
             let maps: kube_client::Api<k8s_openapi::api::core::v1::ConfigMap> =
                 kube_client::Api::all(env.sim.client());
             let list = maps
-                .list(&ListParams::default().labels(provision_controller::journal::JOURNAL_LABEL))
+                .list(
+                    &ListParams::default().labels(provision_controller::annotations::JOURNAL_LABEL),
+                )
                 .await
                 .ok()?;
             list.items.is_empty().then_some(())

@@ -9,11 +9,13 @@ use kube_sim::{FaultRule, Verb};
 use provision_controller::{
     SharedCache,
     annotations::FINALIZER_PV,
-    events::VOLUME_FAILED_DELETE,
     testing::{DeleteStep, FakeProvisioner, class, pv, pvc},
 };
 
 use crate::{Env, ME, claim, eventually, fast_class, quick, quiet, settle};
+
+/// The event reason operators see (Go's string).
+const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
 
 /// Creates a claim `claim` (without class: nothing provisions it) and the PV `volume`
 /// with a claimRef to it; returns the PV once the binder has bound them.

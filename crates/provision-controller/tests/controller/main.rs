@@ -43,9 +43,9 @@ pub(crate) fn own_finalizers(finalizers: Option<&Vec<String>>) -> Vec<String> {
         .cloned()
         .collect()
 }
+use kube_controller_kit::backoff::ItemExponentialLimiter;
 use provision_controller::{
     Config, FailureBackoff, ProvisionController, PvSaveStrategy,
-    ratelimit::ItemExponentialLimiter,
     testing::{FakeProvisioner, class, pvc},
 };
 use tokio::{sync::oneshot, task::JoinHandle};
@@ -122,7 +122,12 @@ impl Env {
         build: impl FnOnce(ProvisionController) -> ProvisionController,
     ) -> Self {
         let client = sim.client();
-        let controller = build(ProvisionController::new(client.clone(), ME, driver).config(config));
+        let controller = build(
+            ProvisionController::new(client.clone(), ME, driver)
+                .asset_lookup(fake.clone())
+                .late_assets(fake.clone())
+                .config(config),
+        );
         let (stop, stopped) = oneshot::channel();
         let run = tokio::spawn(controller.run(async {
             let _ = stopped.await;
@@ -160,7 +165,10 @@ impl Env {
         driver: impl provision_controller::Provisioner,
     ) {
         self.stop_run().await;
-        let controller = ProvisionController::new(self.client.clone(), ME, driver).config(config);
+        let controller = ProvisionController::new(self.client.clone(), ME, driver)
+            .asset_lookup(self.fake.clone())
+            .late_assets(self.fake.clone())
+            .config(config);
         let (stop, stopped) = oneshot::channel();
         self.run = Some(tokio::spawn(controller.run(async {
             let _ = stopped.await;
@@ -307,7 +315,7 @@ pub(crate) async fn has_intent(env: &Env, uid: Option<&str>) -> bool {
     let maps: kube_client::Api<k8s_openapi::api::core::v1::ConfigMap> =
         kube_client::Api::all(env.sim.client());
     let params = kube_client::api::ListParams::default()
-        .labels(provision_controller::journal::JOURNAL_LABEL);
+        .labels(provision_controller::annotations::JOURNAL_LABEL);
     maps.list(&params)
         .await
         .unwrap()

@@ -9,11 +9,17 @@ use k8s_openapi::api::{core::v1::PersistentVolumeClaim, storage::v1::StorageClas
 use kube_sim::{FaultRule, Verb};
 use provision_controller::{
     annotations::{ANN_PROVISIONED_BY, ANN_SELECTED_NODE, ANN_STORAGE_PROVISIONER},
-    events::{PROVISIONING, PROVISIONING_FAILED, PROVISIONING_SUCCEEDED},
     testing::{FakeProvisioner, ProvisionStep, class, pv, pvc},
 };
 
 use crate::{Env, ME, claim, eventually, fast_class, quick, quiet, settle};
+
+/// The event reason operators see (Go's string).
+const PROVISIONING: &str = "Provisioning";
+/// The event reason operators see (Go's string).
+const PROVISIONING_FAILED: &str = "ProvisioningFailed";
+/// The event reason operators see (Go's string).
+const PROVISIONING_SUCCEEDED: &str = "ProvisioningSucceeded";
 
 #[tokio::test]
 async fn a_claim_gets_a_bound_volume_with_claim_ref_annotations_and_events() {

@@ -14,11 +14,15 @@ use kube_client::{Api, api::PostParams};
 use kube_sim::{FaultRule, Verb};
 use provision_controller::{
     Config, DeleteError, ProvisionError, ProvisionOptions, Provisioner, PvSaveStrategy,
-    events::{PROVISIONING_CLEANUP_FAILED, PROVISIONING_FAILED},
     testing::{DeleteStep, FakeProvisioner, ProvisionStep, pv},
 };
 
 use crate::{Env, ME, claim, eventually, fast_class, quick, settle};
+
+/// The event reason operators see (Go's string).
+const PROVISIONING_CLEANUP_FAILED: &str = "ProvisioningCleanupFailed";
+/// The event reason operators see (Go's string).
+const PROVISIONING_FAILED: &str = "ProvisioningFailed";
 
 fn pv_create_fails(times: u32) -> FaultRule {
     FaultRule::new(Verb::Create, "persistentvolumes")

@@ -3,7 +3,7 @@
 
 use kube_client::api::{Patch, PatchParams};
 use provision_controller::{
-    annotations::{ANN_BETA_STORAGE_PROVISIONER, ANN_STORAGE_PROVISIONER},
+    annotations::ANN_STORAGE_PROVISIONER,
     testing::{FakeProvisioner, ProvisionStep, class, pv as pv_of},
 };
 
@@ -200,7 +200,7 @@ async fn a_claim_that_asks_another_provisioner_after_its_controller_was_stopped_
         .unwrap();
     let other = serde_json::json!({"metadata": {"annotations": {
         ANN_STORAGE_PROVISIONER: "example.com/other",
-        ANN_BETA_STORAGE_PROVISIONER: "example.com/other",
+        "volume.beta.kubernetes.io/storage-provisioner": "example.com/other",
     }}});
     claims(&sim)
         .patch("data", &PatchParams::default(), &Patch::Merge(&other))

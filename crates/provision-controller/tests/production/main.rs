@@ -22,13 +22,12 @@ use kube_client::{
     Api, Client,
     api::{DeleteParams, PostParams},
 };
+use kube_controller_kit::backoff::ItemExponentialLimiter;
 use kube_sim::KubeSim;
 /// Polls a check until it returns `Some` (or `true`), failing the test after 20 s.
 pub(crate) use kube_sim::wait::eventually;
 use provision_controller::{
-    Config, FailureBackoff, LeaderElection, ProvisionController, PvSaveStrategy,
-    leader::dedicated_client,
-    ratelimit::ItemExponentialLimiter,
+    Config, FailureBackoff, LeaderElection, ProvisionController, PvSaveStrategy, client,
     testing::{FakeProvisioner, class, pvc},
 };
 use tokio::{sync::oneshot, task::JoinHandle};
@@ -124,8 +123,10 @@ impl Replica {
         };
         let kube_config = kube_client::Config::new(sim.url().parse().unwrap());
         let controller = ProvisionController::new(sim.client(), ME, driver)
+            .asset_lookup(fake.clone())
+            .late_assets(fake.clone())
             .config(config)
-            .leader_election_client(dedicated_client(&kube_config).unwrap());
+            .leader_election_client(client::for_leader_election(&kube_config).unwrap());
         let (stop, stopped) = oneshot::channel();
         let run = tokio::spawn(controller.run(async {
             let _ = stopped.await;
@@ -257,7 +258,7 @@ pub(crate) async fn journal(
 ) -> Vec<(String, serde_json::Value, Option<StorageClass>)> {
     let maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::all(sim.client());
     let params = kube_client::api::ListParams::default()
-        .labels(provision_controller::journal::JOURNAL_LABEL);
+        .labels(provision_controller::annotations::JOURNAL_LABEL);
     let mut out = Vec::new();
     for cm in maps.list(&params).await.unwrap().items {
         let data = cm.data.unwrap_or_default();

@@ -7,7 +7,7 @@ use k8s_openapi::api::{coordination::v1::Lease, core::v1::Namespace};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube_client::{Api, api::PostParams};
 use kube_sim::KubeSim;
-use provision_controller::{Config, ProvisionController, leader::dedicated_client};
+use provision_controller::{Config, ProvisionController, client};
 use tokio::sync::oneshot;
 
 use super::{LEASE_NAME, ME, config, election, eventually, sim};
@@ -41,7 +41,7 @@ async fn elected_namespace(
     let timings = election("a").namespace(namespace);
     let controller = ProvisionController::new(client, ME, fake())
         .config(config(Some(timings)))
-        .leader_election_client(dedicated_client(&kube_config).unwrap());
+        .leader_election_client(client::for_leader_election(&kube_config).unwrap());
     let (stop, stopped) = oneshot::channel::<()>();
     let run = tokio::spawn(controller.run(async {
         let _ = stopped.await;

@@ -1,4 +1,4 @@
-//! `journal::Uninstall` after the controller stopped: it reports what the journal held
+//! `Uninstall` after the controller stopped: it reports what the journal held
 //! (provisionings in flight, whose assets may exist without a PV, and settled records),
 //! deletes this controller's journal objects and no other's, removes the PV finalizer from
 //! this provisioner's PVs only when asked, and leaves nothing of ours on any claim.
@@ -8,8 +8,9 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube_client::api::ListParams;
 use provision_controller::{
+    Uninstall, UninstallReport,
     annotations::FINALIZER_PV,
-    journal::{JOURNAL_LABEL, Uninstall, UninstallReport},
+    annotations::JOURNAL_LABEL,
     testing::{FakeProvisioner, ProvisionStep, pv as pv_of},
 };
 
