@@ -22,7 +22,7 @@ use kube_client::{
     client::ClientBuilder,
     config::{KubeConfigOptions, Kubeconfig},
 };
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::time::Instant;
 use tower::Layer as _;
 
@@ -30,7 +30,7 @@ use crate::{
     Args, ClientKind, Scenario,
     counting::{ApiCounter, ClientService, CountLayer},
     objects::{self, Names},
-    report::{self, Probe},
+    report::{Probe, ServerCounts},
     sim::SimChild,
 };
 
@@ -68,99 +68,39 @@ async fn load(path: &Path) -> anyhow::Result<Config> {
         .with_context(|| format!("cannot use kubeconfig {}", path.display()))
 }
 
-/// The driver thread's main: set up, run the scenario, clean up, print the report.
-pub(crate) async fn run(args: Args, controller: tokio::runtime::Handle) -> anyhow::Result<()> {
-    let scenario = args.scenario.context("no scenario given")?;
-    let load_before = load_average();
-    let sim = match &args.kubeconfig {
-        Some(_) => None,
-        None => Some(SimChild::start(args.sim_history, &args.sim_profile).await?),
-    };
-    let kubeconfig = match (&args.kubeconfig, &sim) {
-        (Some(path), _) => path.clone(),
-        (None, Some(sim)) => sim.kubeconfig.clone(),
-        (None, None) => unreachable!("a sim runs when no kubeconfig is given"),
-    };
-    let config = load(&kubeconfig).await?;
-    // The driver is a client-go-like load generator: one HTTP/2 connection, whatever
-    // `--client` picks for the controller.
-    let driver =
-        client_for(ClientKind::H2, config.clone()).context("cannot build the driver client")?;
-    let env = Env {
-        names: Names::fresh(),
-        driver,
-        controller,
-        probe: Probe::new(ApiCounter::default(), sim.as_ref().and_then(SimChild::pid)),
-        config,
-        kubeconfig,
-        installed_crd: AtomicBool::new(false),
-        args,
-    };
-    eprintln!(
-        "bench {scenario:?}: n={} against {}; namespace {}, provisioner {}",
-        env.args.n,
-        if sim.is_some() {
-            "kube-sim (child process)"
-        } else {
-            "the cluster of --kubeconfig"
-        },
-        env.names.namespace,
-        env.names.provisioner
-    );
-    let outcome = match scenario {
-        Scenario::Provision => crate::provision::run(&env).await,
-        Scenario::Steady => crate::steady::run(&env).await,
-        Scenario::Metadata => crate::metadata::run(&env).await,
-        Scenario::Create => crate::create::run(&env).await,
-        Scenario::Matrix => Err(anyhow::anyhow!("matrix runs provision in child processes")),
-    };
-    if sim.is_none() {
-        // A real cluster: remove everything, whatever happened.
-        if let Err(error) = env.cleanup().await {
-            eprintln!("cleanup failed: {error:#}");
-        }
+impl Env {
+    /// Starts the API server (a kube-sim child, unless `--kubeconfig` names a cluster) and
+    /// the environment of a run on it.
+    pub(crate) async fn start(
+        args: Args,
+        controller: tokio::runtime::Handle,
+    ) -> anyhow::Result<(Self, Option<SimChild>)> {
+        let sim = match &args.kubeconfig {
+            Some(_) => None,
+            None => Some(SimChild::start(args.sim_history, &args.sim_profile).await?),
+        };
+        let kubeconfig = match (&args.kubeconfig, &sim) {
+            (Some(path), _) => path.clone(),
+            (None, Some(sim)) => sim.kubeconfig.clone(),
+            (None, None) => unreachable!("a sim runs when no kubeconfig is given"),
+        };
+        let config = load(&kubeconfig).await?;
+        // The driver is a client-go-like load generator: one HTTP/2 connection, whatever
+        // `--client` picks for the controller.
+        let driver =
+            client_for(ClientKind::H2, config.clone()).context("cannot build the driver client")?;
+        let env = Self {
+            names: Names::fresh(),
+            driver,
+            controller,
+            probe: Probe::new(ApiCounter::default(), sim.as_ref().and_then(SimChild::pid)),
+            config,
+            kubeconfig,
+            installed_crd: AtomicBool::new(false),
+            args,
+        };
+        Ok((env, sim))
     }
-    if let Some(sim) = sim {
-        sim.stop().await;
-    }
-    let mut report = outcome?;
-    if let Value::Object(map) = &mut report {
-        let command: Vec<String> = std::env::args().skip(1).collect();
-        map.insert("command".into(), json!(command.join(" ")));
-        // Other work on the machine skews every figure; keep a trace of it.
-        map.insert(
-            "load_average_1m".into(),
-            json!({"before": load_before, "after": load_average()}),
-        );
-        map.insert(
-            "api_server".into(),
-            json!(if env.args.kubeconfig.is_some() {
-                "cluster"
-            } else {
-                "kube-sim"
-            }),
-        );
-        if env.args.kubeconfig.is_none() {
-            map.insert("sim_profile".into(), json!(env.args.sim_profile));
-        }
-    }
-    if env.args.json {
-        println!("{report}");
-    } else {
-        report::print_text(&report);
-    }
-    match report.get("incomplete").and_then(Value::as_str) {
-        Some(why) => bail!("the run did not complete: {why}"),
-        None => Ok(()),
-    }
-}
-
-/// The 1-minute load average of the machine.
-fn load_average() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0.0)
 }
 
 /// `--populate`: creates the pre-bound pairs, in a process of its own so its allocations
@@ -263,7 +203,7 @@ impl Env {
     }
 
     /// Deletes the run's objects from a real cluster.
-    async fn cleanup(&self) -> anyhow::Result<()> {
+    pub(crate) async fn cleanup(&self) -> anyhow::Result<()> {
         eprintln!(
             "cleaning up namespace {} and the run's objects",
             self.names.namespace
@@ -304,10 +244,6 @@ impl Env {
         Ok(())
     }
 }
-
-/// What kube-sim answered, by `(verb, resource, client)`, from its `/metrics`; `None`
-/// against a cluster (its `apiserver_request_total` has no client label).
-pub(crate) type ServerCounts = std::collections::BTreeMap<(String, String, String), u64>;
 
 impl Env {
     /// kube-sim's request counters now (every client: this driver, the controller, the

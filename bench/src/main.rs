@@ -24,6 +24,7 @@ mod objects;
 mod procfs;
 mod provision;
 mod report;
+mod scenario;
 mod sim;
 mod steady;
 mod track;
@@ -183,7 +184,7 @@ fn main() -> anyhow::Result<()> {
                 .enable_all()
                 .build()
                 .context("cannot start the driver runtime")?;
-            rt.block_on(env::run(args, controller))
+            rt.block_on(scenario::run(args, controller))
         })
         .context("cannot start the driver thread")?;
     let outcome = driver

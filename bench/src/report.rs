@@ -17,6 +17,10 @@ use crate::{
     procfs,
 };
 
+/// What kube-sim answered, by `(verb, resource, client)`, from its `/metrics`; `None`
+/// against a cluster (its `apiserver_request_total` has no client label).
+pub(crate) type ServerCounts = std::collections::BTreeMap<(String, String, String), u64>;
+
 /// What the process, the driver thread, the sim child and the controller's client had
 /// used at one moment. Taken on the driver thread.
 #[derive(Clone, Debug)]
@@ -180,11 +184,7 @@ pub(crate) fn per_object(api: &Counts, objects: usize) -> Value {
 /// What kube-sim answered between two readings of its counters, per object: writes and
 /// reads by client (`client`: the controller and the driver; `pv-binder`: the sim's
 /// binder), and the controller's share is in `api_requests`.
-pub(crate) fn server_per_object(
-    from: &crate::env::ServerCounts,
-    to: &crate::env::ServerCounts,
-    objects: usize,
-) -> Value {
+pub(crate) fn server_per_object(from: &ServerCounts, to: &ServerCounts, objects: usize) -> Value {
     let objects = objects.max(1) as f64;
     let is_write = |v: &str| {
         matches!(

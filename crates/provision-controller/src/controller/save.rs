@@ -17,7 +17,7 @@ use super::{
     Context, State,
     calls::{OpError, chain, get_volume, is_api},
     crash_safety,
-    volume_object::{create, reuse_existing},
+    volume_object::{self, reuse_existing},
 };
 use crate::{DeleteError, annotations::ClaimView, events, queue::WorkQueue, retry::PvSaveStrategy};
 
@@ -138,6 +138,15 @@ impl Saver {
             }
         }
     }
+}
+
+/// Saves the PV ([`volume_object::create`]: an existing one counts as saved), then the
+/// driver hears of the saved PV and the claim's journal entry is settled
+/// ([`crash_safety::after_save`]).
+async fn create(ctx: &Context, volume: &PersistentVolume) -> Result<PersistentVolume, OpError> {
+    let saved = volume_object::create(ctx, volume).await?;
+    crash_safety::after_save(ctx, volume_object::claim_uid(volume), &saved).await;
+    Ok(saved)
 }
 
 fn set_unsaved(ctx: &Context, n: usize) {

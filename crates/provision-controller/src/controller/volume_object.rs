@@ -17,7 +17,6 @@ use kube_client::{Api, api::PostParams};
 use super::{
     Context,
     calls::{OpError, api, get_volume, is_api},
-    crash_safety,
 };
 use crate::annotations::{ANN_PROVISIONED_BY, ClaimView, FINALIZER_PV};
 
@@ -94,20 +93,24 @@ pub(crate) fn claim_reference(view: &ClaimView) -> Result<ObjectReference, OpErr
     })
 }
 
+/// The uid of the claim a PV's claimRef names.
+pub(crate) fn claim_uid(volume: &PersistentVolume) -> Option<&str> {
+    volume
+        .spec
+        .as_ref()
+        .and_then(|s| s.claim_ref.as_ref())
+        .and_then(|r| r.uid.as_deref())
+}
+
 /// Creates the PV and returns the PV saved under its name; an existing one counts as
-/// saved (Go), after [`reuse_existing`]. Either way the driver hears of the saved PV and
-/// the claim's journal entry is settled ([`crash_safety::after_save`]).
+/// saved (Go), after [`reuse_existing`]. Either way the caller then tells crash safety
+/// (`crash_safety::after_save`).
 pub(crate) async fn create(
     ctx: &Context,
     volume: &PersistentVolume,
 ) -> Result<PersistentVolume, OpError> {
     let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let name = volume.metadata.name.as_deref().unwrap_or_default();
-    let claim_uid = volume
-        .spec
-        .as_ref()
-        .and_then(|s| s.claim_ref.as_ref())
-        .and_then(|r| r.uid.clone());
     match api(
         ctx.config.provision_timeout,
         || format!("create persistentvolume {name}"),
@@ -115,15 +118,11 @@ pub(crate) async fn create(
     )
     .await
     {
-        Ok(created) => {
-            crash_safety::after_save(ctx, claim_uid.as_deref(), &created).await;
-            Ok(created)
-        }
+        Ok(created) => Ok(created),
         Err(OpError::Api { source, .. }) if is_api(&source, |s| s.is_already_exists()) => {
             match get_volume(&ctx.client, ctx.config.provision_timeout, name).await? {
                 Some(saved) => {
                     reuse_existing(volume, &saved);
-                    crash_safety::after_save(ctx, claim_uid.as_deref(), &saved).await;
                     Ok(saved)
                 }
                 None => Err(OpError::VolumeGone {
