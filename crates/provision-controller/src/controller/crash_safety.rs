@@ -465,8 +465,21 @@ pub(crate) async fn volume_saved(
 /// # Errors
 /// The driver failed: the claim is retried (the entry stays).
 async fn last_sweep(ctx: &Context, uid: &str, pv_name: &str, due: i64) -> Result<(), OpError> {
-    let Some(volume) = ctx.caches.volume(pv_name) else {
-        return Ok(());
+    let volume = match ctx.caches.volume(pv_name) {
+        Some(volume) => volume,
+        // Only the saved mark says the PV exists: the cache never heard of it (saved, then
+        // deleted while the watch relisted). A fresh read decides; a PV that is gone
+        // loses its mark, and the claim's next sync cleans up as for a deleted PV.
+        None => match super::calls::get_volume(&ctx.client, ctx.config.provision_timeout, pv_name)
+            .await?
+        {
+            Some(volume) => Arc::new(volume),
+            None => {
+                ctx.caches.volume_seen(pv_name);
+                ctx.claim_queue.add(uid.to_owned());
+                return Ok(());
+            }
+        },
     };
     if !super::names::is_ours(&volume, ctx.names()) || volume.metadata.deletion_timestamp.is_some()
     {

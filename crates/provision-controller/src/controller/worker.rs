@@ -223,14 +223,14 @@ mod tests {
         let mut ctx = Context::new(crate::controller::Parts {
             client,
             name: ME.into(),
-            provisioner: Arc::new(fake),
+            provisioner: Arc::new(fake.clone()),
             qualifier: Some(Arc::new(move |_: &PersistentVolumeClaim| {
                 seen.lock().unwrap().push(Instant::now());
                 answer.load(std::sync::atomic::Ordering::SeqCst)
             })),
             guard: None,
-            asset_lookup: None,
-            late_assets: None,
+            asset_lookup: Some(Arc::new(fake.clone())),
+            late_assets: Some(Arc::new(fake.clone())),
             config: config.pv_save(PvSaveStrategy::background()),
             caches: Caches::new(claims_store, volumes_store, classes_store),
             events: Events::disabled(),
@@ -495,6 +495,45 @@ mod tests {
         let h = harness(Config::default(), fake.clone(), true);
         assert!(claim::sync_claim(&h.ctx, "u1").await.is_ok());
         assert!(fake.provision_calls().is_empty());
+    }
+
+    /// A settled entry whose PV was saved (marked) and deleted while the volume watch
+    /// relisted: the cache never heard of it, only the saved mark says it exists. The
+    /// last sweep reads the PV, finds it gone, drops the mark, and the next sync cleans
+    /// up and removes the entry (before: the sweep found no cached PV and kept the entry
+    /// forever).
+    #[tokio::test]
+    async fn a_settled_entry_whose_pv_went_unseen_is_swept_and_removed() {
+        let fake = FakeProvisioner::new();
+        let (_sim, h) = sim_harness(Config::default(), fake.clone(), true).await;
+        let journal = Arc::clone(h.ctx.journal.as_ref().unwrap());
+        let committer = tokio::spawn(Arc::clone(&journal).run_committer());
+        let now = crate::journal::now_secs();
+        let entry = crate::journal::Entry {
+            claim: "default/c".into(),
+            pv: "pvc-u1".into(),
+            since: now - 100,
+            writer: "00000000".into(),
+            class: None,
+            node: None,
+            spec: Some(serde_json::json!({
+                "storageClassName": "fast",
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}},
+            })),
+            due: Some(now - 10),
+        };
+        journal.put("u1", entry, None).await.unwrap();
+        h.ctx.caches.mark_saved("pvc-u1");
+        // The sweep: the PV is not on the server either.
+        assert!(claim::sync_claim(&h.ctx, "u1").await.is_ok());
+        assert!(!h.ctx.caches.volume_exists("pvc-u1"), "the stale mark goes");
+        assert!(journal.entry("u1").is_some(), "the cleanup decides, next");
+        // The next sync: a settled entry whose PV is gone is cleaned up; no asset exists.
+        assert!(claim::sync_claim(&h.ctx, "u1").await.is_ok());
+        assert!(journal.entry("u1").is_none(), "the entry is removed");
+        assert!(fake.assets().is_empty(), "the cleanup created nothing");
+        committer.abort();
     }
 
     mod in_progress;
