@@ -215,6 +215,13 @@ pub(crate) enum Change {
 /// JSON) as the settling process knew them.
 pub(crate) type Fallback = Box<(Entry, Option<(String, String)>)>;
 
+/// Whether a removal with these conditions takes `entry` ([`Change::Remove`]).
+fn removable(entry: &Entry, if_due: Option<i64>, intent_of: Option<&str>) -> bool {
+    let due_ok = if_due.is_none_or(|limit| entry.due.is_some_and(|d| d <= limit));
+    let writer_ok = intent_of.is_none_or(|w| entry.is_intent() && entry.writer == w);
+    due_ok && writer_ok
+}
+
 /// `entry` settled for a last sweep at `due`: the node goes, and of the spec what
 /// describes the volume stays (the last sweep of a claim that is gone asks the driver
 /// about the claim as the entry describes it: the class name, when no snapshot was kept,
@@ -272,16 +279,10 @@ impl Change {
                 if_due,
                 intent_of,
             } => {
-                let remove = shard.entries.get(uid).is_some_and(|e| {
-                    let due_ok = match if_due {
-                        None => true,
-                        Some(limit) => e.due.is_some_and(|d| d <= *limit),
-                    };
-                    let writer_ok = intent_of
-                        .as_ref()
-                        .is_none_or(|w| e.is_intent() && &e.writer == w);
-                    due_ok && writer_ok
-                });
+                let remove = shard
+                    .entries
+                    .get(uid)
+                    .is_some_and(|e| removable(e, *if_due, intent_of.as_deref()));
                 if remove {
                     shard.entries.remove(uid);
                 }
@@ -660,14 +661,7 @@ impl Journal {
             let Some(entry) = state.entry(uid) else {
                 return;
             };
-            let due_ok = match if_due {
-                None => true,
-                Some(limit) => entry.due.is_some_and(|d| d <= limit),
-            };
-            let writer_ok = intent_of
-                .as_ref()
-                .is_none_or(|w| entry.is_intent() && &entry.writer == w);
-            if !(due_ok && writer_ok) {
+            if !removable(entry, if_due, intent_of.as_deref()) {
                 return;
             }
             state.overlay.insert(uid.to_owned(), None);

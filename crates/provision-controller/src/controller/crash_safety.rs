@@ -614,22 +614,21 @@ async fn clean_up(
         let name = volume.metadata.name.clone().unwrap_or_default();
         tracing::info!(pv = %name, "saving a PV that records the asset; it is reclaimed once released");
         let events_claim = (!claim_gone).then_some(&*claim.claim);
-        let saved = volume_object::create(ctx, &volume).await;
-        if let Ok(saved) = &saved {
-            after_save(ctx, volume_object::claim_uid(&volume), saved).await;
-        }
-        if let Err(err) = saved {
-            if let Some(events_claim) = events_claim {
-                let note = format!(
-                    "Error saving a PV for the volume of claim {}, which will not get it: {}. Retrying.",
-                    claim.key,
-                    chain(&err)
-                );
-                ctx.events
-                    .warning(events_claim, events::PROVISIONING_CLEANUP_FAILED, note)
-                    .await;
+        match volume_object::create(ctx, &volume).await {
+            Ok(saved) => after_save(ctx, volume_object::claim_uid(&volume), &saved).await,
+            Err(err) => {
+                if let Some(events_claim) = events_claim {
+                    let note = format!(
+                        "Error saving a PV for the volume of claim {}, which will not get it: {}. Retrying.",
+                        claim.key,
+                        chain(&err)
+                    );
+                    ctx.events
+                        .warning(events_claim, events::PROVISIONING_CLEANUP_FAILED, note)
+                        .await;
+                }
+                return (State::NoChange, Err(err));
             }
-            return (State::NoChange, Err(err));
         }
         ctx.caches.mark_saved(&name);
     } else {
