@@ -18,6 +18,8 @@ struct Tally {
     requests: Counts,
     /// Responses that were not 2xx, keyed by `(verb resource, status)`.
     failures: BTreeMap<(String, u16), u64>,
+    /// Request body bytes of writes (create, update, patch), by resource.
+    written: BTreeMap<String, u64>,
 }
 
 /// Shared counters; clones count into the same tally.
@@ -39,6 +41,11 @@ impl ApiCounter {
     /// The non-2xx responses so far, keyed by `"verb resource"` and status code.
     pub(crate) fn failures(&self) -> BTreeMap<(String, u16), u64> {
         self.tally().failures.clone()
+    }
+
+    /// Request body bytes of writes (create, update, patch) so far, by resource.
+    pub(crate) fn written_bytes(&self) -> BTreeMap<String, u64> {
+        self.tally().written.clone()
     }
 
     /// Watch requests sent so far (a kube watcher sends one after its initial list).
@@ -76,6 +83,7 @@ pub(crate) struct Counted<S> {
 impl<S, B, RB> Service<Request<B>> for Counted<S>
 where
     S: Service<Request<B>, Response = Response<RB>>,
+    B: http_body::Body,
     S::Future: Send + 'static,
 {
     type Response = S::Response;
@@ -89,12 +97,17 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let uri = request.uri();
         let (verb, resource) = classify(request.method(), uri.path(), uri.query().unwrap_or(""));
-        *self
-            .counter
-            .tally()
-            .requests
-            .entry((verb.to_owned(), resource.clone()))
-            .or_default() += 1;
+        let body = request.body().size_hint().exact().unwrap_or(0);
+        {
+            let mut tally = self.counter.tally();
+            *tally
+                .requests
+                .entry((verb.to_owned(), resource.clone()))
+                .or_default() += 1;
+            if matches!(verb, "create" | "update" | "patch") {
+                *tally.written.entry(resource.clone()).or_default() += body;
+            }
+        }
         let counter = self.counter.clone();
         self.inner
             .call(request)

@@ -192,6 +192,7 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
         .context("the controller did not stop within 60 s")?
         .context("the controller task panicked")?;
     let failures = env.probe.api.failures();
+    let written = env.probe.api.written_bytes();
     for handle in watches {
         handle.abort();
     }
@@ -270,6 +271,13 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
             "per_volume_provision": report::per_object(&provision.api, created),
             "per_volume_delete": report::per_object(&delete.api, created),
             "per_volume_total_by_verb": report::per_object(&both, created)["per_object_by_verb"],
+            // Request body KiB the controller wrote, per volume, by resource (whole run).
+            "written_kib_per_volume": written
+                .iter()
+                .map(|(resource, bytes)| {
+                    (resource.clone(), json!(round(*bytes as f64 / 1024.0 / volumes, 2)))
+                })
+                .collect::<serde_json::Map<_, _>>(),
             "failed_responses": failures
                 .iter()
                 .map(|((what, code), n)| (format!("{what} {code}"), json!(n)))

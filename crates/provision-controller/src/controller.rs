@@ -359,6 +359,8 @@ impl DriverSlots {
 /// saver, the records of claims and volumes) starts empty and is derived from `config`.
 pub(crate) struct Parts {
     pub(crate) client: Client,
+    /// The client of the journal's writes (its own in-flight slots).
+    pub(crate) journal_client: Client,
     pub(crate) name: String,
     pub(crate) provisioner: Arc<dyn Provisioner>,
     pub(crate) qualifier: Option<Arc<dyn Qualifier>>,
@@ -410,6 +412,7 @@ impl Context {
     pub(crate) fn new(parts: Parts) -> Self {
         let Parts {
             client,
+            journal_client,
             name,
             provisioner,
             qualifier,
@@ -442,7 +445,7 @@ impl Context {
                 .rev()
                 .collect();
             Arc::new(crate::journal::Journal::new(
-                client.clone(),
+                journal_client,
                 crate::journal::JournalConfig {
                     namespace,
                     lease_name,

@@ -35,6 +35,10 @@ use crate::{
     metrics::ControllerMetrics,
 };
 
+/// Requests in flight the journal may have beside [`Config::max_requests_in_flight`](crate::Config::max_requests_in_flight): it
+/// writes one object per group, and rarely more than two objects at once.
+const JOURNAL_IN_FLIGHT: NonZeroUsize = NonZeroUsize::new(2).expect("2 is not zero");
+
 /// How long a stopping controller waits for its queued events to be written.
 const EVENT_FLUSH_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -150,15 +154,18 @@ pub(super) async fn run(
     });
 
     // One bound on the requests in flight for the whole controller; event writes get at
-    // most half of it (watches are not counted).
-    let (client, event_client) = match config.max_requests_in_flight {
+    // most half of it (watches are not counted). The journal's group writes have slots of
+    // their own: each lets a whole group of claims go on, so it must not queue behind
+    // their PV writes.
+    let (client, event_client, journal_client) = match config.max_requests_in_flight {
         Some(max) => {
+            let journal_client = InFlightLimit::new(JOURNAL_IN_FLIGHT).wrap(client.clone());
             let client = InFlightLimit::new(max).wrap(client);
             let events = NonZeroUsize::new(max.get() / 2).unwrap_or(NonZeroUsize::MIN);
             let event_client = InFlightLimit::new(events).wrap(client.clone());
-            (client, event_client)
+            (client, event_client, journal_client)
         }
-        None => (client.clone(), client),
+        None => (client.clone(), client.clone(), client),
     };
     let claims = claims.unwrap_or_else(|| crate::cache::watch(Api::all(client.clone())));
     let volumes = volumes.map_or_else(|| VolumeCache::watch(&client), VolumeCache::from);
@@ -166,6 +173,7 @@ pub(super) async fn run(
 
     let ctx = Arc::new(Context::new(Parts {
         events: Events::new(event_client, &name, identity.clone()),
+        journal_client,
         client,
         name,
         provisioner,

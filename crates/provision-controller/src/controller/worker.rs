@@ -221,6 +221,7 @@ mod tests {
         let answer = Arc::clone(&qualify);
         // The PVs wait in the background saver when the API server cannot be reached.
         let mut ctx = Context::new(crate::controller::Parts {
+            journal_client: client.clone(),
             client,
             name: ME.into(),
             provisioner: Arc::new(fake.clone()),
