@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::{
     Context, InProgress, State,
-    calls::{self, OpError, api, chain},
+    calls::{self, OpError, Outcome, Why, api, chain},
     crash_safety::{self, Step},
     names::Names,
     volume_object::{claim_reference, decorate, ensure_name},
@@ -28,14 +28,14 @@ use crate::{
 
 /// How an attempt ended without failing.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Outcome {
+pub(crate) enum Attempted {
     /// The PV was saved (or handed to the background saver).
     Provisioned,
     /// Nothing more to do for now (Go `errStopProvision`): not a failure.
     Stopped(&'static str),
 }
 
-type Attempt = Result<Outcome, (State, OpError)>;
+type Attempt = Result<Attempted, (State, OpError)>;
 
 /// Whether the claim should get a volume from us (Go `shouldProvision`, after the qualifier).
 ///
@@ -104,12 +104,13 @@ fn data_source_kind(claim: &PersistentVolumeClaim) -> &str {
         .map_or("", |d| d.kind.as_str())
 }
 
-/// Processes the claim with this UID; an error requeues it (Go `syncClaimHandler` + `syncClaim`).
-pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<(), OpError> {
+/// Processes the claim with this UID (Go `syncClaimHandler` + `syncClaim`): the outcome
+/// says whether the claim is done or waits; an error requeues it with backoff.
+pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<Outcome, OpError> {
     let entry = ctx.in_progress_entry(uid);
     let Some((claim, gone)) = find_claim(ctx, uid, entry.as_ref()) else {
         tracing::debug!(claim_uid = uid, "claim in work queue no longer exists");
-        return Ok(());
+        return Ok(Outcome::Done);
     };
     let (state, class, result) =
         match crash_safety::before_provisioning(ctx, &claim, entry.as_ref(), gone).await {
@@ -148,18 +149,18 @@ async fn provision(
     uid: &str,
     claim: &ClaimView,
     class: Option<Arc<StorageClass>>,
-) -> (State, Result<(), OpError>) {
+) -> (State, Result<Outcome, OpError>) {
     let source = data_source_kind(&claim.claim).to_owned();
     // A claim whose provisioning may run in the background is driven until the driver
     // answers, whatever the claim, its class or the qualifier say now: forgetting it
     // would leak the asset being created (Go forgets it here).
     let in_progress = ctx.is_in_progress(uid);
     if !in_progress && let Some(wait) = ctx.infeasible_wait(uid, class.as_deref()) {
-        let delayed = OpError::Delayed {
-            uid: uid.to_owned(),
+        let delayed = Outcome::RequeueAfter {
             wait,
+            why: Why::Infeasible,
         };
-        return (State::NoChange, Err(delayed));
+        return (State::NoChange, Ok(delayed));
     }
     // The metrics' class label is Go's (`updateProvisionStats`): `spec.storageClassName`,
     // never the beta annotation the provisioning itself reads first.
@@ -183,7 +184,7 @@ async fn provision(
             }
             return (State::NoChange, Err(err));
         }
-        Ok(false) => return (State::NoChange, Ok(())),
+        Ok(false) => return (State::NoChange, Ok(Outcome::Done)),
         Ok(true) => {}
     }
     let start = Instant::now();
@@ -192,18 +193,18 @@ async fn provision(
     let attempt = Box::pin(provision_claim(ctx, claim, in_progress, class)).await;
     let elapsed = start.elapsed();
     match attempt {
-        Ok(Outcome::Provisioned) => {
+        Ok(Attempted::Provisioned) => {
             if let Some(m) = &ctx.metrics {
                 m.provision_succeeded(label, &source, elapsed);
             }
-            (State::Finished, Ok(()))
+            (State::Finished, Ok(Outcome::Done))
         }
-        Ok(Outcome::Stopped(why)) => {
+        Ok(Attempted::Stopped(why)) => {
             tracing::info!(pvc = %claim.key, why, "stopped provisioning");
             if let Some(m) = &ctx.metrics {
                 m.provision_stopped(label, &source);
             }
-            (State::Finished, Ok(()))
+            (State::Finished, Ok(Outcome::Done))
         }
         Err((state, err)) => {
             if let Some(m) = &ctx.metrics {
@@ -235,7 +236,7 @@ async fn provision_claim(
     let pv_name = ctx.config.volume_namer.name(&claim.claim);
     // Saved, or waiting in the background saver (Go adds it to its volume cache).
     if ctx.caches.volume_exists(&pv_name) || ctx.saver.is_pending(&pv_name) {
-        return Ok(Outcome::Stopped("persistentvolume already exists"));
+        return Ok(Attempted::Stopped("persistentvolume already exists"));
     }
     claim_reference(claim).map_err(|e| (State::NoChange, e))?;
 
@@ -244,7 +245,7 @@ async fn provision_claim(
         ctx.events
             .warning(&*claim.claim, events::PROVISIONING_FAILED, message)
             .await;
-        return Ok(Outcome::Stopped("provisioner cannot serve the claim"));
+        return Ok(Attempted::Stopped("provisioner cannot serve the claim"));
     }
     // Retried: the class may be created again. `NoChange` keeps a claim in progress.
     let Some(class) = class else {
@@ -253,7 +254,7 @@ async fn provision_claim(
     if !ctx.names().knows(&class.provisioner) {
         if !in_progress {
             tracing::error!(provisioner = %class.provisioner, "unknown provisioner requested in the claim's class");
-            return Ok(Outcome::Stopped("class names another provisioner"));
+            return Ok(Attempted::Stopped("class names another provisioner"));
         }
         tracing::warn!(provisioner = %class.provisioner, "the claim's class now names another provisioner; driving the provisioning that runs in the background to its end");
     }
@@ -276,7 +277,7 @@ async fn provision_claim(
     let uid = &claim.uid;
     if crash_safe {
         if claim.claim.metadata.deletion_timestamp.is_some() && !in_progress {
-            return Ok(Outcome::Stopped("claim is being deleted"));
+            return Ok(Attempted::Stopped("claim is being deleted"));
         }
         // The driver may create an asset from now on: the journal names it first.
         crash_safety::record_intent(ctx, claim, &class, &options.pv_name)
@@ -297,7 +298,7 @@ async fn provision_claim(
         Ok(Ok(volume)) => volume,
         Ok(Err(ProvisionError::Ignored { reason })) => {
             tracing::info!(%reason, "volume provision ignored");
-            return Ok(Outcome::Stopped("provisioner ignored the claim"));
+            return Ok(Attempted::Stopped("provisioner ignored the claim"));
         }
         Ok(Err(ProvisionError::Infeasible(source))) => {
             // Go v13: a slow retry, and this event instead of the usual one.
@@ -351,7 +352,7 @@ async fn provision_claim(
     if saved {
         ctx.caches.mark_saved(&name);
     }
-    Ok(Outcome::Provisioned)
+    Ok(Attempted::Provisioned)
 }
 
 /// Go `provisionVolumeErrorHandling`: the event, then a reschedule when asked for.
@@ -369,7 +370,7 @@ async fn error_handling(
         return match reschedule_claim(ctx, claim).await {
             Ok(()) => {
                 tracing::info!(reason = %chain(&err), "volume rescheduled");
-                Ok(Outcome::Stopped("rescheduled to another node"))
+                Ok(Attempted::Stopped("rescheduled to another node"))
             }
             Err(update) => {
                 tracing::info!(error = %chain(&update), "volume rescheduling failed");

@@ -15,7 +15,7 @@ use k8s_openapi::{
 
 use super::{
     Context, InProgress, State,
-    calls::{OpError, chain},
+    calls::{OpError, Outcome, Why, chain},
     volume_object,
 };
 use crate::{
@@ -122,7 +122,7 @@ pub(crate) enum Step {
     Done {
         state: State,
         class: Option<Arc<StorageClass>>,
-        result: Result<(), OpError>,
+        result: Result<Outcome, OpError>,
     },
     /// The normal flow runs, with the class its provisioning started with
     /// ([`provisioning_class`]).
@@ -180,7 +180,7 @@ pub(crate) async fn before_provisioning(
             if let Some(due) = recorded.as_ref().and_then(|e| e.due) {
                 queue_at(ctx, &claim.uid, due);
             }
-            done(Ok(()))
+            done(Ok(Outcome::Done))
         }
         Plan::Settle => {
             // A PV of its name exists: it records the asset. Its saver settled the entry,
@@ -191,11 +191,15 @@ pub(crate) async fn before_provisioning(
                 j.settle(uid, due);
                 queue_at(ctx, uid, due);
             }
-            done(Ok(()))
+            done(Ok(Outcome::Done))
         }
         Plan::Sweep => {
             let due = recorded.as_ref().and_then(|e| e.due).unwrap_or(now);
-            done(last_sweep(ctx, &claim.uid, &pv_name, due).await)
+            done(
+                last_sweep(ctx, &claim.uid, &pv_name, due)
+                    .await
+                    .map(|()| Outcome::Done),
+            )
         }
         Plan::CleanUp { settled } => {
             // Boxed: the cleanup is a large future (see `claim::provision`).
@@ -528,15 +532,17 @@ async fn clean_up(
     claim_gone: bool,
     pv_name: &str,
     settled: bool,
-) -> (State, Result<(), OpError>) {
+) -> (State, Result<Outcome, OpError>) {
     let uid = &claim.uid;
     if !ctx.is_in_progress(uid) && !ctx.qualified(&claim.claim).await {
         tracing::debug!("the qualifier refuses the claim: not ours to clean up now");
-        let refused = OpError::Refused {
-            claim: claim.key.clone(),
+        let refused = Outcome::RequeueAfter {
             wait: ctx.config.resync_period,
+            why: Why::CleanupRefused {
+                claim: claim.key.clone(),
+            },
         };
-        return (State::NoChange, Err(refused));
+        return (State::NoChange, Ok(refused));
     }
     let class_name = claim.class_name.clone();
     let Some(class) = class else {
@@ -639,11 +645,13 @@ async fn clean_up(
                 .late_window()
                 .and_then(|window| ctx.cleanup_wait(uid, window))
         {
-            let settling = OpError::Settling {
-                claim: claim.key.clone(),
+            let settling = Outcome::RequeueAfter {
                 wait,
+                why: Why::CreatesMayLand {
+                    claim: claim.key.clone(),
+                },
             };
-            return (State::NoChange, Err(settling));
+            return (State::NoChange, Ok(settling));
         }
         tracing::info!(pv = %pv_name, "the driver holds no asset for the claim");
         if let Some(j) = &ctx.journal {
@@ -653,7 +661,7 @@ async fn clean_up(
     ctx.forget_cleanup(uid);
     // Saved now, or nothing exists: a PV waiting in the background saver is not needed.
     ctx.saver.forget_pending(ctx, pv_name);
-    (State::Finished, Ok(()))
+    (State::Finished, Ok(Outcome::Done))
 }
 
 #[cfg(test)]

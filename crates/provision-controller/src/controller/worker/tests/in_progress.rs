@@ -39,7 +39,7 @@ async fn a_claim_in_progress_is_driven_even_when_the_qualifier_now_refuses_it() 
     h.qualify.store(false, std::sync::atomic::Ordering::SeqCst);
 
     let result = claim::sync_claim(&h.ctx, "u1").await;
-    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(result.ok(), Some(Outcome::Done));
     assert_eq!(
         fake.provision_calls().len(),
         1,
@@ -58,7 +58,10 @@ async fn a_claim_that_is_not_in_progress_is_skipped_when_the_qualifier_refuses_i
     let mut h = harness(Config::default(), fake.clone(), true);
     h.put_claim(the_claim());
     h.qualify.store(false, std::sync::atomic::Ordering::SeqCst);
-    assert!(claim::sync_claim(&h.ctx, "u1").await.is_ok());
+    assert_eq!(
+        claim::sync_claim(&h.ctx, "u1").await.ok(),
+        Some(Outcome::Done)
+    );
     assert!(fake.provision_calls().is_empty());
 }
 
@@ -83,7 +86,7 @@ async fn a_claim_in_progress_is_driven_when_its_class_now_names_another_provisio
     in_progress(&mut h);
 
     let result = claim::sync_claim(&h.ctx, "u1").await;
-    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(result.ok(), Some(Outcome::Done));
     assert_eq!(fake.provision_calls().len(), 1);
     assert!(!h.ctx.is_in_progress("u1"));
     let volume = background(&h)
@@ -105,6 +108,9 @@ async fn a_claim_not_in_progress_stops_when_its_class_names_another_provisioner(
         class("fast").provisioner("example.com/other").build(),
     ));
     h.put_claim(the_claim());
-    assert!(claim::sync_claim(&h.ctx, "u1").await.is_ok());
+    assert_eq!(
+        claim::sync_claim(&h.ctx, "u1").await.ok(),
+        Some(Outcome::Done)
+    );
     assert!(fake.provision_calls().is_empty());
 }
