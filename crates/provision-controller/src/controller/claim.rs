@@ -14,10 +14,11 @@ use kube_client::{Api, api::PostParams};
 use tokio::time::Instant;
 
 use super::{
-    Context, InProgress, State,
+    Context,
     calls::{self, OpError, Outcome, Why, api, chain},
     crash_safety::{self, Step},
     names::Names,
+    records::{InProgress, State},
     volume_object::{claim_reference, decorate, ensure_name},
 };
 use crate::{
@@ -107,7 +108,7 @@ fn data_source_kind(claim: &PersistentVolumeClaim) -> &str {
 /// Processes the claim with this UID (Go `syncClaimHandler` + `syncClaim`): the outcome
 /// says whether the claim is done or waits; an error requeues it with backoff.
 pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<Outcome, OpError> {
-    let entry = ctx.in_progress_entry(uid);
+    let entry = ctx.records.in_progress(uid);
     let Some((claim, gone)) = find_claim(ctx, uid, entry.as_ref()) else {
         tracing::debug!(claim_uid = uid, "claim in work queue no longer exists");
         return Ok(Outcome::Done);
@@ -124,7 +125,7 @@ pub(crate) async fn sync_claim(ctx: &Context, uid: &str) -> Result<Outcome, OpEr
                 (state, class, result)
             }
         };
-    ctx.remember(uid, state, &claim.claim, class);
+    ctx.records.remember(uid, state, &claim.claim, class);
     result
 }
 
@@ -154,8 +155,8 @@ async fn provision(
     // A claim whose provisioning may run in the background is driven until the driver
     // answers, whatever the claim, its class or the qualifier say now: forgetting it
     // would leak the asset being created (Go forgets it here).
-    let in_progress = ctx.is_in_progress(uid);
-    if !in_progress && let Some(wait) = ctx.infeasible_wait(uid, class.as_deref()) {
+    let in_progress = ctx.records.is_in_progress(uid);
+    if !in_progress && let Some(wait) = ctx.records.infeasible_wait(uid, class.as_deref()) {
         let delayed = Outcome::RequeueAfter {
             wait,
             why: Why::Infeasible,
@@ -303,7 +304,7 @@ async fn provision_claim(
         Ok(Err(ProvisionError::Infeasible(source))) => {
             // Go v13: a slow retry, and this event instead of the usual one.
             tracing::info!(error = %chain(&*source), "infeasible volume provisioning request; retries will be delayed");
-            ctx.mark_infeasible(uid, Some(&class));
+            ctx.records.mark_infeasible(uid, Some(&class));
             let note = format!(
                 "Volume provisioning failed with infeasible error. Retries will be delayed. {}",
                 chain(&*source)

@@ -14,8 +14,9 @@ use k8s_openapi::{
 };
 
 use super::{
-    Context, InProgress, State,
+    Context,
     calls::{OpError, Outcome, Why, chain},
+    records::{InProgress, State},
     volume_object,
 };
 use crate::{
@@ -329,14 +330,8 @@ async fn warn_if_held(ctx: &Context, claim: &ClaimView, recorded: &Entry, now: i
     if age < limit {
         return;
     }
-    {
-        let mut warned = ctx
-            .held_warned
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !warned.insert(claim.uid.clone()) {
-            return;
-        }
+    if !ctx.records.warn_held_once(&claim.uid) {
+        return;
     }
     let note = format!(
         "The provisioning of volume {} for claim {} started {age} s ago and has not finished: the driver has not \
@@ -534,7 +529,7 @@ async fn clean_up(
     settled: bool,
 ) -> (State, Result<Outcome, OpError>) {
     let uid = &claim.uid;
-    if !ctx.is_in_progress(uid) && !ctx.qualified(&claim.claim).await {
+    if !ctx.records.is_in_progress(uid) && !ctx.qualified(&claim.claim).await {
         tracing::debug!("the qualifier refuses the claim: not ours to clean up now");
         let refused = Outcome::RequeueAfter {
             wait: ctx.config.resync_period,
@@ -643,7 +638,7 @@ async fn clean_up(
         if !settled
             && let Some(wait) = ctx
                 .late_window()
-                .and_then(|window| ctx.cleanup_wait(uid, window))
+                .and_then(|window| ctx.records.cleanup_wait(uid, window))
         {
             let settling = Outcome::RequeueAfter {
                 wait,
@@ -658,7 +653,7 @@ async fn clean_up(
             j.remove(uid, None);
         }
     }
-    ctx.forget_cleanup(uid);
+    ctx.records.forget_cleanup(uid);
     // Saved now, or nothing exists: a PV waiting in the background saver is not needed.
     ctx.saver.forget_pending(ctx, pv_name);
     (State::Finished, Ok(Outcome::Done))

@@ -56,8 +56,8 @@ fn settle_claim(ctx: &Context, uid: &str, result: Result<Outcome, OpError>) {
     match result {
         Ok(Outcome::Done) => {
             ctx.claim_queue.forget(uid);
-            ctx.set_in_progress(uid, None);
-            ctx.forget_cleanup(uid);
+            ctx.records.set_in_progress(uid, None);
+            ctx.records.forget_cleanup(uid);
         }
         Ok(Outcome::RequeueAfter { wait, why }) => {
             match &why {
@@ -85,7 +85,7 @@ fn settle_claim(ctx: &Context, uid: &str, result: Result<Outcome, OpError>) {
             if threshold == 0 || failures < threshold {
                 tracing::warn!(claim_uid = %uid, failures, %error, "retrying claim");
                 ctx.claim_queue.add_rate_limited(uid.to_owned());
-            } else if ctx.is_in_progress(uid) || crash_safety::entry(ctx, uid).is_some() {
+            } else if ctx.records.is_in_progress(uid) || crash_safety::entry(ctx, uid).is_some() {
                 // Go drops the claim here and can leak the volume being provisioned.
                 tracing::warn!(claim_uid = %uid, failures, %error,
                     "retrying claim past the threshold: its provisioning runs in the background or its journal entry is not done");
@@ -337,7 +337,7 @@ mod tests {
         h.add_claim();
         let worker = tokio::spawn(claim_worker(Arc::clone(&h.ctx)));
         tokio::time::sleep(Duration::from_secs(1)).await;
-        assert!(h.ctx.is_in_progress("u1"));
+        assert!(h.ctx.records.is_in_progress("u1"));
         // The claim object goes away while the backend is still working.
         h.claims.apply_watcher_event(&watcher::Event::Delete(
             pvc("c")
@@ -355,7 +355,7 @@ mod tests {
             "five in background, then the volume"
         );
         assert_eq!(fake.assets().len(), 1);
-        assert!(!h.ctx.is_in_progress("u1"));
+        assert!(!h.ctx.records.is_in_progress("u1"));
         let Saver::Background(bg) = &h.ctx.saver else {
             unreachable!()
         };
@@ -370,12 +370,12 @@ mod tests {
         h.add_claim();
         let worker = tokio::spawn(claim_worker(Arc::clone(&h.ctx)));
         tokio::time::sleep(Duration::from_secs(6)).await;
-        assert!(h.ctx.is_in_progress("u1"));
+        assert!(h.ctx.records.is_in_progress("u1"));
         tokio::time::sleep(Duration::from_secs(20)).await;
         h.ctx.claim_queue.shut_down();
         worker.await.unwrap();
         assert_eq!(fake.provision_calls().len(), 2);
-        assert!(!h.ctx.is_in_progress("u1"));
+        assert!(!h.ctx.records.is_in_progress("u1"));
     }
 
     #[tokio::test(start_paused = true)]
@@ -481,9 +481,9 @@ mod tests {
                 h.put_claim(the_claim());
             }
             if before {
-                h.ctx.set_in_progress(
+                h.ctx.records.set_in_progress(
                     "u1",
-                    Some(crate::controller::InProgress::new(
+                    Some(crate::controller::records::InProgress::new(
                         Arc::new(the_claim()),
                         None,
                     )),
@@ -495,7 +495,7 @@ mod tests {
                 ok,
                 "case: {name}: {result:?}"
             );
-            assert_eq!(h.ctx.is_in_progress("u1"), after, "case: {name}");
+            assert_eq!(h.ctx.records.is_in_progress("u1"), after, "case: {name}");
             assert_eq!(fake.provision_calls().len(), 1, "case: {name}");
         }
     }
@@ -513,7 +513,7 @@ mod tests {
             .build();
         h.put_claim(claim);
         let fast = h.ctx.caches.class("fast");
-        h.ctx.mark_infeasible("u1", fast.as_deref());
+        h.ctx.records.mark_infeasible("u1", fast.as_deref());
         tokio::time::advance(Duration::from_secs(60)).await;
         let got = claim::sync_claim(&h.ctx, "u1").await;
         let Ok(Outcome::RequeueAfter { wait, why }) = got else {
@@ -522,7 +522,7 @@ mod tests {
         assert_eq!(why, Why::Infeasible);
         assert_eq!(wait, Duration::from_secs(240), "the rest of five minutes");
         assert!(fake.provision_calls().is_empty());
-        assert!(!h.ctx.is_in_progress("u1"));
+        assert!(!h.ctx.records.is_in_progress("u1"));
     }
 
     #[tokio::test(start_paused = true)]
