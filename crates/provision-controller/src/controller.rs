@@ -6,6 +6,7 @@ mod claim;
 mod context;
 mod crash_safety;
 pub(crate) mod names;
+mod provision;
 mod records;
 mod run;
 mod save;

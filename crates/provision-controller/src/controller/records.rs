@@ -46,6 +46,28 @@ impl InProgress {
     }
 }
 
+/// Whether a claim's provisioning may run in the background when its sync starts: such a
+/// claim is driven until the driver answers, whatever the claim, its class or the
+/// qualifier say now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Progress {
+    /// Nothing is known to run in the backend.
+    Idle,
+    /// The driver may be creating the asset in the background.
+    InBackground,
+}
+
+impl Progress {
+    /// The progress of a claim whose record holds `entry`.
+    pub(crate) fn of(entry: Option<&InProgress>) -> Self {
+        if entry.is_some() {
+            Self::InBackground
+        } else {
+            Self::Idle
+        }
+    }
+}
+
 /// Go's `ProvisioningState` after an attempt: what the claim's record must keep of its
 /// provisioning ([`Records::remember`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -38,7 +38,7 @@ pub(crate) async fn claim_worker(ctx: Arc<Context>) {
     let sync = |uid: String| {
         let ctx = Arc::clone(&ctx);
         async move {
-            claim::sync_claim(&ctx, &uid)
+            sync_claim(&ctx, &uid)
                 .instrument(tracing::info_span!("sync_claim", claim_uid = %uid))
                 .await
         }
@@ -47,6 +47,11 @@ pub(crate) async fn claim_worker(ctx: Arc<Context>) {
         settle_claim(&ctx, uid, result);
     })
     .await;
+}
+
+/// A claim's sync, with its provisioning in progress as the claim's record holds it now.
+async fn sync_claim(ctx: &Context, uid: &str) -> Result<Outcome, OpError> {
+    claim::sync_claim(ctx, uid, ctx.records.in_progress(uid)).await
 }
 
 /// What a claim's sync result means for the claim: forgotten, queued after a wait that
@@ -489,7 +494,7 @@ mod tests {
                     )),
                 );
             }
-            let result = claim::sync_claim(&h.ctx, "u1").await;
+            let result = sync_claim(&h.ctx, "u1").await;
             assert_eq!(
                 matches!(result, Ok(Outcome::Done)),
                 ok,
@@ -515,7 +520,7 @@ mod tests {
         let fast = h.ctx.caches.class("fast");
         h.ctx.records.mark_infeasible("u1", fast.as_deref());
         tokio::time::advance(Duration::from_secs(60)).await;
-        let got = claim::sync_claim(&h.ctx, "u1").await;
+        let got = sync_claim(&h.ctx, "u1").await;
         let Ok(Outcome::RequeueAfter { wait, why }) = got else {
             panic!("a wait, not {got:?}");
         };
@@ -529,10 +534,7 @@ mod tests {
     async fn a_claim_that_is_gone_and_not_in_progress_is_dropped() {
         let fake = FakeProvisioner::new();
         let h = harness(Config::default(), fake.clone(), true);
-        assert_eq!(
-            claim::sync_claim(&h.ctx, "u1").await.ok(),
-            Some(Outcome::Done)
-        );
+        assert_eq!(sync_claim(&h.ctx, "u1").await.ok(), Some(Outcome::Done));
         assert!(fake.provision_calls().is_empty());
     }
 
@@ -565,17 +567,11 @@ mod tests {
         journal.put("u1", entry, None).await.unwrap();
         h.ctx.caches.mark_saved("pvc-u1");
         // The sweep: the PV is not on the server either.
-        assert_eq!(
-            claim::sync_claim(&h.ctx, "u1").await.ok(),
-            Some(Outcome::Done)
-        );
+        assert_eq!(sync_claim(&h.ctx, "u1").await.ok(), Some(Outcome::Done));
         assert!(!h.ctx.caches.volume_exists("pvc-u1"), "the stale mark goes");
         assert!(journal.entry("u1").is_some(), "the cleanup decides, next");
         // The next sync: a settled entry whose PV is gone is cleaned up; no asset exists.
-        assert_eq!(
-            claim::sync_claim(&h.ctx, "u1").await.ok(),
-            Some(Outcome::Done)
-        );
+        assert_eq!(sync_claim(&h.ctx, "u1").await.ok(), Some(Outcome::Done));
         assert!(journal.entry("u1").is_none(), "the entry is removed");
         assert!(fake.assets().is_empty(), "the cleanup created nothing");
         committer.abort();

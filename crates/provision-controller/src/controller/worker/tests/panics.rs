@@ -80,9 +80,7 @@ async fn bad_claims_never_panic_and_fail_with_an_error_naming_the_problem() {
         let mut h = harness(Config::default(), fake.clone(), true);
         let uid = claim.metadata.uid.clone().unwrap_or_default();
         h.put_claim(claim);
-        let got = claim::sync_claim(&h.ctx, &uid)
-            .await
-            .map_err(|e| e.to_string());
+        let got = sync_claim(&h.ctx, &uid).await.map_err(|e| e.to_string());
         assert_eq!(got, want.map_err(str::to_owned), "case: {name}");
         assert_eq!(!fake.provision_calls().is_empty(), called, "case: {name}");
     }
