@@ -186,73 +186,51 @@ impl ConfigError {
     }
 }
 
-/// Declares [`Config`]: each option is a public field and a builder method of the same
-/// name, with the same docs.
-macro_rules! options {
-    ($($(#[$doc:meta])* $name:ident: $ty:ty => |$value:ident: $arg:ty| $set:expr;)*) => {
-        /// Options of [`MetadataController::run`](crate::MetadataController::run); every option has a documented default.
-        ///
-        /// Each option is a public field, read as `config.worker_threads`, and a builder
-        /// method of the same name, `.worker_threads(n)`. The library never reads the
-        /// environment: binaries call [`Config::from_lookup`] with `std::env::var`, tests
-        /// with a map.
-        #[derive(Clone, Debug)]
-        #[non_exhaustive]
-        pub struct Config {
-            $(
-                $(#[$doc])*
-                pub $name: $ty,
-            )*
-        }
-
-        impl Config {
-            $(
-                $(#[$doc])*
-                #[must_use]
-                pub fn $name(mut self, $value: $arg) -> Self {
-                    self.$name = $set;
-                    self
-                }
-            )*
-        }
-    };
-}
-
-options! {
-    /// Flavor of the cluster this process runs in. Only [`ClusterFlavor::Workload`] runs
-    /// the reconciler. Default `WORKLOAD` (environment: [`ENV_CLUSTER_FLAVOR`]).
-    cluster_flavor: ClusterFlavor => |flavor: ClusterFlavor| flavor;
-    /// Number of objects reconciled at once. Default 3 (environment:
-    /// [`ENV_WORKER_THREADS`]).
-    worker_threads: NonZeroU16 => |n: NonZeroU16| n;
-    /// Give entity references of PV entities the supervisor ID instead of the cluster ID
-    /// (Go: the `TKGsHA` feature state, read at every reconcile). A `bool` for a fixed
-    /// state, or a [`FeatureState::follow`] of a channel for one that changes while the
-    /// reconciler runs. Default off.
-    use_supervisor_id_for_pv: FeatureState => |on: impl Into<FeatureState>| on.into();
-    /// The supervisor ID (`[Global] supervisor-id` of `csi-vsphere.conf`). Default empty.
-    supervisor_id: String => |id: impl Into<String>| id.into();
-    /// The cluster ID (`[Global] cluster-id` of `csi-vsphere.conf`). Default empty.
-    cluster_id: String => |id: impl Into<String>| id.into();
-    /// The vCenter user sent in each update's container cluster. Default empty.
-    vsphere_user: String => |user: impl Into<String>| user.into();
-    /// CSI driver whose volumes are pushed to CNS. Default `csi.vsphere.vmware.com`.
-    csi_driver: String => |driver: impl Into<String>| driver.into();
-    /// Upper bound of one backend call; a call that takes longer fails that volume.
-    /// Default 120 s.
-    backend_timeout: Duration => |timeout: Duration| timeout;
-    /// Margin added to the [backend timeout](Self::backend_timeout()) to give the
-    /// [settle period](Self::settle_period) of removed entries. Default 60 s.
+kube_controller_kit::options! {
+    /// Options of [`MetadataController::run`](crate::MetadataController::run); every option has a documented default.
     ///
-    /// An update sent to CNS may still take effect after the call timed out, or after the
-    /// replica that sent it lost its lease. So when a spec edit removes an entity from CNS,
-    /// the record keeps it as a tombstone with the time of its removal; once the settle
-    /// period has passed, the removal is sent once more (undoing an update that landed
-    /// late) and the tombstone goes. Make the margin at least the leader election lease
-    /// duration (15 s by default); a longer one only keeps tombstones longer.
-    settle_margin: Duration => |margin: Duration| margin;
-    /// Reporting instance of published events (usually the pod name). Default none.
-    reporting_instance: Option<String> => |instance: impl Into<String>| Some(instance.into());
+    /// Each option is a public field, read as `config.worker_threads`, and a builder
+    /// method of the same name, `.worker_threads(n)`. The library never reads the
+    /// environment: binaries call [`Config::from_lookup`] with `std::env::var`, tests
+    /// with a map.
+    #[derive(Clone, Debug)]
+    #[non_exhaustive]
+    pub struct Config {
+        /// Flavor of the cluster this process runs in. Only [`ClusterFlavor::Workload`] runs
+        /// the reconciler. Default `WORKLOAD` (environment: [`ENV_CLUSTER_FLAVOR`]).
+        cluster_flavor: ClusterFlavor => |flavor: ClusterFlavor| flavor;
+        /// Number of objects reconciled at once. Default 3 (environment:
+        /// [`ENV_WORKER_THREADS`]).
+        worker_threads: NonZeroU16 => |n: NonZeroU16| n;
+        /// Give entity references of PV entities the supervisor ID instead of the cluster ID
+        /// (Go: the `TKGsHA` feature state, read at every reconcile). A `bool` for a fixed
+        /// state, or a [`FeatureState::follow`] of a channel for one that changes while the
+        /// reconciler runs. Default off.
+        use_supervisor_id_for_pv: FeatureState => |on: impl Into<FeatureState>| on.into();
+        /// The supervisor ID (`[Global] supervisor-id` of `csi-vsphere.conf`). Default empty.
+        supervisor_id: String => |id: impl Into<String>| id.into();
+        /// The cluster ID (`[Global] cluster-id` of `csi-vsphere.conf`). Default empty.
+        cluster_id: String => |id: impl Into<String>| id.into();
+        /// The vCenter user sent in each update's container cluster. Default empty.
+        vsphere_user: String => |user: impl Into<String>| user.into();
+        /// CSI driver whose volumes are pushed to CNS. Default `csi.vsphere.vmware.com`.
+        csi_driver: String => |driver: impl Into<String>| driver.into();
+        /// Upper bound of one backend call; a call that takes longer fails that volume.
+        /// Default 120 s.
+        backend_timeout: Duration => |timeout: Duration| timeout;
+        /// Margin added to the [backend timeout](Self::backend_timeout()) to give the
+        /// [settle period](Self::settle_period) of removed entries. Default 60 s.
+        ///
+        /// An update sent to CNS may still take effect after the call timed out, or after the
+        /// replica that sent it lost its lease. So when a spec edit removes an entity from CNS,
+        /// the record keeps it as a tombstone with the time of its removal; once the settle
+        /// period has passed, the removal is sent once more (undoing an update that landed
+        /// late) and the tombstone goes. Make the margin at least the leader election lease
+        /// duration (15 s by default); a longer one only keeps tombstones longer.
+        settle_margin: Duration => |margin: Duration| margin;
+        /// Reporting instance of published events (usually the pod name). Default none.
+        reporting_instance: Option<String> => |instance: impl Into<String>| Some(instance.into());
+    }
 }
 
 impl Default for Config {

@@ -6,6 +6,7 @@ pub mod error;
 pub mod events;
 pub mod http;
 pub mod leader;
+mod options;
 pub mod quantity;
 pub mod signal;
 pub mod store;

@@ -196,176 +196,154 @@ impl Config {
     }
 }
 
-/// Declares [`Config`]: each option is a public field and a builder method of the same
-/// name, with the same docs.
-macro_rules! options {
-    ($($(#[$doc:meta])* $name:ident: $ty:ty;)*) => {
-        /// Options for [`ProvisionController`](crate::ProvisionController); every option
-        /// has a documented default (the Go one).
+kube_controller_kit::options! {
+    /// Options for [`ProvisionController`](crate::ProvisionController); every option
+    /// has a documented default (the Go one).
+    ///
+    /// Each option is a public field, read as `config.resync_period`, and a builder
+    /// method of the same name, `.resync_period(Duration::from_secs(60))`. Setting
+    /// never fails: the types carry the invariants. Checks across options are in
+    /// [`Config::validate`], which `run` calls first.
+    #[derive(Clone, Debug)]
+    #[non_exhaustive]
+    pub struct Config {
+        /// How often every claim and volume is processed again even without a change
+        /// (Go `ResyncPeriod`). Default 15 minutes.
+        #[doc(alias = "ResyncPeriod")]
+        resync_period: Duration;
+        /// How many driver calls run at once: `provision` calls of the claim flow, and as
+        /// many `delete` calls of the volume flow (Go `Threadiness`, its number of claim
+        /// workers and of volume workers). Default 4.
         ///
-        /// Each option is a public field, read as `config.resync_period`, and a builder
-        /// method of the same name, `.resync_period(Duration::from_secs(60))`. Setting
-        /// never fails: the types carry the invariants. Checks across options are in
-        /// [`Config::validate`], which `run` calls first.
-        #[derive(Clone, Debug)]
-        #[non_exhaustive]
-        pub struct Config {
-            $(
-                $(#[$doc])*
-                pub $name: $ty,
-            )*
-        }
-
-        impl Config {
-            $(
-                $(#[$doc])*
-                #[must_use]
-                pub fn $name(mut self, value: $ty) -> Self {
-                    self.$name = value;
-                    self
-                }
-            )*
-        }
-    };
-}
-
-options! {
-    /// How often every claim and volume is processed again even without a change
-    /// (Go `ResyncPeriod`). Default 15 minutes.
-    #[doc(alias = "ResyncPeriod")]
-    resync_period: Duration;
-    /// How many driver calls run at once: `provision` calls of the claim flow, and as
-    /// many `delete` calls of the volume flow (Go `Threadiness`, its number of claim
-    /// workers and of volume workers). Default 4.
-    ///
-    /// Unlike Go's workers, a slot is held only for the driver call itself: the API writes
-    /// before and after it (the crash-safety finalizer, the PV, events) run in one of the
-    /// [`sync_workers`](Self::sync_workers()), so a slow API server does not leave the
-    /// driver idle.
-    #[doc(alias = "Threadiness")]
-    threads: NonZeroU16;
-    /// How many claims, and how many volumes, are synced at once (each key by one worker
-    /// at a time). A sync waits for one of the [`threads`](Self::threads()) slots only
-    /// around its driver call; the rest of it is API round trips, so this bounds the
-    /// requests the controller has in flight. Used as at least `threads`. Default
-    /// [`Config::DEFAULT_SYNC_WORKERS`] (128: a claim's sync waits for its journal intent
-    /// and its PV save, about 100 ms on a loaded API server, so 128 keep up with 1,000
-    /// claims/s); no Go counterpart (Go syncs `Threadiness` keys at once).
-    sync_workers: NonZeroU16;
-    /// How many requests the controller keeps in flight to the API server at most, claim
-    /// syncs, volume syncs and event writes together (events take half of it at most,
-    /// so they never crowd out provisioning); watches and the leader election's
-    /// lease renewals are not counted. `None` leaves it unbounded (every sync worker may
-    /// have a request in flight). Default [`Config::DEFAULT_MAX_REQUESTS_IN_FLIGHT`] (16).
-    /// No Go counterpart (client-go bounds a client by QPS and burst instead).
-    max_requests_in_flight: Option<NonZeroUsize>;
-    /// Delay of failed claims and volumes (Go `ExponentialBackOffOnError`, `RateLimiter`).
-    /// Default [`FailureBackoff::Exponential`].
-    failure_backoff: FailureBackoff;
-    /// Attempts at a claim before giving up until its next change or resync; 0 retries
-    /// forever (Go `FailedProvisionThreshold`). Default 15.
-    ///
-    /// A claim whose provisioning runs in the background is never given up (see the
-    /// crate docs: this avoids leaking its volume).
-    #[doc(alias = "FailedProvisionThreshold")]
-    failed_provision_threshold: u32;
-    /// Attempts at deleting a volume before giving up until its next change or resync;
-    /// 0 retries forever (Go `FailedDeleteThreshold`). Default 15.
-    #[doc(alias = "FailedDeleteThreshold")]
-    failed_delete_threshold: u32;
-    /// How provisioned PVs are saved. Default [`PvSaveStrategy::Blocking`], 5 tries 10 s apart.
-    pv_save: PvSaveStrategy;
-    /// Leader election, or `None` to run without (Go `LeaderElection`, default on with
-    /// [`LeaderElection::default`]: the client's namespace (the service account's in a
-    /// pod; [`Config::from_lookup`] takes `POD_NAMESPACE` instead when set), 15 s / 10 s /
-    /// 2 s, the lease named after the provisioner, identity `<hostname>_<random>`).
-    #[doc(alias = "LeaderElectionNamespace")]
-    #[doc(alias = "LeaseDuration")]
-    #[doc(alias = "RenewDeadline")]
-    #[doc(alias = "RetryPeriod")]
-    leader_election: Option<LeaderElection>;
-    /// Further names this controller answers to in claims' storage-provisioner annotation
-    /// and classes' provisioner field (Go `AdditionalProvisionerNames`). Default none.
-    #[doc(alias = "AdditionalProvisionerNames")]
-    additional_provisioner_names: Vec<String>;
-    /// Put [`FINALIZER_PV`](crate::annotations::FINALIZER_PV) on provisioned PVs with reclaim
-    /// policy Delete, so they stay until their asset is deleted (Go `AddFinalizer`). Default off.
-    #[doc(alias = "AddFinalizer")]
-    add_finalizer: bool;
-    /// Limit of each API and backend call while provisioning (Go `ProvisionTimeout`).
-    /// Default none.
-    #[doc(alias = "ProvisionTimeout")]
-    provision_timeout: Option<Duration>;
-    /// Limit of each API and backend call while deleting (Go `DeletionTimeout`). Default none.
-    #[doc(alias = "DeletionTimeout")]
-    deletion_timeout: Option<Duration>;
-    /// The PV name for a claim (Go `VolumeNameHook`). Default `pvc-<claim uid>`.
-    #[doc(alias = "VolumeNameHook")]
-    volume_namer: VolumeNamer;
-    /// Address the metrics and probe server binds (Go `MetricsAddress`). Default `0.0.0.0`,
-    /// every interface, so the kubelet can probe the pod IP; restrict who may connect with
-    /// a NetworkPolicy (see docs/production.md), or bind `127.0.0.1` when nothing outside
-    /// the pod scrapes or probes it. The server closes connections that do not send
-    /// their request headers within 10 s and serves at most 64 connections at once.
-    #[doc(alias = "MetricsAddress")]
-    metrics_address: IpAddr;
-    /// Port of the metrics server, 0 = off (Go `MetricsPort`). Default 0.
-    #[doc(alias = "MetricsPort")]
-    metrics_port: u16;
-    /// Path of the metrics endpoint (Go `MetricsPath`). Default `/metrics`.
-    #[doc(alias = "MetricsPath")]
-    metrics_path: String;
-    /// On shutdown, how long the operations in flight may take to finish before they are
-    /// abandoned (and, when leading, the lease is released). Default
-    /// [`Config::DEFAULT_SHUTDOWN_GRACE`] (30 s); keep it below the pod's
-    /// `terminationGracePeriodSeconds`. Go has no such bound: it exits at once.
-    shutdown_grace: Duration;
-    /// Crash-safe provisioning. Default on.
-    ///
-    /// Before the driver is asked for an asset, the controller records the claim in its
-    /// provisioning journal (ConfigMaps in its own namespace, the Lease's), and waits until that record is durable; the record is settled once a
-    /// PV records the asset, or removed once the driver answered that none exists. A
-    /// controller that restarts at any point therefore finds every claim whose asset may
-    /// exist without a PV, and finishes it, saving a PV for the asset also when the claim
-    /// was deleted or bound elsewhere meanwhile (that PV is then released and reclaimed as
-    /// usual). Go leaks the asset (kubernetes-csi/external-provisioner#486). A PV that
-    /// cannot be saved keeps its asset: the claim is provisioned and saved again (Go deletes
-    /// the asset, which can destroy one that another replica's PV names). With
-    /// a [`LateAssets::window`](crate::LateAssets::window) the record
-    /// stays until the window has passed and the driver made its last sweep. Users' claims
-    /// and PVs carry nothing of it. Requires `configmaps` access in the controller's
-    /// namespace (see [`rbac`](crate::rbac)) and a driver whose `provision` is idempotent
-    /// by `pv_name` (see [`Provisioner`](crate::Provisioner)).
-    ///
-    /// Turning it off writes no journal (Go's behaviour), and a PV that cannot be saved has
-    /// its asset deleted (after a read right before each attempt shows no PV of its name);
-    /// a journal left from before is not read.
-    crash_safe_provisioning: bool;
-    /// How long an intent waits for company before the journal write that makes it durable
-    /// (every claim that reaches that point meanwhile shares the write), unless 8 intents
-    /// (or half the [`sync_workers`](Self::sync_workers()), when fewer) wait already:
-    /// then they are written at once;
-    /// settles and removals wait ten times as long. Longer: fewer writes, later driver
-    /// calls. Default
-    /// [`Config::DEFAULT_JOURNAL_COMMIT_DELAY`] (100 ms). No Go counterpart.
-    journal_commit_delay: Duration;
-    /// How many entries the journal holds at most: an intent that would exceed it waits
-    /// until settles and removals make room (provisioning is held back, nothing is
-    /// dropped). Default [`Config::DEFAULT_JOURNAL_CAPACITY`]. No Go counterpart.
-    journal_capacity: NonZeroUsize;
-    /// A claim whose journal intent is older than this gets a `ProvisioningHeld` Warning
-    /// event (once per controller process), so that a provisioning the driver keeps
-    /// answering with `InBackground` or `NoChange` is visible on the claim. Default
-    /// [`Config::DEFAULT_PROVISIONING_HELD_WARNING`] (10 minutes). No Go counterpart.
-    provisioning_held_warning: Duration;
-    /// How long a claim the driver called infeasible
-    /// ([`ProvisionError::Infeasible`](crate::ProvisionError::Infeasible)) waits before it
-    /// is provisioned again; re-creating its class ends the wait at once (Go
-    /// `RetryIntervalMax`, which Go uses only for this). The wait is not counted as a
-    /// failure. Default [`Config::DEFAULT_INFEASIBLE_RETRY_DELAY`] (5 minutes); zero
-    /// retries with the normal backoff.
-    #[doc(alias = "RetryIntervalMax")]
-    infeasible_retry_delay: Duration;
+        /// Unlike Go's workers, a slot is held only for the driver call itself: the API writes
+        /// before and after it (the crash-safety finalizer, the PV, events) run in one of the
+        /// [`sync_workers`](Self::sync_workers()), so a slow API server does not leave the
+        /// driver idle.
+        #[doc(alias = "Threadiness")]
+        threads: NonZeroU16;
+        /// How many claims, and how many volumes, are synced at once (each key by one worker
+        /// at a time). A sync waits for one of the [`threads`](Self::threads()) slots only
+        /// around its driver call; the rest of it is API round trips, so this bounds the
+        /// requests the controller has in flight. Used as at least `threads`. Default
+        /// [`Config::DEFAULT_SYNC_WORKERS`] (128: a claim's sync waits for its journal intent
+        /// and its PV save, about 100 ms on a loaded API server, so 128 keep up with 1,000
+        /// claims/s); no Go counterpart (Go syncs `Threadiness` keys at once).
+        sync_workers: NonZeroU16;
+        /// How many requests the controller keeps in flight to the API server at most, claim
+        /// syncs, volume syncs and event writes together (events take half of it at most,
+        /// so they never crowd out provisioning); watches and the leader election's
+        /// lease renewals are not counted. `None` leaves it unbounded (every sync worker may
+        /// have a request in flight). Default [`Config::DEFAULT_MAX_REQUESTS_IN_FLIGHT`] (16).
+        /// No Go counterpart (client-go bounds a client by QPS and burst instead).
+        max_requests_in_flight: Option<NonZeroUsize>;
+        /// Delay of failed claims and volumes (Go `ExponentialBackOffOnError`, `RateLimiter`).
+        /// Default [`FailureBackoff::Exponential`].
+        failure_backoff: FailureBackoff;
+        /// Attempts at a claim before giving up until its next change or resync; 0 retries
+        /// forever (Go `FailedProvisionThreshold`). Default 15.
+        ///
+        /// A claim whose provisioning runs in the background is never given up (see the
+        /// crate docs: this avoids leaking its volume).
+        #[doc(alias = "FailedProvisionThreshold")]
+        failed_provision_threshold: u32;
+        /// Attempts at deleting a volume before giving up until its next change or resync;
+        /// 0 retries forever (Go `FailedDeleteThreshold`). Default 15.
+        #[doc(alias = "FailedDeleteThreshold")]
+        failed_delete_threshold: u32;
+        /// How provisioned PVs are saved. Default [`PvSaveStrategy::Blocking`], 5 tries 10 s apart.
+        pv_save: PvSaveStrategy;
+        /// Leader election, or `None` to run without (Go `LeaderElection`, default on with
+        /// [`LeaderElection::default`]: the client's namespace (the service account's in a
+        /// pod; [`Config::from_lookup`] takes `POD_NAMESPACE` instead when set), 15 s / 10 s /
+        /// 2 s, the lease named after the provisioner, identity `<hostname>_<random>`).
+        #[doc(alias = "LeaderElectionNamespace")]
+        #[doc(alias = "LeaseDuration")]
+        #[doc(alias = "RenewDeadline")]
+        #[doc(alias = "RetryPeriod")]
+        leader_election: Option<LeaderElection>;
+        /// Further names this controller answers to in claims' storage-provisioner annotation
+        /// and classes' provisioner field (Go `AdditionalProvisionerNames`). Default none.
+        #[doc(alias = "AdditionalProvisionerNames")]
+        additional_provisioner_names: Vec<String>;
+        /// Put [`FINALIZER_PV`](crate::annotations::FINALIZER_PV) on provisioned PVs with reclaim
+        /// policy Delete, so they stay until their asset is deleted (Go `AddFinalizer`). Default off.
+        #[doc(alias = "AddFinalizer")]
+        add_finalizer: bool;
+        /// Limit of each API and backend call while provisioning (Go `ProvisionTimeout`).
+        /// Default none.
+        #[doc(alias = "ProvisionTimeout")]
+        provision_timeout: Option<Duration>;
+        /// Limit of each API and backend call while deleting (Go `DeletionTimeout`). Default none.
+        #[doc(alias = "DeletionTimeout")]
+        deletion_timeout: Option<Duration>;
+        /// The PV name for a claim (Go `VolumeNameHook`). Default `pvc-<claim uid>`.
+        #[doc(alias = "VolumeNameHook")]
+        volume_namer: VolumeNamer;
+        /// Address the metrics and probe server binds (Go `MetricsAddress`). Default `0.0.0.0`,
+        /// every interface, so the kubelet can probe the pod IP; restrict who may connect with
+        /// a NetworkPolicy (see docs/production.md), or bind `127.0.0.1` when nothing outside
+        /// the pod scrapes or probes it. The server closes connections that do not send
+        /// their request headers within 10 s and serves at most 64 connections at once.
+        #[doc(alias = "MetricsAddress")]
+        metrics_address: IpAddr;
+        /// Port of the metrics server, 0 = off (Go `MetricsPort`). Default 0.
+        #[doc(alias = "MetricsPort")]
+        metrics_port: u16;
+        /// Path of the metrics endpoint (Go `MetricsPath`). Default `/metrics`.
+        #[doc(alias = "MetricsPath")]
+        metrics_path: String;
+        /// On shutdown, how long the operations in flight may take to finish before they are
+        /// abandoned (and, when leading, the lease is released). Default
+        /// [`Config::DEFAULT_SHUTDOWN_GRACE`] (30 s); keep it below the pod's
+        /// `terminationGracePeriodSeconds`. Go has no such bound: it exits at once.
+        shutdown_grace: Duration;
+        /// Crash-safe provisioning. Default on.
+        ///
+        /// Before the driver is asked for an asset, the controller records the claim in its
+        /// provisioning journal (ConfigMaps in its own namespace, the Lease's), and waits until that record is durable; the record is settled once a
+        /// PV records the asset, or removed once the driver answered that none exists. A
+        /// controller that restarts at any point therefore finds every claim whose asset may
+        /// exist without a PV, and finishes it, saving a PV for the asset also when the claim
+        /// was deleted or bound elsewhere meanwhile (that PV is then released and reclaimed as
+        /// usual). Go leaks the asset (kubernetes-csi/external-provisioner#486). A PV that
+        /// cannot be saved keeps its asset: the claim is provisioned and saved again (Go deletes
+        /// the asset, which can destroy one that another replica's PV names). With
+        /// a [`LateAssets::window`](crate::LateAssets::window) the record
+        /// stays until the window has passed and the driver made its last sweep. Users' claims
+        /// and PVs carry nothing of it. Requires `configmaps` access in the controller's
+        /// namespace (see [`rbac`](crate::rbac)) and a driver whose `provision` is idempotent
+        /// by `pv_name` (see [`Provisioner`](crate::Provisioner)).
+        ///
+        /// Turning it off writes no journal (Go's behaviour), and a PV that cannot be saved has
+        /// its asset deleted (after a read right before each attempt shows no PV of its name);
+        /// a journal left from before is not read.
+        crash_safe_provisioning: bool;
+        /// How long an intent waits for company before the journal write that makes it durable
+        /// (every claim that reaches that point meanwhile shares the write), unless 8 intents
+        /// (or half the [`sync_workers`](Self::sync_workers()), when fewer) wait already:
+        /// then they are written at once;
+        /// settles and removals wait ten times as long. Longer: fewer writes, later driver
+        /// calls. Default
+        /// [`Config::DEFAULT_JOURNAL_COMMIT_DELAY`] (100 ms). No Go counterpart.
+        journal_commit_delay: Duration;
+        /// How many entries the journal holds at most: an intent that would exceed it waits
+        /// until settles and removals make room (provisioning is held back, nothing is
+        /// dropped). Default [`Config::DEFAULT_JOURNAL_CAPACITY`]. No Go counterpart.
+        journal_capacity: NonZeroUsize;
+        /// A claim whose journal intent is older than this gets a `ProvisioningHeld` Warning
+        /// event (once per controller process), so that a provisioning the driver keeps
+        /// answering with `InBackground` or `NoChange` is visible on the claim. Default
+        /// [`Config::DEFAULT_PROVISIONING_HELD_WARNING`] (10 minutes). No Go counterpart.
+        provisioning_held_warning: Duration;
+        /// How long a claim the driver called infeasible
+        /// ([`ProvisionError::Infeasible`](crate::ProvisionError::Infeasible)) waits before it
+        /// is provisioned again; re-creating its class ends the wait at once (Go
+        /// `RetryIntervalMax`, which Go uses only for this). The wait is not counted as a
+        /// failure. Default [`Config::DEFAULT_INFEASIBLE_RETRY_DELAY`] (5 minutes); zero
+        /// retries with the normal backoff.
+        #[doc(alias = "RetryIntervalMax")]
+        infeasible_retry_delay: Duration;
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
-//! What every operation shares: its error type ([`OpError`]), and calls bounded by a
-//! timeout with panics caught ([`call`], [`api`], [`get_volume`]). A ground-floor file:
+//! What every operation shares: how a sync ended ([`Outcome`]), its error type
+//! ([`OpError`]), and calls bounded by a timeout with panics caught ([`call`], [`api`], [`get_volume`]). A ground-floor file:
 //! every step of a claim's or a volume's way calls through it, and it calls none of them.
 
 use std::{future::Future, panic::AssertUnwindSafe, time::Duration};
@@ -7,6 +7,65 @@ use std::{future::Future, panic::AssertUnwindSafe, time::Duration};
 use futures::FutureExt;
 
 use crate::error::{BoxError, ProvisionError};
+
+/// How a claim's sync ended without failing: done (forgotten), or to be looked at
+/// again after a wait that is no failure (not counted, no backoff).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Nothing more to do until the claim changes.
+    Done,
+    /// The worker queues the claim again after `wait`.
+    RequeueAfter { wait: Duration, why: Why },
+}
+
+/// Why a claim's sync asks to be queued again later ([`Outcome::RequeueAfter`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Why {
+    /// The claim waits after an infeasible answer of the driver (Go:
+    /// `delayProvisioningIfRecentlyInfeasible`); queued again once the wait is over (or
+    /// at once when the claim's class is re-created).
+    Infeasible,
+    /// The qualifier refuses to let this controller clean up the claim (another
+    /// controller may own it): asked again after the wait.
+    CleanupRefused { claim: String },
+    /// A cleanup found no asset for the claim, but a create sent for it before it was
+    /// deleted or bound elsewhere (by this or another replica) may still land within the
+    /// driver's late-asset window: looked at again once it can no longer.
+    CreatesMayLand { claim: String },
+}
+
+impl Why {
+    /// The reason and the wait in words, as the worker logs them.
+    pub(crate) fn with_wait(&self, wait: Duration) -> Waiting<'_> {
+        Waiting { why: self, wait }
+    }
+}
+
+/// A [`Why`] with its wait, for logs ([`Why::with_wait`]).
+pub(crate) struct Waiting<'a> {
+    why: &'a Why,
+    wait: Duration,
+}
+
+impl std::fmt::Display for Waiting<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let wait = self.wait;
+        match self.why {
+            Why::Infeasible => write!(
+                f,
+                "provisioning previously failed with infeasible error; waiting {wait:?}"
+            ),
+            Why::CleanupRefused { claim } => write!(
+                f,
+                "the qualifier refuses the cleanup of claim {claim}; asking again in {wait:?}"
+            ),
+            Why::CreatesMayLand { claim } => write!(
+                f,
+                "no asset of claim {claim} found yet, and a create sent before may still land; looking again in {wait:?}"
+            ),
+        }
+    }
+}
 
 /// Why one claim or volume operation failed (the claim or volume is retried).
 #[derive(Debug, thiserror::Error)]
@@ -40,23 +99,6 @@ pub(crate) enum OpError {
     },
     #[error("deleting the volume failed")]
     Delete(#[source] BoxError),
-    /// Not a failure: the claim waits after an infeasible answer of the driver (Go:
-    /// `delayProvisioningIfRecentlyInfeasible`); the worker queues it again after `wait`.
-    #[error(
-        "skipping volume provisioning for pvc {uid}, because provisioning previously failed with infeasible error"
-    )]
-    Delayed { uid: String, wait: Duration },
-    /// Not a failure: the qualifier refuses to let this controller clean up the claim
-    /// (another controller may own it); the worker asks again after `wait`.
-    #[error("the qualifier refuses the cleanup of claim {claim}; asking again in {wait:?}")]
-    Refused { claim: String, wait: Duration },
-    /// Not a failure: a cleanup found no asset for the claim, but a create sent for it
-    /// before it was deleted or bound elsewhere (by this or another replica) may still
-    /// land within the driver's late-asset window; the worker looks again after `wait`.
-    #[error(
-        "no asset of claim {claim} found yet, and a create sent before may still land; looking again in {wait:?}"
-    )]
-    Settling { claim: String, wait: Duration },
     #[error("persistentvolume {name} already existed and is gone now")]
     VolumeGone { name: String },
 }

@@ -14,8 +14,9 @@ use k8s_openapi::{
 };
 
 use super::{
-    Context, InProgress, State,
-    calls::{OpError, chain},
+    Context,
+    calls::{OpError, Outcome, Why, chain},
+    records::{InProgress, Progress, State},
     volume_object,
 };
 use crate::{
@@ -115,6 +116,27 @@ fn wanted(ctx: &Context, claim: &ClaimView) -> bool {
             .is_none_or(|c| names.knows(&c.provisioner))
 }
 
+/// Whether a claim is live, or gone and finished by crash safety from a copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Presence {
+    /// The claim is cached (or, without crash-safe provisioning, driven on from the copy
+    /// kept while its provisioning runs in the background, as Go does).
+    Live,
+    /// The claim is not cached: `claim` is the copy kept while its provisioning ran in
+    /// the background, or the one its journal entry describes.
+    Gone,
+}
+
+/// Whether a create sent for a claim before may still land (within the driver's
+/// late-asset window), for a cleanup that finds no asset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LateWindow {
+    /// It may: "no asset" is believed only once the window has passed since the first look.
+    Open,
+    /// The entry is settled and due: no create can land any more.
+    Over,
+}
+
 /// How [`before_provisioning`] left the claim's sync.
 pub(crate) enum Step {
     /// Crash safety finished the sync (a cleanup or sweep ran, or the entry was settled):
@@ -122,23 +144,24 @@ pub(crate) enum Step {
     Done {
         state: State,
         class: Option<Arc<StorageClass>>,
-        result: Result<(), OpError>,
+        result: Result<Outcome, OpError>,
     },
     /// The normal flow runs, with the class its provisioning started with
     /// ([`provisioning_class`]).
     Provision { class: Option<Arc<StorageClass>> },
 }
 
-/// The crash-safety step of a claim's sync, before the normal flow: a claim that is gone
-/// (`gone`: `claim` is the copy kept in `entry`, or rebuilt from its journal entry) or
+/// The crash-safety step of a claim's sync, before the normal flow: a claim that is
+/// [`Presence::Gone`] (`claim` is the copy kept in `entry`, or rebuilt from its journal entry) or
 /// whose journal entry asks for it gets what [`plan`] says (the entry settled, a cleanup,
 /// the last sweep); any other goes on to the normal flow.
 pub(crate) async fn before_provisioning(
     ctx: &Context,
     claim: &ClaimView,
     entry: Option<&InProgress>,
-    gone: bool,
+    presence: Presence,
 ) -> Step {
+    let gone = presence == Presence::Gone;
     let done = |result| Step::Done {
         state: State::NoChange,
         class: None,
@@ -180,7 +203,7 @@ pub(crate) async fn before_provisioning(
             if let Some(due) = recorded.as_ref().and_then(|e| e.due) {
                 queue_at(ctx, &claim.uid, due);
             }
-            done(Ok(()))
+            done(Ok(Outcome::Done))
         }
         Plan::Settle => {
             // A PV of its name exists: it records the asset. Its saver settled the entry,
@@ -191,16 +214,29 @@ pub(crate) async fn before_provisioning(
                 j.settle(uid, due);
                 queue_at(ctx, uid, due);
             }
-            done(Ok(()))
+            done(Ok(Outcome::Done))
         }
         Plan::Sweep => {
             let due = recorded.as_ref().and_then(|e| e.due).unwrap_or(now);
-            done(last_sweep(ctx, &claim.uid, &pv_name, due).await)
+            done(
+                last_sweep(ctx, &claim.uid, &pv_name, due)
+                    .await
+                    .map(|()| Outcome::Done),
+            )
         }
-        Plan::CleanUp { settled } => {
-            // Boxed: the cleanup is a large future (see `claim::provision`).
-            let (state, result) =
-                Box::pin(clean_up(ctx, claim, class.clone(), gone, &pv_name, settled)).await;
+        Plan::CleanUp(window) => {
+            // Boxed: the cleanup is a large future (see `provision::provision`).
+            let progress = Progress::of(entry);
+            let cleanup = clean_up(
+                ctx,
+                claim,
+                class.clone(),
+                presence,
+                progress,
+                &pv_name,
+                window,
+            );
+            let (state, result) = Box::pin(cleanup).await;
             Step::Done {
                 state,
                 class,
@@ -245,9 +281,8 @@ pub(crate) enum Plan {
     Sweep,
     /// The claim will not get our PV the normal way (it is gone, being deleted, bound to
     /// another PV, or asks another provisioner now) and our PV does not exist: save a PV
-    /// for the asset, if any ([`clean_up`]). `settled`: the entry is settled and due, so
-    /// no create can land any more.
-    CleanUp { settled: bool },
+    /// for the asset, if any ([`clean_up`]), a create sent before may still land or not.
+    CleanUp(LateWindow),
 }
 
 /// Decides what crash safety does with a claim (pure).
@@ -256,7 +291,7 @@ pub(crate) fn plan(claim: &PersistentVolumeClaim, facts: Facts<'_>) -> Plan {
         // No record: only a claim whose provisioning ran in the background in this
         // process and that vanished needs crash safety (nothing records its asset).
         return if facts.gone && facts.in_progress {
-            Plan::CleanUp { settled: false }
+            Plan::CleanUp(LateWindow::Open)
         } else if facts.gone {
             Plan::Wait
         } else {
@@ -274,14 +309,14 @@ pub(crate) fn plan(claim: &PersistentVolumeClaim, facts: Facts<'_>) -> Plan {
         return if facts.volume_exists {
             Plan::Sweep
         } else {
-            Plan::CleanUp { settled: true }
+            Plan::CleanUp(LateWindow::Over)
         };
     }
     if facts.volume_exists {
         return Plan::Settle;
     }
     if facts.gone {
-        return Plan::CleanUp { settled: false };
+        return Plan::CleanUp(LateWindow::Open);
     }
     let bound_to = claim
         .spec
@@ -291,9 +326,9 @@ pub(crate) fn plan(claim: &PersistentVolumeClaim, facts: Facts<'_>) -> Plan {
     match bound_to {
         Some(volume) if volume == facts.pv_name => Plan::Settle,
         // Bound to another PV: ours, if its asset exists, would never be used.
-        Some(_) => Plan::CleanUp { settled: false },
+        Some(_) => Plan::CleanUp(LateWindow::Open),
         None if claim.metadata.deletion_timestamp.is_some() || !facts.wanted => {
-            Plan::CleanUp { settled: false }
+            Plan::CleanUp(LateWindow::Open)
         }
         None => Plan::Continue,
     }
@@ -325,14 +360,8 @@ async fn warn_if_held(ctx: &Context, claim: &ClaimView, recorded: &Entry, now: i
     if age < limit {
         return;
     }
-    {
-        let mut warned = ctx
-            .held_warned
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !warned.insert(claim.uid.clone()) {
-            return;
-        }
+    if !ctx.records.warn_held_once(&claim.uid) {
+        return;
     }
     let note = format!(
         "The provisioning of volume {} for claim {} started {age} s ago and has not finished: the driver has not \
@@ -504,7 +533,7 @@ async fn last_sweep(ctx: &Context, uid: &str, pv_name: &str, due: i64) -> Result
 
 /// Finishes a claim that will not get our PV the normal way while its asset may exist
 /// (see [`Plan::CleanUp`]), or one that vanished while its provisioning ran in the
-/// background (`claim_gone`: the copy the controller kept, or rebuilt from the journal):
+/// background ([`Presence::Gone`]: the copy the controller kept, or rebuilt from the journal):
 /// asks the driver for the asset `pv_name` again (with `class`, the class the
 /// provisioning started with when known), saves a PV for it (see the module docs: the PV
 /// controller releases it and the volume flow reclaims it), then settles or removes the
@@ -512,7 +541,7 @@ async fn last_sweep(ctx: &Context, uid: &str, pv_name: &str, due: i64) -> Result
 /// [`State::InBackground`] while the driver may still work on it, [`State::Finished`]
 /// once a PV records the asset or none exists.
 ///
-/// A claim not in progress here is cleaned up only when the qualifier accepts it (with
+/// A claim not in progress ([`Progress::Idle`]) is cleaned up only when the qualifier accepts it (with
 /// distributed provisioning, another controller may own it); a refusal is asked again
 /// after [`Config::resync_period`](crate::Config).
 ///
@@ -525,18 +554,22 @@ async fn clean_up(
     ctx: &Context,
     claim: &ClaimView,
     class: Option<Arc<StorageClass>>,
-    claim_gone: bool,
+    presence: Presence,
+    progress: Progress,
     pv_name: &str,
-    settled: bool,
-) -> (State, Result<(), OpError>) {
+    window: LateWindow,
+) -> (State, Result<Outcome, OpError>) {
     let uid = &claim.uid;
-    if !ctx.is_in_progress(uid) && !ctx.qualified(&claim.claim).await {
+    let (claim_gone, settled) = (presence == Presence::Gone, window == LateWindow::Over);
+    if progress == Progress::Idle && !ctx.qualified(&claim.claim).await {
         tracing::debug!("the qualifier refuses the claim: not ours to clean up now");
-        let refused = OpError::Refused {
-            claim: claim.key.clone(),
+        let refused = Outcome::RequeueAfter {
             wait: ctx.config.resync_period,
+            why: Why::CleanupRefused {
+                claim: claim.key.clone(),
+            },
         };
-        return (State::NoChange, Err(refused));
+        return (State::NoChange, Ok(refused));
     }
     let class_name = claim.class_name.clone();
     let Some(class) = class else {
@@ -637,23 +670,25 @@ async fn clean_up(
         if !settled
             && let Some(wait) = ctx
                 .late_window()
-                .and_then(|window| ctx.cleanup_wait(uid, window))
+                .and_then(|window| ctx.records.cleanup_wait(uid, window))
         {
-            let settling = OpError::Settling {
-                claim: claim.key.clone(),
+            let settling = Outcome::RequeueAfter {
                 wait,
+                why: Why::CreatesMayLand {
+                    claim: claim.key.clone(),
+                },
             };
-            return (State::NoChange, Err(settling));
+            return (State::NoChange, Ok(settling));
         }
         tracing::info!(pv = %pv_name, "the driver holds no asset for the claim");
         if let Some(j) = &ctx.journal {
             j.remove(uid, None);
         }
     }
-    ctx.forget_cleanup(uid);
+    ctx.records.forget_cleanup(uid);
     // Saved now, or nothing exists: a PV waiting in the background saver is not needed.
     ctx.saver.forget_pending(ctx, pv_name);
-    (State::Finished, Ok(()))
+    (State::Finished, Ok(Outcome::Done))
 }
 
 #[cfg(test)]
@@ -728,25 +763,25 @@ mod tests {
                 "an intent whose claim is bound to another PV is cleaned up",
                 base().volume_name("static").build(),
                 facts(Some(intent), false, false, true),
-                Plan::CleanUp { settled: false },
+                Plan::CleanUp(LateWindow::Open),
             ),
             (
                 "an intent whose claim is gone is cleaned up",
                 base().build(),
                 facts(Some(intent), true, false, false),
-                Plan::CleanUp { settled: false },
+                Plan::CleanUp(LateWindow::Open),
             ),
             (
                 "an intent whose claim is being deleted is cleaned up",
                 base().deleting().build(),
                 facts(Some(intent), false, false, true),
-                Plan::CleanUp { settled: false },
+                Plan::CleanUp(LateWindow::Open),
             ),
             (
                 "an intent whose claim asks another provisioner now is cleaned up",
                 base().provisioner("example.com/other").build(),
                 facts(Some(intent), false, false, false),
-                Plan::CleanUp { settled: false },
+                Plan::CleanUp(LateWindow::Open),
             ),
             (
                 "a gone claim whose PV exists only settles",
@@ -776,7 +811,7 @@ mod tests {
                 "a settled entry due, PV gone: a last cleanup",
                 base().build(),
                 facts(Some(due), true, false, false),
-                Plan::CleanUp { settled: true },
+                Plan::CleanUp(LateWindow::Over),
             ),
             (
                 "a gone claim without entry that ran in the background is cleaned up",
@@ -785,7 +820,7 @@ mod tests {
                     in_progress: true,
                     ..facts(None, true, false, false)
                 },
-                Plan::CleanUp { settled: false },
+                Plan::CleanUp(LateWindow::Open),
             ),
             (
                 "a gone claim without entry and nothing in progress needs nothing",

@@ -14,9 +14,10 @@ use std::{
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 
 use super::{
-    Context, State,
+    Context,
     calls::{OpError, chain, get_volume, is_api},
     crash_safety,
+    records::State,
     volume_object::{self, reuse_existing},
 };
 use crate::{DeleteError, annotations::ClaimView, events, queue::WorkQueue, retry::PvSaveStrategy};

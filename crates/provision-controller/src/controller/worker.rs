@@ -9,17 +9,21 @@ use std::{future::Future, sync::Arc};
 
 use tracing::Instrument;
 
-use super::{Context, calls, calls::OpError, claim, crash_safety, volume};
+use super::{
+    Context, calls,
+    calls::{OpError, Outcome, Why},
+    claim, crash_safety, volume,
+};
 use crate::queue::WorkQueue;
 
 /// One worker of a flow: takes keys from `queue` until it shuts down; for each, runs
 /// `sync` (a panic anywhere in it, in a hook or a bug, fails that key only: the worker
 /// lives on), then `settle` with its result (forget, queue again, or give up), then
 /// releases the key.
-async fn work<S, F>(queue: &WorkQueue, what: &'static str, sync: impl Fn(String) -> S, settle: F)
+async fn work<T, S, F>(queue: &WorkQueue, what: &'static str, sync: impl Fn(String) -> S, settle: F)
 where
-    S: Future<Output = Result<(), OpError>>,
-    F: Fn(&str, Result<(), OpError>),
+    S: Future<Output = Result<T, OpError>>,
+    F: Fn(&str, Result<T, OpError>),
 {
     while let Some(key) = queue.get().await {
         let result = calls::call(None, sync(key.clone()))
@@ -34,7 +38,7 @@ pub(crate) async fn claim_worker(ctx: Arc<Context>) {
     let sync = |uid: String| {
         let ctx = Arc::clone(&ctx);
         async move {
-            claim::sync_claim(&ctx, &uid)
+            sync_claim(&ctx, &uid)
                 .instrument(tracing::info_span!("sync_claim", claim_uid = %uid))
                 .await
         }
@@ -45,30 +49,38 @@ pub(crate) async fn claim_worker(ctx: Arc<Context>) {
     .await;
 }
 
-/// What a claim's sync result means for the claim: forgotten, queued after a wait,
-/// retried with backoff, or given up past [`Config::failed_provision_threshold`](crate::Config::failed_provision_threshold).
-fn settle_claim(ctx: &Context, uid: &str, result: Result<(), OpError>) {
+/// A claim's sync, with its provisioning in progress as the claim's record holds it now.
+async fn sync_claim(ctx: &Context, uid: &str) -> Result<Outcome, OpError> {
+    claim::sync_claim(ctx, uid, ctx.records.in_progress(uid)).await
+}
+
+/// What a claim's sync result means for the claim: forgotten, queued after a wait that
+/// is no failure, retried with backoff, or given up past
+/// [`Config::failed_provision_threshold`](crate::Config::failed_provision_threshold).
+fn settle_claim(ctx: &Context, uid: &str, result: Result<Outcome, OpError>) {
     match result {
-        Ok(()) => {
+        Ok(Outcome::Done) => {
             ctx.claim_queue.forget(uid);
-            ctx.set_in_progress(uid, None);
-            ctx.forget_cleanup(uid);
+            ctx.records.set_in_progress(uid, None);
+            ctx.records.forget_cleanup(uid);
         }
-        // Waiting after an infeasible answer is no failure: queued again once the
-        // wait is over (or at once when the claim's class is re-created).
-        Err(OpError::Delayed { wait, .. }) => {
-            tracing::debug!(claim_uid = %uid, ?wait, "provisioning previously failed with infeasible error; retry delayed");
-            ctx.claim_queue.add_after(uid.to_owned(), wait);
-        }
-        // A cleanup the qualifier refuses now: asked again slowly, not counted.
-        // A cleanup that found no asset yet, while a create may still land: looked at
-        // again once it can no longer, not counted.
-        Err(err @ OpError::Settling { wait, .. }) => {
-            tracing::info!(claim_uid = %uid, error = %err, "cleanup waits for creates that may still land");
-            ctx.claim_queue.add_after(uid.to_owned(), wait);
-        }
-        Err(err @ OpError::Refused { wait, .. }) => {
-            tracing::debug!(claim_uid = %uid, error = %err, "cleanup refused; retry delayed");
+        Ok(Outcome::RequeueAfter { wait, why }) => {
+            match &why {
+                // Waiting after an infeasible answer: queued again once the wait is over
+                // (or at once when the claim's class is re-created).
+                Why::Infeasible => {
+                    tracing::debug!(claim_uid = %uid, ?wait, "provisioning previously failed with infeasible error; retry delayed");
+                }
+                // A cleanup that found no asset yet, while a create may still land: looked
+                // at again once it can no longer.
+                Why::CreatesMayLand { .. } => {
+                    tracing::info!(claim_uid = %uid, error = %why.with_wait(wait), "cleanup waits for creates that may still land");
+                }
+                // A cleanup the qualifier refuses now: asked again slowly.
+                Why::CleanupRefused { .. } => {
+                    tracing::debug!(claim_uid = %uid, error = %why.with_wait(wait), "cleanup refused; retry delayed");
+                }
+            }
             ctx.claim_queue.add_after(uid.to_owned(), wait);
         }
         Err(err) => {
@@ -78,7 +90,7 @@ fn settle_claim(ctx: &Context, uid: &str, result: Result<(), OpError>) {
             if threshold == 0 || failures < threshold {
                 tracing::warn!(claim_uid = %uid, failures, %error, "retrying claim");
                 ctx.claim_queue.add_rate_limited(uid.to_owned());
-            } else if ctx.is_in_progress(uid) || crash_safety::entry(ctx, uid).is_some() {
+            } else if ctx.records.is_in_progress(uid) || crash_safety::entry(ctx, uid).is_some() {
                 // Go drops the claim here and can leak the volume being provisioned.
                 tracing::warn!(claim_uid = %uid, failures, %error,
                     "retrying claim past the threshold: its provisioning runs in the background or its journal entry is not done");
@@ -331,7 +343,7 @@ mod tests {
         h.add_claim();
         let worker = tokio::spawn(claim_worker(Arc::clone(&h.ctx)));
         tokio::time::sleep(Duration::from_secs(1)).await;
-        assert!(h.ctx.is_in_progress("u1"));
+        assert!(h.ctx.records.is_in_progress("u1"));
         // The claim object goes away while the backend is still working.
         h.claims.apply_watcher_event(&watcher::Event::Delete(
             pvc("c")
@@ -349,7 +361,7 @@ mod tests {
             "five in background, then the volume"
         );
         assert_eq!(fake.assets().len(), 1);
-        assert!(!h.ctx.is_in_progress("u1"));
+        assert!(!h.ctx.records.is_in_progress("u1"));
         let Saver::Background(bg) = &h.ctx.saver else {
             unreachable!()
         };
@@ -364,12 +376,12 @@ mod tests {
         h.add_claim();
         let worker = tokio::spawn(claim_worker(Arc::clone(&h.ctx)));
         tokio::time::sleep(Duration::from_secs(6)).await;
-        assert!(h.ctx.is_in_progress("u1"));
+        assert!(h.ctx.records.is_in_progress("u1"));
         tokio::time::sleep(Duration::from_secs(20)).await;
         h.ctx.claim_queue.shut_down();
         worker.await.unwrap();
         assert_eq!(fake.provision_calls().len(), 2);
-        assert!(!h.ctx.is_in_progress("u1"));
+        assert!(!h.ctx.records.is_in_progress("u1"));
     }
 
     #[tokio::test(start_paused = true)]
@@ -475,26 +487,55 @@ mod tests {
                 h.put_claim(the_claim());
             }
             if before {
-                h.ctx.set_in_progress(
+                h.ctx.records.set_in_progress(
                     "u1",
-                    Some(crate::controller::InProgress::new(
+                    Some(crate::controller::records::InProgress::new(
                         Arc::new(the_claim()),
                         None,
                     )),
                 );
             }
-            let result = claim::sync_claim(&h.ctx, "u1").await;
-            assert_eq!(result.is_ok(), ok, "case: {name}: {result:?}");
-            assert_eq!(h.ctx.is_in_progress("u1"), after, "case: {name}");
+            let result = sync_claim(&h.ctx, "u1").await;
+            assert_eq!(
+                matches!(result, Ok(Outcome::Done)),
+                ok,
+                "case: {name}: {result:?}"
+            );
+            assert_eq!(h.ctx.records.is_in_progress("u1"), after, "case: {name}");
             assert_eq!(fake.provision_calls().len(), 1, "case: {name}");
         }
+    }
+
+    /// A claim the driver called infeasible waits without failing: the sync says so as an
+    /// outcome, the claim is not counted as failing and keeps no in-progress mark.
+    #[tokio::test(start_paused = true)]
+    async fn an_infeasible_claim_waits_as_an_outcome_not_a_failure() {
+        let fake = FakeProvisioner::new();
+        let mut h = harness(Config::default(), fake.clone(), true);
+        let claim = pvc("c")
+            .uid("u1")
+            .storage_class("fast")
+            .provisioner(ME)
+            .build();
+        h.put_claim(claim);
+        let fast = h.ctx.caches.class("fast");
+        h.ctx.records.mark_infeasible("u1", fast.as_deref());
+        tokio::time::advance(Duration::from_secs(60)).await;
+        let got = sync_claim(&h.ctx, "u1").await;
+        let Ok(Outcome::RequeueAfter { wait, why }) = got else {
+            panic!("a wait, not {got:?}");
+        };
+        assert_eq!(why, Why::Infeasible);
+        assert_eq!(wait, Duration::from_secs(240), "the rest of five minutes");
+        assert!(fake.provision_calls().is_empty());
+        assert!(!h.ctx.records.is_in_progress("u1"));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_claim_that_is_gone_and_not_in_progress_is_dropped() {
         let fake = FakeProvisioner::new();
         let h = harness(Config::default(), fake.clone(), true);
-        assert!(claim::sync_claim(&h.ctx, "u1").await.is_ok());
+        assert_eq!(sync_claim(&h.ctx, "u1").await.ok(), Some(Outcome::Done));
         assert!(fake.provision_calls().is_empty());
     }
 
@@ -527,11 +568,11 @@ mod tests {
         journal.put("u1", entry, None).await.unwrap();
         h.ctx.caches.mark_saved("pvc-u1");
         // The sweep: the PV is not on the server either.
-        assert!(claim::sync_claim(&h.ctx, "u1").await.is_ok());
+        assert_eq!(sync_claim(&h.ctx, "u1").await.ok(), Some(Outcome::Done));
         assert!(!h.ctx.caches.volume_exists("pvc-u1"), "the stale mark goes");
         assert!(journal.entry("u1").is_some(), "the cleanup decides, next");
         // The next sync: a settled entry whose PV is gone is cleaned up; no asset exists.
-        assert!(claim::sync_claim(&h.ctx, "u1").await.is_ok());
+        assert_eq!(sync_claim(&h.ctx, "u1").await.ok(), Some(Outcome::Done));
         assert!(journal.entry("u1").is_none(), "the entry is removed");
         assert!(fake.assets().is_empty(), "the cleanup created nothing");
         committer.abort();

@@ -15,9 +15,9 @@ fn the_claim() -> PersistentVolumeClaim {
 
 fn in_progress(h: &mut Harness) {
     h.put_claim(the_claim());
-    h.ctx.set_in_progress(
+    h.ctx.records.set_in_progress(
         "u1",
-        Some(crate::controller::InProgress::new(
+        Some(crate::controller::records::InProgress::new(
             Arc::new(the_claim()),
             None,
         )),
@@ -38,15 +38,15 @@ async fn a_claim_in_progress_is_driven_even_when_the_qualifier_now_refuses_it() 
     in_progress(&mut h);
     h.qualify.store(false, std::sync::atomic::Ordering::SeqCst);
 
-    let result = claim::sync_claim(&h.ctx, "u1").await;
-    assert!(result.is_ok(), "{result:?}");
+    let result = sync_claim(&h.ctx, "u1").await;
+    assert_eq!(result.ok(), Some(Outcome::Done));
     assert_eq!(
         fake.provision_calls().len(),
         1,
         "the driver is asked again, so the asset it creates gets a PV"
     );
     assert!(
-        !h.ctx.is_in_progress("u1"),
+        !h.ctx.records.is_in_progress("u1"),
         "the driver returned the volume"
     );
     assert_eq!(background(&h).unsaved(), 1);
@@ -58,7 +58,7 @@ async fn a_claim_that_is_not_in_progress_is_skipped_when_the_qualifier_refuses_i
     let mut h = harness(Config::default(), fake.clone(), true);
     h.put_claim(the_claim());
     h.qualify.store(false, std::sync::atomic::Ordering::SeqCst);
-    assert!(claim::sync_claim(&h.ctx, "u1").await.is_ok());
+    assert_eq!(sync_claim(&h.ctx, "u1").await.ok(), Some(Outcome::Done));
     assert!(fake.provision_calls().is_empty());
 }
 
@@ -67,9 +67,9 @@ async fn a_claim_in_progress_keeps_its_mark_while_its_class_is_missing() {
     let fake = FakeProvisioner::new();
     let mut h = harness(Config::default(), fake.clone(), false);
     in_progress(&mut h);
-    let result = claim::sync_claim(&h.ctx, "u1").await;
+    let result = sync_claim(&h.ctx, "u1").await;
     assert!(result.is_err(), "retried until the class is back");
-    assert!(h.ctx.is_in_progress("u1"));
+    assert!(h.ctx.records.is_in_progress("u1"));
     assert!(fake.provision_calls().is_empty());
 }
 
@@ -82,10 +82,10 @@ async fn a_claim_in_progress_is_driven_when_its_class_now_names_another_provisio
     ));
     in_progress(&mut h);
 
-    let result = claim::sync_claim(&h.ctx, "u1").await;
-    assert!(result.is_ok(), "{result:?}");
+    let result = sync_claim(&h.ctx, "u1").await;
+    assert_eq!(result.ok(), Some(Outcome::Done));
     assert_eq!(fake.provision_calls().len(), 1);
-    assert!(!h.ctx.is_in_progress("u1"));
+    assert!(!h.ctx.records.is_in_progress("u1"));
     let volume = background(&h)
         .pending_volume("pvc-u1")
         .expect("the PV waits for the background saver");
@@ -105,6 +105,6 @@ async fn a_claim_not_in_progress_stops_when_its_class_names_another_provisioner(
         class("fast").provisioner("example.com/other").build(),
     ));
     h.put_claim(the_claim());
-    assert!(claim::sync_claim(&h.ctx, "u1").await.is_ok());
+    assert_eq!(sync_claim(&h.ctx, "u1").await.ok(), Some(Outcome::Done));
     assert!(fake.provision_calls().is_empty());
 }

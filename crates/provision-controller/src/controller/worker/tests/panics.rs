@@ -42,7 +42,7 @@ async fn bad_claims_never_panic_and_fail_with_an_error_naming_the_problem() {
         .provisioner(ME)
         .build();
     // (case, claim, sync result, driver called)
-    let cases: Vec<(&str, PersistentVolumeClaim, Result<(), &str>, bool)> = vec![
+    let cases: Vec<(&str, PersistentVolumeClaim, Result<Outcome, &str>, bool)> = vec![
         (
             "a claim without spec has no class",
             no_spec,
@@ -58,20 +58,20 @@ async fn bad_claims_never_panic_and_fail_with_an_error_naming_the_problem() {
         (
             "a claim without a storage request is the driver's to judge",
             no_request,
-            Ok(()),
+            Ok(Outcome::Done),
             true,
         ),
         (
             "an unparsable quantity is the driver's to judge",
             odd_quantity,
-            Ok(()),
+            Ok(Outcome::Done),
             true,
         ),
         (
             // The feeder never indexes nor queues it (the index is keyed by uid).
             "a claim with an empty uid is not found by uid and gets no PV",
             empty_uid,
-            Ok(()),
+            Ok(Outcome::Done),
             false,
         ),
     ];
@@ -80,9 +80,7 @@ async fn bad_claims_never_panic_and_fail_with_an_error_naming_the_problem() {
         let mut h = harness(Config::default(), fake.clone(), true);
         let uid = claim.metadata.uid.clone().unwrap_or_default();
         h.put_claim(claim);
-        let got = claim::sync_claim(&h.ctx, &uid)
-            .await
-            .map_err(|e| e.to_string());
+        let got = sync_claim(&h.ctx, &uid).await.map_err(|e| e.to_string());
         assert_eq!(got, want.map_err(str::to_owned), "case: {name}");
         assert_eq!(!fake.provision_calls().is_empty(), called, "case: {name}");
     }
