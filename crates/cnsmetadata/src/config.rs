@@ -140,11 +140,7 @@ impl ConfigOption {
 
 impl std::fmt::Display for ConfigOption {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())?;
-        if let Some(go) = self.go_name() {
-            write!(f, " (Go {go})")?;
-        }
-        Ok(())
+        kube_controller_kit::write_option_name(f, self.name(), self.go_name())
     }
 }
 

@@ -7,6 +7,8 @@ pub mod events;
 pub mod http;
 pub mod leader;
 mod options;
+#[doc(hidden)]
+pub use options::write_option_name;
 pub mod quantity;
 pub mod signal;
 pub mod store;

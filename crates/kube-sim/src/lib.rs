@@ -30,3 +30,4 @@ pub use crate::fault::{FaultRule, Verb};
 pub use crate::load::{Cost, LoadModel, RequestCount};
 pub use crate::requests::RequestRecord;
 pub use crate::sim::{Builder, INITIAL_NAMESPACES, KubeSim};
+pub use crate::validation::PV_SOURCES;

@@ -137,7 +137,9 @@ const ACCESS_MODES: &[&str] = &[
     "ReadWriteOnce",
     "ReadWriteOncePod",
 ];
-const PV_SOURCES: &[&str] = &[
+/// The volume sources of a PersistentVolume's spec, by their JSON names: the API server
+/// wants exactly one.
+pub const PV_SOURCES: &[&str] = &[
     "awsElasticBlockStore",
     "azureDisk",
     "azureFile",

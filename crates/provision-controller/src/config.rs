@@ -232,7 +232,9 @@ kube_controller_kit::options! {
         /// How many requests the controller keeps in flight to the API server at most, claim
         /// syncs, volume syncs and event writes together (events take half of it at most,
         /// so they never crowd out provisioning); watches and the leader election's
-        /// lease renewals are not counted. `None` leaves it unbounded (every sync worker may
+        /// lease renewals are not counted, and the crash-safety journal's group writes
+        /// have 2 slots of their own (each lets a whole group of claims go on, so it does
+        /// not queue behind their PV writes). `None` leaves it unbounded (every sync worker may
         /// have a request in flight). Default [`Config::DEFAULT_MAX_REQUESTS_IN_FLIGHT`] (16).
         /// No Go counterpart (client-go bounds a client by QPS and burst instead).
         max_requests_in_flight: Option<NonZeroUsize>;

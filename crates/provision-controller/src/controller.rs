@@ -15,7 +15,8 @@ mod volume;
 mod volume_object;
 mod worker;
 
-pub(crate) use context::{Context, Parts};
+pub(crate) use context::{Context, Driver, Parts};
+pub(crate) use volume_object::{same_source, volume_source};
 
 use std::{
     future::Future,
@@ -81,11 +82,7 @@ use crate::{
 pub struct ProvisionController {
     client: Client,
     name: String,
-    provisioner: Arc<dyn Provisioner>,
-    qualifier: Option<Arc<dyn Qualifier>>,
-    guard: Option<Arc<dyn DeletionGuard>>,
-    asset_lookup: Option<Arc<dyn AssetLookup>>,
-    late_assets: Option<Arc<dyn LateAssets>>,
+    driver: Driver,
     config: Config,
     metrics: Option<ControllerMetrics>,
     claims: Option<SharedCache<PersistentVolumeClaim>>,
@@ -107,11 +104,13 @@ impl ProvisionController {
         Self {
             client,
             name: provisioner_name.into(),
-            provisioner: Arc::new(provisioner),
-            qualifier: None,
-            guard: None,
-            asset_lookup: None,
-            late_assets: None,
+            driver: Driver {
+                provisioner: Arc::new(provisioner),
+                qualifier: None,
+                guard: None,
+                asset_lookup: None,
+                late_assets: None,
+            },
             config: Config::default(),
             metrics: None,
             claims: None,
@@ -134,7 +133,7 @@ impl ProvisionController {
     /// Asks `qualifier` before provisioning each claim (Go: a `Provisioner` that is a `Qualifier`).
     #[must_use]
     pub fn qualifier(mut self, qualifier: impl Qualifier) -> Self {
-        self.qualifier = Some(Arc::new(qualifier));
+        self.driver.qualifier = Some(Arc::new(qualifier));
         self
     }
 
@@ -142,7 +141,7 @@ impl ProvisionController {
     /// `DeletionGuard`).
     #[must_use]
     pub fn deletion_guard(mut self, guard: impl DeletionGuard) -> Self {
-        self.guard = Some(Arc::new(guard));
+        self.driver.guard = Some(Arc::new(guard));
         self
     }
 
@@ -150,7 +149,7 @@ impl ProvisionController {
     /// up, instead of calling [`Provisioner::provision`] (see [`AssetLookup`]).
     #[must_use]
     pub fn asset_lookup(mut self, lookup: impl AssetLookup) -> Self {
-        self.asset_lookup = Some(Arc::new(lookup));
+        self.driver.asset_lookup = Some(Arc::new(lookup));
         self
     }
 
@@ -158,7 +157,7 @@ impl ProvisionController {
     /// (see [`LateAssets`]).
     #[must_use]
     pub fn late_assets(mut self, late: impl LateAssets) -> Self {
-        self.late_assets = Some(Arc::new(late));
+        self.driver.late_assets = Some(Arc::new(late));
         self
     }
 

@@ -30,7 +30,7 @@ use provision_controller::annotations::JOURNAL_LABEL;
 use vsphere_cns::simulator::SimVolume;
 
 use super::names;
-use super::schedule::Entity;
+use super::schedule::{BAD_SIZE, Entity};
 use super::world::{RESYNC, Records, Shared};
 
 /// The name domain of Go's provisioner library: the only key of it a controller may write
@@ -71,7 +71,7 @@ pub struct Snapshot {
 }
 
 /// One entry of the provisioning journal, as stored.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct JournalEntry {
     /// The object that holds it.
     pub object: String,
@@ -193,8 +193,15 @@ impl Snapshot {
         })
     }
 
-    /// A hash of everything the controllers change (not Leases nor Events; the journal
-    /// objects' versions).
+    /// A hash of everything the controllers change (not Leases nor Events), as state: the
+    /// journal by its entries, not by its objects' versions, and without the intents of
+    /// the claims the driver refuses ([`refused_claims`](Self::refused_claims)). Each retry
+    /// of such a claim writes its intent, then removes it once the driver refused (the
+    /// journal object, holding nothing else, is created and deleted again): with the
+    /// suite's 1 s backoff cap, every 2-3 s for as long as the claim exists. That is the
+    /// retry the controller owes the claim, not a change; counted as one, it kept a run
+    /// with such a claim from ever being quiet (the busy rates leave its requests out for
+    /// the same reason).
     #[must_use]
     pub fn fingerprint(&self) -> u64 {
         let mut h = DefaultHasher::new();
@@ -211,8 +218,40 @@ impl Snapshot {
             id.hash(&mut h);
             format!("{v:?}").hash(&mut h);
         }
-        self.journal.objects.hash(&mut h);
+        let refused: BTreeSet<&str> = self
+            .refused()
+            .filter_map(|(_, claim)| claim.metadata.uid.as_deref())
+            .collect();
+        for (uid, entry) in &self.journal.entries {
+            if entry.due.is_none() && refused.contains(uid.as_str()) {
+                continue;
+            }
+            (uid, entry).hash(&mut h);
+        }
+        self.journal.unreadable.hash(&mut h);
         h.finish()
+    }
+
+    /// The names of the unbound claims the driver refuses: of the class with a parameter
+    /// it does not know, or asking for more than CNS can give. The controller retries them
+    /// at its backoff's maximum for as long as they exist (Go too).
+    #[must_use]
+    pub fn refused_claims(&self) -> Vec<String> {
+        self.refused().map(|(name, _)| name.clone()).collect()
+    }
+
+    fn refused(&self) -> impl Iterator<Item = (&String, &PersistentVolumeClaim)> {
+        self.claims.iter().filter(|(_, claim)| {
+            let spec = claim.spec.as_ref();
+            let bad_class = spec.and_then(|s| s.storage_class_name.as_deref())
+                == Some(names::CLASS_BAD_PARAMETER);
+            let bad_size = spec
+                .and_then(|s| s.resources.as_ref())
+                .and_then(|r| r.requests.as_ref())
+                .and_then(|r| r.get("storage"))
+                .is_some_and(|q| q.0 == BAD_SIZE);
+            bound_to(claim).is_none() && (bad_class || bad_size)
+        })
     }
 }
 
@@ -1092,5 +1131,102 @@ mod tests {
             "{:?}",
             found.violations
         );
+    }
+
+    fn claim_of(name: &str, uid: &str, class: &str, size: &str) -> PersistentVolumeClaim {
+        use k8s_openapi::api::core::v1::{PersistentVolumeClaimSpec, VolumeResourceRequirements};
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        PersistentVolumeClaim {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                uid: Some(uid.to_owned()),
+                resource_version: Some("7".to_owned()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PersistentVolumeClaimSpec {
+                storage_class_name: Some(class.to_owned()),
+                resources: Some(VolumeResourceRequirements {
+                    requests: Some(
+                        [("storage".to_owned(), Quantity(size.to_owned()))]
+                            .into_iter()
+                            .collect(),
+                    ),
+                    ..VolumeResourceRequirements::default()
+                }),
+                ..PersistentVolumeClaimSpec::default()
+            }),
+            ..PersistentVolumeClaim::default()
+        }
+    }
+
+    fn intent(claim: &str) -> JournalEntry {
+        JournalEntry {
+            object: "journal-0".to_owned(),
+            claim: format!("{}/{claim}", names::NAMESPACE),
+            pv: format!("pvc-{claim}"),
+            due: None,
+        }
+    }
+
+    #[test]
+    fn a_refused_claims_intent_coming_and_going_is_no_change() {
+        let mut s = Snapshot::default();
+        for c in [
+            claim_of("claim-001", "u1", names::CLASS_BAD_PARAMETER, "1Gi"),
+            claim_of("claim-002", "u2", names::CLASS_IMMEDIATE, BAD_SIZE),
+            claim_of("claim-003", "u3", names::CLASS_IMMEDIATE, "1Gi"),
+        ] {
+            s.claims.insert(c.name_any(), c);
+        }
+        assert_eq!(s.refused_claims(), ["claim-001", "claim-002"]);
+        let quiet = s.fingerprint();
+
+        // Each retry of a refused claim writes its intent (creating the journal object)
+        // and removes it (deleting the object).
+        let mut retrying = s.clone();
+        retrying
+            .journal
+            .entries
+            .insert("u1".to_owned(), intent("claim-001"));
+        retrying
+            .journal
+            .entries
+            .insert("u2".to_owned(), intent("claim-002"));
+        retrying
+            .journal
+            .objects
+            .insert("journal-0".to_owned(), "41".to_owned());
+        assert_eq!(retrying.fingerprint(), quiet);
+
+        // Another claim's intent is a change; so is a refused claim's settled entry.
+        let mut provisioning = s.clone();
+        provisioning
+            .journal
+            .entries
+            .insert("u3".to_owned(), intent("claim-003"));
+        assert_ne!(provisioning.fingerprint(), quiet);
+        let mut settled = s.clone();
+        settled.journal.entries.insert(
+            "u1".to_owned(),
+            JournalEntry {
+                due: Some(1),
+                ..intent("claim-001")
+            },
+        );
+        assert_ne!(settled.fingerprint(), quiet);
+
+        // Once bound, a claim is no longer refused: its intent is a change.
+        let mut bound = retrying.clone();
+        if let Some(spec) = bound
+            .claims
+            .get_mut("claim-002")
+            .and_then(|c| c.spec.as_mut())
+        {
+            spec.volume_name = Some("pvc-u2".to_owned());
+        }
+        assert_eq!(bound.refused_claims(), ["claim-001"]);
+        let mut bound_quiet = bound.clone();
+        bound_quiet.journal.entries.remove("u2");
+        assert_ne!(bound.fingerprint(), bound_quiet.fingerprint());
     }
 }

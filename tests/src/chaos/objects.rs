@@ -5,12 +5,12 @@ use std::collections::BTreeMap;
 use cnsmetadata::{CnsVolumeMetadata, CnsVolumeMetadataSpec, EntityReference, EntityType};
 use k8s_openapi::api::core::v1::{
     CSIPersistentVolumeSource, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PersistentVolumeSpec, VolumeResourceRequirements,
+    PersistentVolumeSpec,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use provision_controller::annotations::ANN_SELECTED_NODE;
+use provision_controller::testing::pvc;
 
 use super::names;
 use super::schedule::Entity;
@@ -82,28 +82,13 @@ pub fn node(name: &str) -> Node {
 /// A claim of `class` asking for `size`, with the scheduler's selected node when given.
 #[must_use]
 pub fn claim(name: &str, class: &str, size: &str, node: Option<&str>) -> PersistentVolumeClaim {
-    let mut metadata = meta(name);
-    if let Some(node) = node {
-        metadata.annotations = Some(BTreeMap::from([(
-            ANN_SELECTED_NODE.to_owned(),
-            node.to_owned(),
-        )]));
-    }
-    PersistentVolumeClaim {
-        metadata,
-        spec: Some(PersistentVolumeClaimSpec {
-            access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
-            storage_class_name: Some(class.to_owned()),
-            resources: Some(VolumeResourceRequirements {
-                requests: Some(BTreeMap::from([(
-                    "storage".to_owned(),
-                    Quantity(size.to_owned()),
-                )])),
-                ..VolumeResourceRequirements::default()
-            }),
-            ..PersistentVolumeClaimSpec::default()
-        }),
-        ..PersistentVolumeClaim::default()
+    let claim = pvc(name)
+        .namespace(names::NAMESPACE)
+        .storage_class(class)
+        .request(size);
+    match node {
+        Some(node) => claim.selected_node(node).build(),
+        None => claim.build(),
     }
 }
 

@@ -1,7 +1,7 @@
 //! One run: the schedule, then quiescence and the checks, then teardown and the strict
 //! checks.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use kube_client::ResourceExt;
@@ -11,10 +11,9 @@ use tokio::time::Instant;
 
 use super::actions::{global_action, run_chain};
 use super::checks::{Findings, Phase, Snapshot, check};
-use super::names;
 use super::panics::PanicLog;
 use super::report::SeedReport;
-use super::schedule::{BAD_SIZE, Schedule, Step};
+use super::schedule::{Schedule, Step};
 use super::world::{World, cns_methods, is_not_found, retry};
 
 /// How long nothing may change before the checks run.
@@ -59,20 +58,21 @@ struct Activity {
 
 impl Activity {
     /// Adds the API requests logged since the last count (and forgets them), and the
-    /// CNS calls since the last count.
-    fn count(&mut self, world: &World) {
+    /// CNS calls since the last count; returns what it added.
+    fn count(&mut self, world: &World) -> Activity {
+        let mut added = Activity::default();
         let requests = world.kube.requests();
         world.kube.clear_requests();
         for r in requests
             .iter()
             .filter(|r| r.resource != "leases" && r.verb != "list" && r.verb != "watch")
         {
-            *self
+            *added
                 .counts
                 .entry(format!("{} {}", r.verb, r.resource))
                 .or_default() += 1;
             if let Some(name) = &r.name {
-                *self
+                *added
                     .objects
                     .entry(format!("{} {}/{name}", r.verb, r.resource))
                     .or_default() += 1;
@@ -80,12 +80,24 @@ impl Activity {
         }
         let calls = world.shared.cns.requests();
         for call in calls.iter().skip(self.cns_seen) {
-            *self
+            *added
                 .counts
                 .entry(format!("cns {}", call.method))
                 .or_default() += 1;
         }
         self.cns_seen = calls.len();
+        self.add(&added);
+        added
+    }
+
+    /// Adds the counts of `other`.
+    fn add(&mut self, other: &Self) {
+        for (key, n) in &other.counts {
+            *self.counts.entry(key.clone()).or_default() += n;
+        }
+        for (key, n) in &other.objects {
+            *self.objects.entry(key.clone()).or_default() += n;
+        }
     }
 
     /// Per second since `earlier`, over `elapsed`: API requests but events, event
@@ -201,6 +213,96 @@ impl Rates {
             Duration::ZERO
         }
     }
+}
+
+/// The requests counted at each sample of a phase, kept for the last [`BURST_WINDOW`].
+#[derive(Debug)]
+struct History {
+    /// Where the oldest sample kept begins.
+    start: Instant,
+    /// Each sample: when it was taken and what was counted since the one before.
+    samples: VecDeque<(Instant, Activity)>,
+}
+
+impl History {
+    /// An empty history of a phase starting at `start`.
+    fn new(start: Instant) -> Self {
+        Self {
+            start,
+            samples: VecDeque::new(),
+        }
+    }
+
+    /// Records what was counted since the last sample, at `at`; forgets the samples
+    /// that the last [`BURST_WINDOW`] does not need.
+    fn record(&mut self, at: Instant, counted: Activity) {
+        self.samples.push_back((at, counted));
+        while self
+            .samples
+            .front()
+            .is_some_and(|(end, _)| *end + BURST_WINDOW <= at)
+        {
+            if let Some((end, _)) = self.samples.pop_front() {
+                self.start = end;
+            }
+        }
+    }
+
+    /// What was counted over the shortest span ending at `now` that lasts at least
+    /// `wanted` (or over all the history when it is shorter), and the span.
+    fn last(&self, now: Instant, wanted: Duration) -> (Duration, Activity) {
+        let mut counted = Activity::default();
+        let mut begins = now;
+        for (i, (_, sample)) in self.samples.iter().enumerate().rev() {
+            counted.add(sample);
+            begins = match i.checked_sub(1) {
+                Some(before) => self.samples[before].0,
+                None => self.start,
+            };
+            if now.saturating_duration_since(begins) >= wanted {
+                break;
+            }
+        }
+        (now.saturating_duration_since(begins), counted)
+    }
+}
+
+/// How busy the controllers are, and over what.
+struct Verdict {
+    rates: Rates,
+    /// The span the rates are taken over.
+    over: Duration,
+    /// Whether that counts as a retry loop.
+    busy: bool,
+}
+
+/// Judges the activity at `now`, the system unchanged for `stable` (since `unchanged` was
+/// counted). The rates count over the time nothing changed when that is as long as they
+/// need ([`Rates::window`]); otherwise (the phase limit came first: something changed
+/// every so often) over the last span that long, changes and all. A burst (the retries of
+/// many failing objects falling due together, a resync) then averages out, as it does in a
+/// quiet system; a retry loop persists over any span and counts.
+fn judge(
+    activity: &Activity,
+    unchanged: &Activity,
+    stable: Duration,
+    history: &History,
+    now: Instant,
+    refused: &[String],
+) -> Verdict {
+    let mut over = stable;
+    let mut rates = activity.rates_since(unchanged, stable, refused);
+    while over < rates.window() {
+        let (span, counted) = history.last(now, rates.window());
+        if span <= over {
+            // The phase is no longer.
+            break;
+        }
+        over = span;
+        rates = counted.rates_since(&Activity::default(), span, refused);
+    }
+    let busy = rates.busy() || (rates.busy_over_a_burst() && over >= BURST_WINDOW);
+    Verdict { rates, over, busy }
 }
 
 /// Runs seed `seed` with `claims` claims and reports what the checks found.
@@ -379,7 +481,8 @@ fn calm(world: &mut World) -> anyhow::Result<()> {
 /// Waits until nothing changes for [`QUIET`] and the checks pass, or nothing changes for
 /// [`LONG_QUIET`] (with a `CnsVolumeMetadata` violation, until [`PHASE_LIMIT`]: the
 /// reconciler is not woken by claim or PV changes, and its retries back off for
-/// minutes), then returns the checks' findings.
+/// minutes), then returns the checks' findings, with a violation when the controllers
+/// stay busy ([`judge`]).
 async fn settle(world: &mut World, phase: Phase) -> anyhow::Result<Findings> {
     let shared = world.shared.clone();
     let started = Instant::now();
@@ -389,10 +492,12 @@ async fn settle(world: &mut World, phase: Phase) -> anyhow::Result<Findings> {
     let mut longest = Duration::ZERO;
     let mut activity = Activity::default();
     let mut activity_since = activity.clone();
+    let mut history = History::new(started);
     loop {
         wait_until(world, Instant::now() + SAMPLE).await?;
-        activity.count(world);
+        let counted = activity.count(world);
         let now = Instant::now();
+        history.record(now, counted);
         let snapshot = match Snapshot::take(&shared).await {
             Ok(snapshot) => snapshot,
             Err(e) if now - started < PHASE_LIMIT => {
@@ -420,7 +525,7 @@ async fn settle(world: &mut World, phase: Phase) -> anyhow::Result<Findings> {
             .any(|v| v.starts_with("cnsvolumemetadata") || v.starts_with("deleted cnsvolume"));
         // A burst (a resync, the end of a late-asset window) averages out over a longer
         // window; a retry loop does not.
-        let refused = refused_claims(&snapshot);
+        let refused = snapshot.refused_claims();
         let window = activity
             .rates_since(&activity_since, stable, &refused)
             .window();
@@ -441,7 +546,11 @@ async fn settle(world: &mut World, phase: Phase) -> anyhow::Result<Findings> {
                     longest.as_secs_f64()
                 ));
             }
-            let rates = activity.rates_since(&activity_since, stable, &refused);
+            let Verdict {
+                rates,
+                over: judged,
+                busy,
+            } = judge(&activity, &activity_since, stable, &history, now, &refused);
             let Rates {
                 api,
                 events,
@@ -450,12 +559,20 @@ async fn settle(world: &mut World, phase: Phase) -> anyhow::Result<Findings> {
                 objects,
                 ..
             } = &rates;
+            let span = if judged > stable {
+                format!(
+                    "the last {:.1}s (unchanged for {:.1}s only)",
+                    judged.as_secs_f64(),
+                    stable.as_secs_f64()
+                )
+            } else {
+                format!("{:.1}s", judged.as_secs_f64())
+            };
             let counts = format!(
                 "{api:.1} API requests/s (not counting leases, lists and events), {events:.1} \
-                 events/s, {cns:.1} CNS calls/s over {:.1}s (most: {top})",
-                stable.as_secs_f64()
+                 events/s, {cns:.1} CNS calls/s over {span} (most: {top})"
             );
-            if rates.busy() || (rates.busy_over_a_burst() && stable >= BURST_WINDOW) {
+            if busy {
                 findings.violation(format!(
                     "the controllers stay busy while nothing changes: {counts}; most \
                      requested: {objects}"
@@ -471,26 +588,187 @@ async fn settle(world: &mut World, phase: Phase) -> anyhow::Result<Findings> {
     }
 }
 
-/// The unbound claims of the snapshot the driver refuses: of the class with a parameter it
-/// does not know, or asking for more than CNS can give.
-fn refused_claims(snapshot: &Snapshot) -> Vec<String> {
-    snapshot
-        .claims
-        .iter()
-        .filter(|(_, claim)| {
-            let spec = claim.spec.as_ref();
-            let bound = spec
-                .and_then(|s| s.volume_name.as_deref())
-                .is_some_and(|v| !v.is_empty());
-            let bad_class = spec.and_then(|s| s.storage_class_name.as_deref())
-                == Some(names::CLASS_BAD_PARAMETER);
-            let bad_size = spec
-                .and_then(|s| s.resources.as_ref())
-                .and_then(|r| r.requests.as_ref())
-                .and_then(|r| r.get("storage"))
-                .is_some_and(|q| q.0 == BAD_SIZE);
-            !bound && (bad_class || bad_size)
-        })
-        .map(|(name, _)| name.clone())
-        .collect()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `n` requests `verb resource/name` for each name.
+    fn requests(activity: &mut Activity, verb_resource: &str, names: &[String], n: u64) {
+        for name in names {
+            *activity.counts.entry(verb_resource.to_owned()).or_default() += n;
+            *activity
+                .objects
+                .entry(format!("{verb_resource}/{name}"))
+                .or_default() += n;
+        }
+    }
+
+    fn named(prefix: &str, n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("{prefix}-{i:03}")).collect()
+    }
+
+    /// A phase of `samples` samples [`SAMPLE`] apart, each counting what `at` says (by
+    /// sample index from 1), the system changing every `change_every` samples, the last
+    /// time two samples before the end (never, when `None`); judged at the last sample.
+    fn phase(
+        samples: u32,
+        change_every: Option<u32>,
+        at: impl Fn(u32) -> Activity,
+    ) -> (Verdict, Duration) {
+        let started = Instant::now();
+        let mut history = History::new(started);
+        let mut activity = Activity::default();
+        let mut unchanged = Activity::default();
+        let mut stable_since = started;
+        let mut now = started;
+        for i in 1..=samples {
+            now = started + SAMPLE * i;
+            let counted = at(i);
+            activity.add(&counted);
+            history.record(now, counted);
+            if change_every.is_some_and(|every| (samples - i) % every == 2) {
+                stable_since = now;
+                unchanged = activity.clone();
+            }
+        }
+        let stable = now - stable_since;
+        (
+            judge(&activity, &unchanged, stable, &history, now, &[]),
+            stable,
+        )
+    }
+
+    /// 60 s in samples.
+    const LIMIT: u32 = 240;
+
+    #[test]
+    fn a_burst_just_before_the_phase_limit_is_no_retry_loop() {
+        // Seeds 39 and 688 under load: the phase never stayed unchanged for 2 s (a change
+        // every second); in its last half second 20 failing objects fell due together,
+        // each read once, with 28 event writes: 40 requests/s and 56 events/s over the
+        // half second since the last change, 1.3 and 1.8 per second over 16 s.
+        let burst = |i: u32| {
+            let mut a = Activity::default();
+            if i >= LIMIT - 1 {
+                requests(&mut a, "get cnsvolumemetadatas", &named("meta", 10), 1);
+                requests(&mut a, "patch events", &named("meta", 14), 1);
+            }
+            a
+        };
+        let (verdict, stable) = phase(LIMIT, Some(4), burst);
+        assert!(stable < Duration::from_secs(1), "{stable:?}");
+        assert!(
+            activity_rates_over(stable, &burst).busy(),
+            "over the time nothing changed alone, the burst looks busy"
+        );
+        assert!(
+            !verdict.busy,
+            "a burst is no loop: {:.1} API/s, {:.1} events/s over {:?}",
+            verdict.rates.api, verdict.rates.events, verdict.over
+        );
+        assert!(verdict.over >= BUSY_WINDOW, "{:?}", verdict.over);
+    }
+
+    /// The rates of `at` over the last `stable` of a [`LIMIT`]-long phase.
+    fn activity_rates_over(stable: Duration, at: &impl Fn(u32) -> Activity) -> Rates {
+        let mut recent = Activity::default();
+        let from = LIMIT - u32::try_from(stable.as_millis() / SAMPLE.as_millis()).unwrap_or(0);
+        for i in from + 1..=LIMIT {
+            recent.add(&at(i));
+        }
+        recent.rates_since(&Activity::default(), stable, &[])
+    }
+
+    #[test]
+    fn a_retry_loop_is_caught_at_the_phase_limit_while_something_changes() {
+        // One object read 5 times and its event written 10 times every sample (20/s and
+        // 40/s), the system changing every second (the loop's own status writes).
+        let looping = |_| {
+            let mut a = Activity::default();
+            requests(&mut a, "get cnsvolumemetadatas", &named("meta", 1), 5);
+            requests(&mut a, "patch events", &named("meta", 1), 10);
+            a
+        };
+        let (verdict, stable) = phase(LIMIT, Some(4), looping);
+        assert!(stable < Duration::from_secs(1), "{stable:?}");
+        assert!(verdict.busy, "a retry loop at the limit must count");
+        assert!(verdict.over >= BUSY_WINDOW, "{:?}", verdict.over);
+        assert!(
+            verdict
+                .rates
+                .objects
+                .contains("get cnsvolumemetadatas/meta-000"),
+            "{}",
+            verdict.rates.objects
+        );
+    }
+
+    #[test]
+    fn a_retry_loop_in_a_quiet_system_counts_over_the_busy_window() {
+        // Nothing changes for 8 s while one object is read 20 times a second.
+        let looping = |_| {
+            let mut a = Activity::default();
+            requests(&mut a, "get cnsvolumemetadatas", &named("meta", 1), 5);
+            a
+        };
+        let (verdict, stable) = phase(32, None, looping);
+        assert_eq!(stable, BUSY_WINDOW);
+        assert!(verdict.busy);
+        assert_eq!(verdict.over, stable, "judged over the quiet time itself");
+    }
+
+    #[test]
+    fn requests_that_each_name_another_object_count_only_when_they_last_a_burst_window() {
+        // 12 objects a second, each read once, for the whole phase: the window needed is
+        // BURST_WINDOW, reached at the limit by looking back over the changes.
+        let sweeping = |i: u32| {
+            let mut a = Activity::default();
+            requests(
+                &mut a,
+                "get persistentvolumes",
+                &named(&format!("pv{i}"), 3),
+                1,
+            );
+            a
+        };
+        let (verdict, _) = phase(LIMIT, Some(4), sweeping);
+        assert!(verdict.busy, "{:.1} API/s", verdict.rates.api);
+        assert!(verdict.over >= BURST_WINDOW, "{:?}", verdict.over);
+        // The same for 2 s only, before the limit: averaged out over 16 s.
+        let once = |i: u32| {
+            if i + 8 > LIMIT {
+                sweeping(i)
+            } else {
+                Activity::default()
+            }
+        };
+        let (verdict, _) = phase(LIMIT, Some(4), once);
+        assert!(!verdict.busy, "{:.1} API/s", verdict.rates.api);
+    }
+
+    #[test]
+    fn the_history_keeps_what_the_longest_window_needs() {
+        let started = Instant::now();
+        let mut history = History::new(started);
+        for i in 1..=LIMIT {
+            let mut a = Activity::default();
+            requests(&mut a, "get x", &named("o", 1), 1);
+            history.record(started + SAMPLE * i, a);
+        }
+        let now = started + SAMPLE * LIMIT;
+        let (span, counted) = history.last(now, BURST_WINDOW);
+        assert_eq!(span, BURST_WINDOW);
+        assert_eq!(counted.counts["get x"], 64);
+        let (span, counted) = history.last(now, BUSY_WINDOW);
+        assert_eq!(span, BUSY_WINDOW);
+        assert_eq!(counted.counts["get x"], 32);
+        // Longer than kept: all there is.
+        let (span, _) = history.last(now, Duration::from_secs(30));
+        assert_eq!(span, BURST_WINDOW);
+        assert!(history.samples.len() <= 64, "{}", history.samples.len());
+        // A phase younger than the window: from its start.
+        let mut young = History::new(started);
+        young.record(started + SAMPLE, Activity::default());
+        assert_eq!(young.last(started + SAMPLE, BUSY_WINDOW).0, SAMPLE);
+    }
 }

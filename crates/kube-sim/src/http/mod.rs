@@ -476,15 +476,7 @@ async fn resource(
             let (result, warnings) =
                 shared.write(|s| with_warnings(s, |s| s.update(&scope, name, value, status_only)));
             let (stored, created) = result?;
-            written(
-                if created {
-                    StatusCode::CREATED
-                } else {
-                    StatusCode::OK
-                },
-                stored.bytes.clone(),
-                warnings,
-            )
+            written(created_or_ok(created), stored.bytes.clone(), warnings)
         }
         Verb::Patch => {
             let ct = headers
@@ -499,15 +491,7 @@ async fn resource(
                 })
             });
             let (stored, created) = result?;
-            written(
-                if created {
-                    StatusCode::CREATED
-                } else {
-                    StatusCode::OK
-                },
-                stored.bytes.clone(),
-                warnings,
-            )
+            written(created_or_ok(created), stored.bytes.clone(), warnings)
         }
         Verb::Delete => {
             let opts = DeleteOptions::parse(&body)?;
@@ -539,5 +523,14 @@ async fn resource(
             let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"});
             Ok(value_response(&status))
         }
+    }
+}
+
+/// 201 for a write that created its object, 200 for one that changed it.
+fn created_or_ok(created: bool) -> StatusCode {
+    if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
     }
 }

@@ -26,11 +26,8 @@ use crate::{
 pub(crate) struct Context {
     pub(crate) client: Client,
     pub(crate) name: String,
-    pub(crate) provisioner: Arc<dyn Provisioner>,
-    pub(crate) qualifier: Option<Arc<dyn Qualifier>>,
-    pub(crate) guard: Option<Arc<dyn DeletionGuard>>,
-    pub(crate) asset_lookup: Option<Arc<dyn AssetLookup>>,
-    pub(crate) late_assets: Option<Arc<dyn LateAssets>>,
+    /// The driver's traits.
+    pub(crate) driver: Driver,
     pub(crate) config: Config,
     pub(crate) caches: Caches,
     /// What this process remembers of each claim between its syncs.
@@ -51,6 +48,16 @@ pub(crate) struct Context {
     pub(crate) driver_slots: DriverSlots,
 }
 
+/// The driver's traits, as handed to the builder: the [`Provisioner`] and what it opts into.
+#[derive(Clone)]
+pub(crate) struct Driver {
+    pub(crate) provisioner: Arc<dyn Provisioner>,
+    pub(crate) qualifier: Option<Arc<dyn Qualifier>>,
+    pub(crate) guard: Option<Arc<dyn DeletionGuard>>,
+    pub(crate) asset_lookup: Option<Arc<dyn AssetLookup>>,
+    pub(crate) late_assets: Option<Arc<dyn LateAssets>>,
+}
+
 /// What whoever builds a [`Context`] gives it ([`Context::new`]); the rest (queues,
 /// saver, the records of claims and volumes) starts empty and is derived from `config`.
 pub(crate) struct Parts {
@@ -58,11 +65,8 @@ pub(crate) struct Parts {
     /// The client of the journal's writes (its own in-flight slots).
     pub(crate) journal_client: Client,
     pub(crate) name: String,
-    pub(crate) provisioner: Arc<dyn Provisioner>,
-    pub(crate) qualifier: Option<Arc<dyn Qualifier>>,
-    pub(crate) guard: Option<Arc<dyn DeletionGuard>>,
-    pub(crate) asset_lookup: Option<Arc<dyn AssetLookup>>,
-    pub(crate) late_assets: Option<Arc<dyn LateAssets>>,
+    /// The driver's traits.
+    pub(crate) driver: Driver,
     pub(crate) config: Config,
     pub(crate) caches: Caches,
     pub(crate) events: Events,
@@ -78,11 +82,7 @@ impl Context {
             client,
             journal_client,
             name,
-            provisioner,
-            qualifier,
-            guard,
-            asset_lookup,
-            late_assets,
+            driver,
             config,
             caches,
             events,
@@ -130,11 +130,7 @@ impl Context {
             saver: save::Saver::new(&config.pv_save, metrics.as_ref()),
             client,
             name,
-            provisioner,
-            qualifier,
-            guard,
-            asset_lookup,
-            late_assets,
+            driver,
             caches,
             records: Records::new(config.infeasible_retry_delay, metrics.clone()),
             journal,
@@ -148,7 +144,10 @@ impl Context {
 
     /// The driver's late-asset window ([`LateAssets::window`]), when it opted in.
     pub(crate) fn late_window(&self) -> Option<std::time::Duration> {
-        self.late_assets.as_ref().and_then(|late| late.window())
+        self.driver
+            .late_assets
+            .as_ref()
+            .and_then(|late| late.window())
     }
 
     pub(crate) fn names(&self) -> names::Names<'_> {
@@ -225,7 +224,7 @@ impl Context {
 
     /// The qualifier's answer (true without a qualifier); a panic or timeout counts as no.
     pub(crate) async fn qualified(&self, claim: &PersistentVolumeClaim) -> bool {
-        let Some(q) = &self.qualifier else {
+        let Some(q) = &self.driver.qualifier else {
             return true;
         };
         match calls::call(self.config.provision_timeout, q.should_provision(claim)).await {

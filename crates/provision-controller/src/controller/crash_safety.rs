@@ -471,7 +471,7 @@ pub(crate) async fn volume_saved(
     ctx: &Context,
     volume: &k8s_openapi::api::core::v1::PersistentVolume,
 ) -> bool {
-    let Some(late) = &ctx.late_assets else {
+    let Some(late) = &ctx.driver.late_assets else {
         return true;
     };
     let name = volume.metadata.name.as_deref().unwrap_or_default();
@@ -599,9 +599,9 @@ async fn clean_up(
     let answer = ctx
         .driver_slots
         .provisioning(limit, async {
-            match &ctx.asset_lookup {
+            match &ctx.driver.asset_lookup {
                 Some(lookup) => lookup.find(&options).await,
-                None => ctx.provisioner.provision(&options).await.map(Some),
+                None => ctx.driver.provisioner.provision(&options).await.map(Some),
             }
         })
         .await;

@@ -204,7 +204,7 @@ async fn provision_claim(
     }
     claim_reference(claim).map_err(|e| (State::NoChange, e))?;
 
-    if let Err(message) = can_provision(claim, ctx.provisioner.supports_block(), &ctx.name) {
+    if let Err(message) = can_provision(claim, ctx.driver.provisioner.supports_block(), &ctx.name) {
         tracing::error!(%message, "cannot provision claim");
         ctx.events
             .warning(&*claim.claim, events::PROVISIONING_FAILED, message)
@@ -252,7 +252,7 @@ async fn provision_claim(
     // Only the driver call holds a driver slot: the API writes around it do not.
     let answer = ctx
         .driver_slots
-        .provisioning(limit, ctx.provisioner.provision(&options))
+        .provisioning(limit, ctx.driver.provisioner.provision(&options))
         .await;
     // A final answer: the driver holds no asset for the claim, nothing to record.
     if crash_safe && matches!(&answer, Ok(Err(e)) if crash_safety::holds_no_asset(e)) {

@@ -239,7 +239,7 @@ async fn store_blocking(
             .driver_slots
             .deleting(
                 ctx.config.provision_timeout,
-                ctx.provisioner.delete(&volume),
+                ctx.driver.provisioner.delete(&volume),
             )
             .await
         {

@@ -124,7 +124,7 @@ pub(crate) async fn sync_volume(ctx: &Context, name: &str) -> Result<(), OpError
         tracing::trace!(pv = name, "volume should not be deleted");
         return Ok(());
     }
-    if let Some(guard) = &ctx.guard {
+    if let Some(guard) = &ctx.driver.guard {
         match call(ctx.config.deletion_timeout, guard.should_delete(&volume)).await {
             Ok(true) => {}
             Ok(false) => {
@@ -248,7 +248,7 @@ async fn delete_volume(ctx: &Context, volume: &PersistentVolume) -> Result<Delet
     let name = volume.metadata.name.clone().unwrap_or_default();
     let answer = ctx
         .driver_slots
-        .deleting(limit, ctx.provisioner.delete(volume))
+        .deleting(limit, ctx.driver.provisioner.delete(volume))
         .await;
     let failure = match answer {
         Ok(Ok(())) => None,

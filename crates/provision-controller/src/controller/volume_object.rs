@@ -137,7 +137,9 @@ pub(crate) async fn create(
 /// The part of a PV's spec that names its asset: the spec without the fields the
 /// controller or the claim decide (claimRef, class, capacity, access, mount options,
 /// node affinity, reclaim policy, volume mode).
-fn volume_source(volume: &PersistentVolume) -> k8s_openapi::api::core::v1::PersistentVolumeSpec {
+pub(crate) fn volume_source(
+    volume: &PersistentVolume,
+) -> k8s_openapi::api::core::v1::PersistentVolumeSpec {
     let mut spec = volume.spec.clone().unwrap_or_default();
     spec.access_modes = None;
     spec.capacity = None;

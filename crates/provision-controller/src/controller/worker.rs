@@ -236,14 +236,16 @@ mod tests {
             journal_client: client.clone(),
             client,
             name: ME.into(),
-            provisioner: Arc::new(fake.clone()),
-            qualifier: Some(Arc::new(move |_: &PersistentVolumeClaim| {
-                seen.lock().unwrap().push(Instant::now());
-                answer.load(std::sync::atomic::Ordering::SeqCst)
-            })),
-            guard: None,
-            asset_lookup: Some(Arc::new(fake.clone())),
-            late_assets: Some(Arc::new(fake.clone())),
+            driver: crate::controller::Driver {
+                provisioner: Arc::new(fake.clone()),
+                qualifier: Some(Arc::new(move |_: &PersistentVolumeClaim| {
+                    seen.lock().unwrap().push(Instant::now());
+                    answer.load(std::sync::atomic::Ordering::SeqCst)
+                })),
+                guard: None,
+                asset_lookup: Some(Arc::new(fake.clone())),
+                late_assets: Some(Arc::new(fake.clone())),
+            },
             config: config.pv_save(PvSaveStrategy::background()),
             caches: Caches::new(claims_store, volumes_store, classes_store),
             events: Events::disabled(),

@@ -29,7 +29,7 @@ use std::{
 
 use futures::FutureExt as _;
 use k8s_openapi::api::{
-    core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec},
+    core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim},
     storage::v1::StorageClass,
 };
 use kube_client::{Api, api::PostParams};
@@ -37,6 +37,7 @@ use kube_controller_kit::{error::chain, quantity::Quantity};
 
 use crate::{
     AssetLookup, DeleteError, ProvisionError, ProvisionOptions, Provisioner,
+    controller::{same_source, volume_source},
     testing::{class, pvc},
 };
 
@@ -519,7 +520,7 @@ impl<P: Provisioner + ?Sized> Run<'_, P> {
                 "provisioning {} a second time failed: {what}",
                 options.pv_name
             )),
-            Ok(second) if same_asset(first, &second) => Outcome::Passed,
+            Ok(second) if same_source(first, &second) => Outcome::Passed,
             Ok(second) => {
                 self.made.push(second.clone());
                 Outcome::Failed(format!(
@@ -565,7 +566,7 @@ impl<P: Provisioner + ?Sized> Run<'_, P> {
             Err(what) => return Outcome::Failed(what),
         }
         match self.look_up(existing).await {
-            Ok(Some(found)) if same_asset(volume, &found) => Outcome::Passed,
+            Ok(Some(found)) if same_source(volume, &found) => Outcome::Passed,
             Ok(Some(found)) => {
                 self.made.push(found.clone());
                 Outcome::Failed(format!(
@@ -736,58 +737,14 @@ fn unique_tag() -> String {
     format!("{:x}", nanos & 0xffff_ffff_ffff)
 }
 
-/// The PV sources the API server knows (exactly one must be set).
-const SOURCES: &[&str] = &[
-    "awsElasticBlockStore",
-    "azureDisk",
-    "azureFile",
-    "cephfs",
-    "cinder",
-    "csi",
-    "fc",
-    "flexVolume",
-    "flocker",
-    "gcePersistentDisk",
-    "glusterfs",
-    "hostPath",
-    "iscsi",
-    "local",
-    "nfs",
-    "photonPersistentDisk",
-    "portworxVolume",
-    "quobyte",
-    "rbd",
-    "scaleIO",
-    "storageos",
-    "vsphereVolume",
-];
-
-/// The spec without what the controller or the claim decide: what names the asset.
-fn asset_part(volume: &PersistentVolume) -> PersistentVolumeSpec {
-    let mut spec = volume.spec.clone().unwrap_or_default();
-    spec.access_modes = None;
-    spec.capacity = None;
-    spec.claim_ref = None;
-    spec.mount_options = None;
-    spec.node_affinity = None;
-    spec.persistent_volume_reclaim_policy = None;
-    spec.storage_class_name = None;
-    spec.volume_mode = None;
-    spec
-}
-
-fn same_asset(a: &PersistentVolume, b: &PersistentVolume) -> bool {
-    asset_part(a) == asset_part(b)
-}
-
 /// The asset a PV names, for messages: its volume source as JSON.
 fn source_of(volume: &PersistentVolume) -> String {
-    let spec = serde_json::to_value(asset_part(volume)).unwrap_or_default();
+    let spec = serde_json::to_value(volume_source(volume)).unwrap_or_default();
     let sources: Vec<String> = spec
         .as_object()
         .into_iter()
         .flatten()
-        .filter(|(key, _)| SOURCES.contains(&key.as_str()))
+        .filter(|(key, _)| kube_sim::PV_SOURCES.contains(&key.as_str()))
         .map(|(key, value)| format!("{key} {value}"))
         .collect();
     if sources.is_empty() {
@@ -871,7 +828,7 @@ fn invalid_fields(options: &ProvisionOptions, volume: &PersistentVolume) -> Vec<
         .as_object()
         .into_iter()
         .flatten()
-        .filter(|(key, value)| SOURCES.contains(&key.as_str()) && !value.is_null())
+        .filter(|(key, value)| kube_sim::PV_SOURCES.contains(&key.as_str()) && !value.is_null())
         .count();
     match count {
         0 => problems.push("spec: no volume source (hostPath, csi, nfs, ...)".into()),

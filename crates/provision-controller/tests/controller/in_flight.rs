@@ -1,5 +1,6 @@
 //! `Config::max_requests_in_flight`: the controller's requests to the API server (claim
-//! syncs, volume syncs, events) stay under one bound; watches are not counted.
+//! syncs, volume syncs, events) stay under one bound; watches are not counted, and the
+//! journal's group writes have two slots of their own.
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -27,7 +28,10 @@ struct InFlight {
 #[derive(Clone)]
 struct Recording {
     client: Client,
+    /// The requests but the journal's.
     seen: InFlight,
+    /// The journal's (ConfigMaps).
+    journal: InFlight,
 }
 
 impl tower::Service<Request<Body>> for Recording {
@@ -40,7 +44,12 @@ impl tower::Service<Request<Body>> for Recording {
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let (client, seen) = (self.client.clone(), self.seen.clone());
+        let client = self.client.clone();
+        let seen = if request.uri().path().contains("/configmaps") {
+            self.journal.clone()
+        } else {
+            self.seen.clone()
+        };
         let watch = request
             .uri()
             .query()
@@ -60,8 +69,9 @@ impl tower::Service<Request<Body>> for Recording {
 }
 
 /// Provisions 12 claims whose every claim patch and PV create takes 100 ms, through a
-/// client that records its requests in flight; returns the most seen at once.
-async fn most_in_flight(bound: Option<NonZeroUsize>) -> usize {
+/// client that records its requests in flight; returns the most seen at once, the
+/// journal's apart.
+async fn most_in_flight(bound: Option<NonZeroUsize>) -> (usize, usize) {
     let sim = Env::sim().await;
     for resource in ["persistentvolumeclaims", "persistentvolumes"] {
         let verb = if resource == "persistentvolumes" {
@@ -76,11 +86,12 @@ async fn most_in_flight(bound: Option<NonZeroUsize>) -> usize {
                 .no_status(),
         );
     }
-    let seen = InFlight::default();
+    let (seen, journal) = (InFlight::default(), InFlight::default());
     let client = Client::new(
         Recording {
             client: sim.client(),
             seen: seen.clone(),
+            journal: journal.clone(),
         },
         "default",
     );
@@ -116,18 +127,26 @@ async fn most_in_flight(bound: Option<NonZeroUsize>) -> usize {
     .await;
     stop.send(()).unwrap();
     run.await.unwrap().unwrap();
-    seen.most.load(Ordering::SeqCst)
+    (
+        seen.most.load(Ordering::SeqCst),
+        journal.most.load(Ordering::SeqCst),
+    )
 }
 
 #[tokio::test]
 async fn the_controller_keeps_its_requests_in_flight_under_the_bound() {
-    let most = most_in_flight(NonZeroUsize::new(3)).await;
+    let (most, journal) = most_in_flight(NonZeroUsize::new(3)).await;
     assert!(most <= 3, "{most} requests in flight with a bound of 3");
+    assert!(journal >= 1, "the journal was never written");
+    assert!(
+        journal <= 2,
+        "{journal} journal writes in flight, beyond its 2 slots"
+    );
 }
 
 #[tokio::test]
 async fn without_a_bound_every_sync_worker_may_have_a_request_in_flight() {
     // The same load unbounded goes past 3: the bound above is what held it.
-    let most = most_in_flight(None).await;
+    let (most, _) = most_in_flight(None).await;
     assert!(most > 3, "only {most} requests in flight without a bound");
 }
