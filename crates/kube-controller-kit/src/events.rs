@@ -458,12 +458,7 @@ impl EventWriter {
             .map(|note| truncate(note, self.note_limit));
         let now = Instant::now();
         if !shared.admit(regarding, now) {
-            shared.metrics.drop_events(DropReason::SpamFilter, 1);
-            tracing::debug!(
-                reason = event.reason,
-                object = regarding.name,
-                "event dropped by the spam filter"
-            );
+            shared.dropped(DropReason::SpamFilter, event, regarding);
             return;
         }
         let key = series::event_key(event, note.as_deref(), regarding);
@@ -475,21 +470,11 @@ impl EventWriter {
             match tokio::time::timeout(shared.full_queue_wait, shared.queue.reserve()).await {
                 Ok(Ok(permit)) => permit,
                 Ok(Err(_)) => {
-                    shared.metrics.drop_events(DropReason::WriterStopped, 1);
-                    tracing::warn!(
-                        reason = event.reason,
-                        object = regarding.name,
-                        "event writer stopped; event not written"
-                    );
+                    shared.dropped(DropReason::WriterStopped, event, regarding);
                     return;
                 }
                 Err(_) => {
-                    shared.metrics.drop_events(DropReason::QueueFull, 1);
-                    tracing::debug!(
-                        reason = event.reason,
-                        object = regarding.name,
-                        "events queue full; event dropped"
-                    );
+                    shared.dropped(DropReason::QueueFull, event, regarding);
                     return;
                 }
             };
@@ -547,6 +532,27 @@ impl EventWriter {
 }
 
 impl Shared {
+    /// Counts `event` about `regarding` as dropped for `why`, and logs it (a stopped
+    /// writer as a warning: it drops every event from then on).
+    fn dropped(&self, why: DropReason, event: &Event, regarding: &ObjectReference) {
+        self.metrics.drop_events(why, 1);
+        let (reason, object) = (&event.reason, &regarding.name);
+        match why {
+            DropReason::WriterStopped => {
+                tracing::warn!(reason, object, "event writer stopped; event not written");
+            }
+            DropReason::SpamFilter => {
+                tracing::debug!(reason, object, "event dropped by the spam filter");
+            }
+            DropReason::QueueFull => {
+                tracing::debug!(reason, object, "events queue full; event dropped");
+            }
+            DropReason::WriteFailed => {
+                tracing::debug!(reason, object, "event write failed; event dropped");
+            }
+        }
+    }
+
     /// Whether the spam filter lets an event about `regarding` through.
     fn admit(&self, regarding: &ObjectReference, now: Instant) -> bool {
         let Some((burst, refill)) = self.spam else {
