@@ -16,6 +16,11 @@ use super::report::SeedReport;
 use super::schedule::{Schedule, Step};
 use super::world::{World, cns_methods, is_not_found, retry};
 
+/// The journal requests a second that the retries of one claim the driver refuses may
+/// cost (intent written, removed, and a read after a conflict, at the suite's 1 s backoff
+/// cap).
+const JOURNAL_PER_REFUSED: f64 = 3.0;
+
 /// How long nothing may change before the checks run.
 const QUIET: Duration = Duration::from_secs(2);
 /// How long nothing may change before violations are final: longer than the resync,
@@ -106,7 +111,10 @@ impl Activity {
     /// Requests on the claims in `refused` (and their events) are left out: the driver
     /// refuses those claims, and retrying them at the backoff's maximum for as long as
     /// they exist is what the controller must do (Go too); the compressed backoff of the
-    /// suite (1 s) makes a handful of them look like a loop.
+    /// suite (1 s) makes a handful of them look like a loop. So are the journal requests
+    /// their retries cost, up to [`JOURNAL_PER_REFUSED`] a second for each: every retry
+    /// writes the claim's intent before the driver is asked and removes it once the
+    /// driver refused, and a write that meets another's costs a read.
     fn rates_since(&self, earlier: &Self, elapsed: Duration, refused: &[String]) -> Rates {
         let secs = elapsed.as_secs_f64().max(0.001);
         let refused_claim = |key: &str| {
@@ -131,6 +139,22 @@ impl Activity {
                 once_api += 1;
             }
         }
+        let journal_key = |key: &str| key.contains(" configmaps/") && key.contains("-journal-");
+        let journal: u64 = self
+            .objects
+            .iter()
+            .filter(|(key, _)| journal_key(key))
+            .map(|(key, n)| n - earlier.objects.get(key).copied().unwrap_or(0))
+            .sum::<u64>()
+            + self.counts.get("create configmaps").copied().unwrap_or(0)
+            - earlier.counts.get("create configmaps").copied().unwrap_or(0);
+        #[allow(
+            clippy::cast_precision_loss,
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss
+        )] // small, non-negative counts
+        let owed = (JOURNAL_PER_REFUSED * refused.len() as f64 * secs) as u64;
+        expected_api += journal.min(owed);
         let mut busiest: Vec<(u64, &str)> = self
             .counts
             .iter()
@@ -744,6 +768,35 @@ mod tests {
         };
         let (verdict, _) = phase(LIMIT, Some(4), once);
         assert!(!verdict.busy, "{:.1} API/s", verdict.rates.api);
+    }
+
+    #[test]
+    fn journal_writes_of_refused_claims_retries_are_owed_but_no_more() {
+        // 8 s of journal updates at 12.5 a second, and 5 refused claims retrying.
+        let mut a = Activity::default();
+        requests(
+            &mut a,
+            "update configmaps",
+            &["p-journal-00000000".to_owned()],
+            100,
+        );
+        let secs = Duration::from_secs(8);
+        let refused = named("claim", 5);
+        let rates = a.rates_since(&Activity::default(), secs, &refused);
+        assert!(!rates.busy(), "{:.1} API/s owed to 5 refused claims", rates.api);
+        // Without refused claims the same writes are a loop.
+        let rates = a.rates_since(&Activity::default(), secs, &[]);
+        assert!(rates.busy(), "{:.1} API/s", rates.api);
+        // The allowance is per refused claim: 15 a second is more than one claim owes.
+        let mut b = Activity::default();
+        requests(
+            &mut b,
+            "update configmaps",
+            &["p-journal-00000000".to_owned()],
+            120,
+        );
+        let rates = b.rates_since(&Activity::default(), secs, &named("claim", 1));
+        assert!(rates.busy(), "{:.1} API/s", rates.api);
     }
 
     #[test]
