@@ -147,7 +147,11 @@ impl Activity {
             .map(|(key, n)| n - earlier.objects.get(key).copied().unwrap_or(0))
             .sum::<u64>()
             + self.counts.get("create configmaps").copied().unwrap_or(0)
-            - earlier.counts.get("create configmaps").copied().unwrap_or(0);
+            - earlier
+                .counts
+                .get("create configmaps")
+                .copied()
+                .unwrap_or(0);
         #[allow(
             clippy::cast_precision_loss,
             clippy::cast_possible_truncation,
@@ -783,7 +787,11 @@ mod tests {
         let secs = Duration::from_secs(8);
         let refused = named("claim", 5);
         let rates = a.rates_since(&Activity::default(), secs, &refused);
-        assert!(!rates.busy(), "{:.1} API/s owed to 5 refused claims", rates.api);
+        assert!(
+            !rates.busy(),
+            "{:.1} API/s owed to 5 refused claims",
+            rates.api
+        );
         // Without refused claims the same writes are a loop.
         let rates = a.rates_since(&Activity::default(), secs, &[]);
         assert!(rates.busy(), "{:.1} API/s", rates.api);
