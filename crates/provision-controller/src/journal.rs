@@ -2,8 +2,8 @@
 //! `<lease name>-journal-<seq>` and labelled [`JOURNAL_LABEL`]` = <lease name>`, each
 //! holding one entry per claim whose provisioning started (`e.<claim uid>`) and the class
 //! snapshots they refer to (`k.<hash>`), at most [`BUDGET`] bytes per object (new entries
-//! fill one up to [`OPEN_BUDGET`]), written in groups with conditional updates. docs/architecture.md describes the entry states;
-//! [`Uninstall`] removes the journal.
+//! fill one up to [`OPEN_BUDGET`]), written in groups with conditional updates.
+//! docs/architecture.md describes the entry states; [`Uninstall`] removes the journal.
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
