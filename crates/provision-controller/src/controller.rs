@@ -16,6 +16,7 @@ mod volume_object;
 mod worker;
 
 pub(crate) use context::{Context, Driver, Parts};
+#[cfg(feature = "testing")]
 pub(crate) use volume_object::{same_source, volume_source};
 
 use std::{

@@ -28,11 +28,17 @@ pub(crate) struct WorkQueue {
     limiter: Arc<dyn RateLimiter>,
     metrics: Option<QueueMetrics>,
     state: Mutex<State>,
-    /// Woken when a waiting `get` may make progress: a key queued, an earlier delayed key,
-    /// or shutdown.
+    /// Wakes one waiting `get` when it may make progress: a key queued, an earlier
+    /// delayed key (the woken worker sleeps until it), or the worker that watched the
+    /// delayed keys took a key; every waiting `get` at shutdown. One, not all: a queue has
+    /// up to [`Config::sync_workers`](crate::Config::sync_workers) waiting workers, and
+    /// waking them all for each key cost a quarter of the controller's CPU.
     changed: Notify,
     /// Woken when the last key being processed is done.
     idle: Notify,
+    /// Passes through `get`'s wait loop, to show that a key wakes one worker.
+    #[cfg(test)]
+    rounds: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Debug, Default)]
@@ -70,6 +76,8 @@ impl WorkQueue {
             state: Mutex::new(State::default()),
             changed: Notify::new(),
             idle: Notify::new(),
+            #[cfg(test)]
+            rounds: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -81,7 +89,7 @@ impl WorkQueue {
             self.add_locked(&mut state, key, Instant::now())
         };
         if queued {
-            self.changed.notify_waiters();
+            self.changed.notify_one();
         }
     }
 
@@ -114,8 +122,8 @@ impl WorkQueue {
             state.delayed_at.insert(key.clone(), due);
             state.delayed.insert((due, key));
         }
-        // Waiting workers recompute how long to sleep.
-        self.changed.notify_waiters();
+        // A waiting worker recomputes how long to sleep.
+        self.changed.notify_one();
     }
 
     /// Queues `key` after the delay the rate limiter gives, which records a failure.
@@ -134,6 +142,9 @@ impl WorkQueue {
     /// Cancel safe: dropping the future takes no key.
     pub(crate) async fn get(&self) -> Option<String> {
         loop {
+            #[cfg(test)]
+            self.rounds
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let mut changed = pin!(self.changed.notified());
             changed.as_mut().enable();
             let next_due = {
@@ -150,10 +161,12 @@ impl WorkQueue {
                         metrics.set_depth(state.dirty.len());
                         metrics.started(&key, waiting_since, now);
                     }
-                    let more = !state.queue.is_empty();
+                    // Another worker takes the next key, or, this one having perhaps
+                    // been the one asleep until the next delayed key, watches for it.
+                    let more = !state.queue.is_empty() || !state.delayed.is_empty();
                     drop(state);
                     if more {
-                        self.changed.notify_waiters();
+                        self.changed.notify_one();
                     }
                     return Some(key);
                 }
@@ -188,7 +201,7 @@ impl WorkQueue {
             (requeued, state.processing.is_empty())
         };
         if requeued {
-            self.changed.notify_waiters();
+            self.changed.notify_one();
         }
         if idle {
             self.idle.notify_waiters();
@@ -219,7 +232,7 @@ impl WorkQueue {
             (state.queue.len(), promoted)
         };
         if promoted {
-            self.changed.notify_waiters();
+            self.changed.notify_one();
         }
         len
     }
@@ -543,6 +556,79 @@ mod tests {
         assert_eq!(try_get(&q, secs(3600)).await, None);
         q.add("b".into());
         assert_eq!(q.get().await.as_deref(), Some("b"));
+    }
+
+    /// Passes through `get`'s wait loop so far.
+    fn rounds(q: &WorkQueue) -> usize {
+        q.rounds.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_wakes_one_waiting_worker_not_all() {
+        let q = queue();
+        let mut workers = tokio::task::JoinSet::new();
+        for _ in 0..32 {
+            let q = Arc::clone(&q);
+            workers.spawn(async move {
+                while let Some(key) = q.get().await {
+                    q.done(&key);
+                }
+            });
+        }
+        tokio::time::sleep(secs(1)).await;
+        assert_eq!(rounds(&q), 32, "each worker waits once");
+        for (i, key) in ["a", "b", "c", "d"].into_iter().enumerate() {
+            q.add(key.into());
+            tokio::time::sleep(secs(1)).await;
+            // The worker that takes the key goes round once more to wait again.
+            assert_eq!(rounds(&q), 32 + 2 * (i + 1), "after {key}");
+        }
+        // A burst: a few rounds per key (the add's wake, the hand-on to the next worker
+        // while keys wait, the wait again), not one per waiting worker (32).
+        let before = rounds(&q);
+        for i in 0..10 {
+            q.add(format!("burst-{i}"));
+        }
+        tokio::time::sleep(secs(1)).await;
+        let burst = rounds(&q) - before;
+        assert!(burst <= 3 * 10, "{burst} rounds for 10 keys");
+        assert_eq!(q.len(), 0);
+        q.shut_down();
+        while workers.join_next().await.is_some() {}
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delayed_keys_are_all_taken_when_the_watching_worker_is_busy() {
+        let q = queue();
+        let start = Instant::now();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut workers = tokio::task::JoinSet::new();
+        for _ in 0..3 {
+            let (q, tx) = (Arc::clone(&q), tx.clone());
+            workers.spawn(async move {
+                while let Some(key) = q.get().await {
+                    // Long work: the worker that took a key is not watching the rest.
+                    tokio::time::sleep(secs(100)).await;
+                    let _ = tx.send((key.clone(), start.elapsed()));
+                    q.done(&key);
+                }
+            });
+        }
+        tokio::time::sleep(secs(1)).await;
+        q.add_after("x".into(), secs(5));
+        q.add_after("y".into(), secs(7));
+        q.add_after("z".into(), secs(9));
+        let mut taken = Vec::new();
+        for _ in 0..3 {
+            taken.push(rx.recv().await.unwrap());
+        }
+        // Each taken when due (1 s in + its delay), then 100 s of work.
+        assert_eq!(
+            taken,
+            [("x".to_owned(), secs(106)), ("y".to_owned(), secs(108)), ("z".to_owned(), secs(110))]
+        );
+        q.shut_down();
+        while workers.join_next().await.is_some() {}
     }
 
     #[tokio::test(start_paused = true)]
