@@ -597,6 +597,10 @@ mod tests {
         while workers.join_next().await.is_some() {}
     }
 
+    /// Delayed keys are taken when due while the workers that woke for the earlier ones
+    /// are busy. (Tokio wakes the longest-waiting worker first, which alone keeps one
+    /// waiting worker asleep until the next due key; the hand-on in `get` keeps that true
+    /// whatever the order.)
     #[tokio::test(start_paused = true)]
     async fn delayed_keys_are_all_taken_when_the_watching_worker_is_busy() {
         let q = queue();
