@@ -629,7 +629,11 @@ mod tests {
         // Each taken when due (1 s in + its delay), then 100 s of work.
         assert_eq!(
             taken,
-            [("x".to_owned(), secs(106)), ("y".to_owned(), secs(108)), ("z".to_owned(), secs(110))]
+            [
+                ("x".to_owned(), secs(106)),
+                ("y".to_owned(), secs(108)),
+                ("z".to_owned(), secs(110))
+            ]
         );
         q.shut_down();
         while workers.join_next().await.is_some() {}
