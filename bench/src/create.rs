@@ -2,18 +2,15 @@
 //! `driver_creates_per_s` of `provision`, where the same creators run beside the
 //! controller: how much the controller slows another client of the API server.
 
-use tokio::time::Instant;
-
 use anyhow::Context as _;
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube_client::{
     Api,
-    api::{DeleteParams, ListParams, PostParams},
+    api::{DeleteParams, ListParams},
 };
 use serde_json::{Value, json};
 
-use crate::{env::Env, objects};
+use crate::{creators, env::Env};
 
 pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
     let names = &env.names;
@@ -21,18 +18,8 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
     // The run's class exists, but no controller serves its provisioner: claims stay Pending.
     env.setup(true).await?;
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(env.driver.clone(), &names.namespace);
-    let started = Instant::now();
-    let created = futures::stream::iter(0..n)
-        .map(|i| {
-            let claims = claims.clone();
-            let claim = objects::claim(names, i, None);
-            async move { claims.create(&PostParams::default(), &claim).await }
-        })
-        .buffer_unordered(env.args.in_flight)
-        .filter(|r| std::future::ready(r.is_ok()))
-        .count()
-        .await;
-    let seconds = started.elapsed().as_secs_f64();
+    let report = creators::run(env, None).await?;
+    let (created, seconds) = (report.created, report.seconds);
     eprintln!("{created} claims created in {seconds:.2} s; deleting them");
     let connections_peak = env.server_connections_peak().await?;
     claims
@@ -45,7 +32,8 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
         "created": created,
         "creators": env.args.in_flight,
         "seconds": (seconds * 100.0).round() / 100.0,
-        "creates_per_s": (created as f64 / seconds * 10.0).round() / 10.0,
+        "creates_per_s": report.per_second(),
+        "creators_in": format!("{:?}", env.args.creators).to_lowercase(),
         "sim_connections_peak": connections_peak,
     }))
 }

@@ -103,6 +103,11 @@ impl Env {
     }
 }
 
+/// An HTTP/2 client (as the driver's) for the cluster of `kubeconfig`.
+pub(crate) async fn client_from_kubeconfig(kubeconfig: &Path) -> anyhow::Result<Client> {
+    client_for(ClientKind::H2, load(kubeconfig).await?)
+}
+
 /// `--populate`: creates the pre-bound pairs, in a process of its own so its allocations
 /// stay out of the controller's memory figures.
 pub(crate) async fn populate_main(kubeconfig: &Path, args: &Args) -> anyhow::Result<()> {
@@ -112,6 +117,11 @@ pub(crate) async fn populate_main(kubeconfig: &Path, args: &Args) -> anyhow::Res
 }
 
 impl Env {
+    /// The kubeconfig of the run's API server (kube-sim's or `--kubeconfig`).
+    pub(crate) fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
     /// A client for the controller: built on the controller's runtime, counting requests.
     pub(crate) async fn controller_client(&self) -> anyhow::Result<Client> {
         let config = self.config.clone();

@@ -17,6 +17,7 @@
 
 mod counting;
 mod create;
+mod creators;
 mod env;
 mod matrix;
 mod metadata;
@@ -62,6 +63,17 @@ pub(crate) enum ClientKind {
     H1,
 }
 
+/// Where the claim creators of `provision` and `create` run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum CreatorsKind {
+    /// In a process of their own (this binary again), on an HTTP/2 connection of their own:
+    /// a separate load generator, as on a real cluster.
+    Process,
+    /// On the driver's thread, beside its watches of claims and PVs (how the bench ran
+    /// them before: decoding those watches slows the creators down).
+    Thread,
+}
+
 /// Command-line options.
 #[derive(Clone, Debug, Parser)]
 #[command(
@@ -70,7 +82,7 @@ pub(crate) enum ClientKind {
 )]
 pub(crate) struct Args {
     /// The scenario to run.
-    #[arg(value_enum, required_unless_present_any = ["serve_sim", "populate"])]
+    #[arg(value_enum, required_unless_present_any = ["serve_sim", "populate", "create_claims"])]
     pub(crate) scenario: Option<Scenario>,
     /// Number of claims (or metadata objects).
     #[arg(long, default_value_t = 1000)]
@@ -103,6 +115,9 @@ pub(crate) struct Args {
     /// request in flight).
     #[arg(long, value_enum, default_value_t = ClientKind::H2)]
     pub(crate) client: ClientKind,
+    /// `provision`, `create`: where the `--in-flight` claim creators run.
+    #[arg(long, value_enum, default_value_t = CreatorsKind::Process)]
+    pub(crate) creators: CreatorsKind,
     /// `provision`: the controller's bound on requests in flight
     /// (`Config::max_requests_in_flight`); 0 = unbounded; default: the library's.
     #[arg(long, value_name = "N")]
@@ -138,7 +153,11 @@ pub(crate) struct Args {
     /// Internal: create pre-bound claim/PV pairs in the cluster of this kubeconfig.
     #[arg(long, hide = true, value_name = "PATH")]
     pub(crate) populate: Option<PathBuf>,
-    /// Internal (`--populate`): the run id.
+    /// Internal: create the run's claims in the cluster of this kubeconfig (the creators'
+    /// process), printing when each was sent.
+    #[arg(long, hide = true, value_name = "PATH")]
+    pub(crate) create_claims: Option<PathBuf>,
+    /// Internal (`--populate`, `--create-claims`): the run id.
     #[arg(long, hide = true, default_value = "")]
     pub(crate) run_id: String,
     /// Internal (`--populate`): CSI driver of the PVs.
@@ -168,6 +187,11 @@ fn main() -> anyhow::Result<()> {
     if let Some(path) = args.populate.clone() {
         let rt = tokio::runtime::Runtime::new().context("cannot start a runtime")?;
         return rt.block_on(env::populate_main(&path, &args));
+    }
+    if let Some(path) = args.create_claims.clone() {
+        // A load generator uses every core, as client-go's goroutines would.
+        let rt = tokio::runtime::Runtime::new().context("cannot start a runtime")?;
+        return rt.block_on(creators::create_claims_main(&path, &args));
     }
     // The controller's runtime: as a controller binary would have it (one worker per core).
     let controller_rt = tokio::runtime::Builder::new_multi_thread()

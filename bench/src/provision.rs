@@ -5,16 +5,14 @@ use std::time::Duration;
 use anyhow::Context as _;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use kube_client::{
-    Api,
-    api::{DeleteParams, PostParams},
-};
+use kube_client::{Api, api::DeleteParams};
 use kube_runtime::watcher;
 use provision_controller::{Config, ProvisionController};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use crate::{
+    creators,
     env::{self, Env, wait_for},
     objects::{self, Names, Noop},
     report::{self, Phase, latency, mib, round},
@@ -120,21 +118,9 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
     eprintln!("controller synced; creating {n} claims");
 
     // Provision: create every claim, wait until all are Bound.
-    let created = futures::stream::iter(0..n)
-        .map(|i| {
-            let (claims, timeline) = (claims.clone(), timeline.clone());
-            let claim = objects::claim(names, i, None);
-            async move {
-                timeline.mark(i, Step::Sent);
-                claims.create(&PostParams::default(), &claim).await
-            }
-        })
-        .buffer_unordered(env.args.in_flight)
-        .filter(|r| std::future::ready(r.is_ok()))
-        .count()
-        .await;
-    let sent_in = timeline.span(Step::Sent, Step::Sent).unwrap_or_default();
-    eprintln!("{created} claims created");
+    let creators = creators::run(env, Some(&timeline)).await?;
+    let created = creators.created;
+    eprintln!("{created} claims created in {:.2} s", creators.seconds);
     // A phase that times out ends the run early, but its figures are still reported.
     let mut incomplete = wait_for("claims Bound", env.args.timeout(), || {
         let (pv, b) = (timeline.count(Step::Created), timeline.count(Step::Ready));
@@ -234,8 +220,9 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
             "seconds": round(provision_span.as_secs_f64(), 2),
             "throughput_per_s": per_second(bound, provision_span),
             "pv_created_per_s": per_second(timeline.count(Step::Created), pv_span),
-            "driver_send_seconds": round(sent_in.as_secs_f64(), 2),
-            "driver_creates_per_s": per_second(created, sent_in),
+            "driver_send_seconds": round(creators.seconds, 2),
+            "driver_creates_per_s": creators.per_second(),
+            "creators": format!("{:?}", env.args.creators).to_lowercase(),
             "latency_created_to_pv": latency(timeline.latencies(Step::Sent, Step::Created)),
             "latency_created_to_bound": latency(timeline.latencies(Step::Sent, Step::Ready)),
             "sim_connections_peak": connections_peak,

@@ -69,7 +69,11 @@ impl Timeline {
 
     /// Records that object `i` reached `step` now, unless it already had.
     pub(crate) fn mark(&self, i: usize, step: Step) {
-        let now = Instant::now();
+        self.mark_at(i, step, Instant::now());
+    }
+
+    /// Records that object `i` reached `step` at `now`, unless it already had.
+    pub(crate) fn mark_at(&self, i: usize, step: Step, now: Instant) {
         let mut state = self.state();
         let slot = &mut state.times[i][step as usize];
         if slot.is_none() {
