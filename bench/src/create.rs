@@ -1,6 +1,8 @@
 //! `create`: the claim creators alone, no controller. Their rate is the baseline for the
 //! `driver_creates_per_s` of `provision`, where the same creators run beside the
-//! controller: how much the controller slows another client of the API server.
+//! controller: how much the controller slows another client of the API server. The
+//! driver watches claims and PVs here too, as in `provision`, so the two differ by the
+//! controller alone, not by the bench's own watches.
 
 use anyhow::Context as _;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
@@ -10,7 +12,7 @@ use kube_client::{
 };
 use serde_json::{Value, json};
 
-use crate::{creators, env::Env};
+use crate::{creators, env::Env, provision, track::Timeline};
 
 pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
     let names = &env.names;
@@ -18,7 +20,9 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
     // The run's class exists, but no controller serves its provisioner: claims stay Pending.
     env.setup(true).await?;
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(env.driver.clone(), &names.namespace);
-    let report = creators::run(env, None).await?;
+    let timeline = Timeline::new(n);
+    let watches = provision::observe(env, &timeline).await?;
+    let report = creators::run(env, Some(&timeline)).await?;
     let (created, seconds) = (report.created, report.seconds);
     eprintln!("{created} claims created in {seconds:.2} s; deleting them");
     let connections_peak = env.server_connections_peak().await?;
@@ -26,6 +30,9 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
         .delete_collection(&DeleteParams::default(), &ListParams::default())
         .await
         .context("cannot delete the claims")?;
+    for handle in watches {
+        handle.abort();
+    }
     Ok(json!({
         "scenario": "create",
         "n": n,

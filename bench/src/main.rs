@@ -122,6 +122,10 @@ pub(crate) struct Args {
     /// (`Config::max_requests_in_flight`); 0 = unbounded; default: the library's.
     #[arg(long, value_name = "N")]
     pub(crate) max_in_flight: Option<usize>,
+    /// `provision`: whether the bound on requests in flight adapts to the server
+    /// (`Config::adapt_requests_in_flight`); default: the library's.
+    #[arg(long, value_name = "BOOL")]
+    pub(crate) adapt: Option<bool>,
     /// `provision`, `steady`: turn the controller's crash-safe provisioning (the claim
     /// finalizer around each provision call) on or off; default: the library's.
     #[arg(long, value_name = "BOOL")]

@@ -1,6 +1,6 @@
 //! `provision`: N claims at once through a no-op provisioner, then all deleted.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use futures::StreamExt;
@@ -9,7 +9,7 @@ use kube_client::{Api, api::DeleteParams};
 use kube_runtime::watcher;
 use provision_controller::{Config, ProvisionController};
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
+use tokio::{sync::oneshot, task::JoinHandle};
 
 use crate::{
     creators,
@@ -34,53 +34,7 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
     // The driver's view: claims Bound, PVs created and gone.
     let timeline = Timeline::new(n);
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(env.driver.clone(), &names.namespace);
-    let bound = |c: &PersistentVolumeClaim, t: &Timeline| {
-        let phase = c.status.as_ref().and_then(|s| s.phase.as_deref());
-        let name = c.metadata.name.as_deref().unwrap_or_default();
-        if let (Some("Bound"), Some(i)) = (phase, objects::index_of(name, "bench-", t.len())) {
-            t.mark(i, Step::Ready);
-        }
-    };
-    let ns = names.namespace.clone();
-    let index = move |v: &PersistentVolume, t: &Timeline| {
-        let claim = v.spec.as_ref()?.claim_ref.as_ref()?;
-        if claim.namespace.as_deref() != Some(&ns) {
-            return None;
-        }
-        objects::index_of(claim.name.as_deref()?, "bench-", t.len())
-    };
-    let index2 = index.clone();
-    let watches = [
-        follow(
-            claims.clone(),
-            watcher::Config::default(),
-            timeline.clone(),
-            bound,
-            |_, _| {},
-        ),
-        follow(
-            Api::<PersistentVolume>::all(env.driver.clone()),
-            watcher::Config::default().labels(&names.selector()),
-            timeline.clone(),
-            move |v, t| {
-                if let Some(i) = index(v, t) {
-                    t.mark(i, Step::Created);
-                }
-            },
-            move |v, t| {
-                if let Some(i) = index2(v, t) {
-                    t.mark(i, Step::Gone);
-                }
-            },
-        ),
-    ];
-    wait_for("driver watches", env.args.timeout(), || {
-        let synced = timeline.synced();
-        (synced >= 2)
-            .then_some(())
-            .ok_or_else(|| format!("{synced} of 2 synced"))
-    })
-    .await?;
+    let watches = observe(env, &timeline).await?;
 
     // The controller, on its own runtime.
     let s0 = env.probe.snapshot();
@@ -95,6 +49,9 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
     }
     if let Some(max) = env.args.max_in_flight {
         config = config.max_requests_in_flight(std::num::NonZeroUsize::new(max));
+    }
+    if let Some(on) = env.args.adapt {
+        config = config.adapt_requests_in_flight(on);
     }
     if let Some(on) = env.args.crash_safe {
         config = config.crash_safe_provisioning(on);
@@ -215,6 +172,7 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
         "deleted": deleted,
         "workers": workers.get(),
         "crash_safe_provisioning": env.args.crash_safe.map_or(json!("default"), |on| json!(on)),
+        "adapt_requests_in_flight": env.args.adapt.map_or(json!("default"), |on| json!(on)),
         "in_flight": env.args.in_flight,
         "provision": {
             "seconds": round(provision_span.as_secs_f64(), 2),
@@ -271,4 +229,63 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
                 .collect::<serde_json::Map<_, _>>(),
         },
     }))
+}
+
+/// Starts the driver's watches of the run's claims (Bound) and PVs (created, gone), marking
+/// `timeline`, and waits until both have listed.
+pub(crate) async fn observe(
+    env: &Env,
+    timeline: &Arc<Timeline>,
+) -> anyhow::Result<[JoinHandle<()>; 2]> {
+    let names = &env.names;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(env.driver.clone(), &names.namespace);
+    let bound = |c: &PersistentVolumeClaim, t: &Timeline| {
+        let phase = c.status.as_ref().and_then(|s| s.phase.as_deref());
+        let name = c.metadata.name.as_deref().unwrap_or_default();
+        if let (Some("Bound"), Some(i)) = (phase, objects::index_of(name, "bench-", t.len())) {
+            t.mark(i, Step::Ready);
+        }
+    };
+    let ns = names.namespace.clone();
+    let index = move |v: &PersistentVolume, t: &Timeline| {
+        let claim = v.spec.as_ref()?.claim_ref.as_ref()?;
+        if claim.namespace.as_deref() != Some(&ns) {
+            return None;
+        }
+        objects::index_of(claim.name.as_deref()?, "bench-", t.len())
+    };
+    let index2 = index.clone();
+    let watches = [
+        follow(
+            claims.clone(),
+            watcher::Config::default(),
+            timeline.clone(),
+            bound,
+            |_, _| {},
+        ),
+        follow(
+            Api::<PersistentVolume>::all(env.driver.clone()),
+            watcher::Config::default().labels(&names.selector()),
+            timeline.clone(),
+            move |v, t| {
+                if let Some(i) = index(v, t) {
+                    t.mark(i, Step::Created);
+                }
+            },
+            move |v, t| {
+                if let Some(i) = index2(v, t) {
+                    t.mark(i, Step::Gone);
+                }
+            },
+        ),
+    ];
+    wait_for("driver watches", env.args.timeout(), || {
+        let synced = timeline.synced();
+        (synced >= 2)
+            .then_some(())
+            .ok_or_else(|| format!("{synced} of 2 synced"))
+    })
+    .await?;
+
+    Ok(watches)
 }

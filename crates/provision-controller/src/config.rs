@@ -54,6 +54,7 @@ impl Default for Config {
             threads: Self::DEFAULT_THREADS,
             sync_workers: Self::DEFAULT_SYNC_WORKERS,
             max_requests_in_flight: Some(Self::DEFAULT_MAX_REQUESTS_IN_FLIGHT),
+            adapt_requests_in_flight: true,
             failure_backoff: FailureBackoff::Exponential,
             failed_provision_threshold: Self::DEFAULT_FAILED_THRESHOLD,
             failed_delete_threshold: Self::DEFAULT_FAILED_THRESHOLD,
@@ -238,6 +239,16 @@ kube_controller_kit::options! {
         /// have a request in flight). Default [`Config::DEFAULT_MAX_REQUESTS_IN_FLIGHT`] (16).
         /// No Go counterpart (client-go bounds a client by QPS and burst instead).
         max_requests_in_flight: Option<NonZeroUsize>;
+        /// Whether the bound of [`max_requests_in_flight`](Self::max_requests_in_flight())
+        /// adapts to the API server ([`InFlightLimit::adaptive`]): while the server queues the
+        /// controller's requests behind other clients' work (answers several times slower
+        /// than its quickest lately, or 429 and 503 answers), the controller keeps fewer in
+        /// flight (down to one) and the other clients get the server; once it answers
+        /// promptly again, the bound grows back to the maximum. `false` keeps it fixed.
+        /// Default `true`. No Go counterpart.
+        ///
+        /// [`InFlightLimit::adaptive`]: kube_controller_kit::client::InFlightLimit::adaptive
+        adapt_requests_in_flight: bool;
         /// Delay of failed claims and volumes (Go `ExponentialBackOffOnError`, `RateLimiter`).
         /// Default [`FailureBackoff::Exponential`].
         failure_backoff: FailureBackoff;
@@ -365,6 +376,10 @@ mod tests {
     #[test]
     fn defaults_are_the_go_defaults() {
         let c = Config::default();
+        assert!(
+            c.adapt_requests_in_flight,
+            "a good citizen by default (#22)"
+        );
         assert_eq!(c.resync_period, Duration::from_secs(900));
         assert_eq!(c.threads.get(), 4);
         assert!(matches!(c.failure_backoff, FailureBackoff::Exponential));

@@ -156,7 +156,12 @@ pub(super) async fn run(
     let (client, event_client, journal_client) = match config.max_requests_in_flight {
         Some(max) => {
             let journal_client = InFlightLimit::new(JOURNAL_IN_FLIGHT).wrap(client.clone());
-            let client = InFlightLimit::new(max).wrap(client);
+            let limit = if config.adapt_requests_in_flight {
+                InFlightLimit::adaptive(max)
+            } else {
+                InFlightLimit::new(max)
+            };
+            let client = limit.wrap(client);
             let events = NonZeroUsize::new(max.get() / 2).unwrap_or(NonZeroUsize::MIN);
             let event_client = InFlightLimit::new(events).wrap(client.clone());
             (client, event_client, journal_client)

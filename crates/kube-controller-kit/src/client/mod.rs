@@ -19,8 +19,6 @@
 //! # }
 //! ```
 
-use std::num::NonZeroUsize;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -32,8 +30,11 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube_client::client::retry::RetryPolicy;
 use kube_client::client::{Body, ConfigExt};
 use kube_client::{Client, Config};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::{BoxError, ServiceBuilder};
+
+mod limit;
+
+pub use limit::InFlightLimit;
 
 /// How often an idle HTTP/2 connection is pinged, so a dead peer is noticed and watches on
 /// a quiet connection are not cut by the read timeout.
@@ -284,131 +285,6 @@ where
     }
 }
 
-/// A bound on the requests a controller keeps in flight to the API server, shared by
-/// every client it [wraps](Self::wrap).
-///
-/// A request waits for a slot before it is sent and holds it until its response body has
-/// been read (or dropped). Watches are not counted: they stay open for minutes and would
-/// hold their slot all that time. Slots are handed out in the order they were asked for.
-/// A throttling server (429 with `Retry-After`) is retried by the client's retry policy
-/// while the request keeps its slot, so the whole controller slows down with the server.
-///
-/// ```no_run
-/// # async fn doc(client: kube_client::Client) {
-/// use std::num::NonZeroUsize;
-/// use kube_controller_kit::client::InFlightLimit;
-/// let limit = InFlightLimit::new(NonZeroUsize::new(16).unwrap());
-/// let client = limit.wrap(client); // every clone shares the 16 slots
-/// # }
-/// ```
-#[derive(Clone, Debug)]
-pub struct InFlightLimit {
-    slots: Arc<Semaphore>,
-    max: usize,
-}
-
-impl InFlightLimit {
-    /// A bound of `max` requests in flight.
-    pub fn new(max: NonZeroUsize) -> Self {
-        Self {
-            slots: Arc::new(Semaphore::new(max.get())),
-            max: max.get(),
-        }
-    }
-
-    /// The bound.
-    pub fn max(&self) -> usize {
-        self.max
-    }
-
-    /// Requests in flight now (watches not counted).
-    pub fn in_flight(&self) -> usize {
-        self.max - self.slots.available_permits()
-    }
-
-    /// A client that sends through `client` and counts its requests against this bound.
-    /// Errors and responses are those of `client`.
-    ///
-    /// # Panics
-    /// Outside a Tokio runtime: the client spawns its buffer task.
-    pub fn wrap(&self, client: Client) -> Client {
-        let namespace = client.default_namespace().to_owned();
-        Client::new(
-            Limited {
-                client,
-                slots: self.slots.clone(),
-            },
-            namespace,
-        )
-    }
-}
-
-/// The service behind [`InFlightLimit::wrap`].
-#[derive(Clone)]
-struct Limited {
-    client: Client,
-    slots: Arc<Semaphore>,
-}
-
-impl tower::Service<Request<Body>> for Limited {
-    type Response = Response<SlotBody>;
-    type Error = kube_client::Error;
-    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let client = self.client.clone();
-        let slots = (!is_watch(&request)).then(|| self.slots.clone());
-        Box::pin(async move {
-            let slot = match slots {
-                // The semaphore is never closed.
-                Some(slots) => slots.acquire_owned().await.ok(),
-                None => None,
-            };
-            let response = client.send(request).await?;
-            Ok(response.map(|body| SlotBody { body, _slot: slot }))
-        })
-    }
-}
-
-/// A response body that holds its request's slot until it is read or dropped.
-struct SlotBody {
-    body: Body,
-    _slot: Option<OwnedSemaphorePermit>,
-}
-
-impl http_body::Body for SlotBody {
-    type Data = bytes::Bytes;
-    type Error = kube_client::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
-    }
-}
-
-/// Whether `request` is a watch (`?watch=true` or `?watch=1`), which is not counted.
-fn is_watch(request: &Request<Body>) -> bool {
-    request.uri().query().is_some_and(|query| {
-        query
-            .split('&')
-            .any(|pair| matches!(pair, "watch=true" | "watch=1"))
-    })
-}
-
 /// Why `Config::infer` failed, without the text of a kubeconfig that does not parse (the
 /// YAML parser's message quotes the offending line, which may hold a credential).
 fn infer_reason(error: &kube_client::config::InferConfigError) -> String {
@@ -545,32 +421,5 @@ mod tests {
 
     fn request(uri: &str) -> Request<Body> {
         Request::get(uri).body(Body::empty()).unwrap()
-    }
-
-    #[test]
-    fn only_watch_requests_are_watches() {
-        let cases = [
-            (
-                "/api/v1/persistentvolumeclaims?watch=true&resourceVersion=5",
-                true,
-            ),
-            (
-                "/api/v1/persistentvolumeclaims?resourceVersion=5&watch=1",
-                true,
-            ),
-            ("/api/v1/persistentvolumeclaims?watch=false", false),
-            (
-                "/api/v1/persistentvolumeclaims?allowWatchBookmarks=true",
-                false,
-            ),
-            ("/api/v1/persistentvolumeclaims", false),
-            (
-                "/api/v1/namespaces/watch/persistentvolumeclaims/watch",
-                false,
-            ),
-        ];
-        for (uri, watch) in cases {
-            assert_eq!(is_watch(&request(uri)), watch, "{uri}");
-        }
     }
 }
