@@ -9,8 +9,10 @@
 //!
 //! By default kube-sim (with its PV binder) runs in a child process (this binary started
 //! again with `--serve-sim`), so this process's CPU time and memory are those of the
-//! controller plus a small driver. The driver (object creation, watches, measurements)
-//! runs on its own thread and its CPU time is subtracted; the controller's API requests
+//! controller plus a small driver. The driver (watches, measurements, deletions) runs on
+//! its own thread and its CPU time is subtracted; the claims of `provision` and `create`
+//! are created by a third process (`--creators process`, this binary again) unless
+//! `--creators thread` puts the creators on the driver's thread; the controller's API requests
 //! are counted by a tower layer on its client. With `--kubeconfig` the bench uses that
 //! cluster instead, in a fresh namespace `bench-<id>` with its own StorageClass and
 //! provisioner name `bench.example.com/<id>`, and deletes all of it at the end.
@@ -46,7 +48,8 @@ pub(crate) enum Scenario {
     /// N CnsVolumeMetadata objects through the reconciler, then deleted.
     Metadata,
     /// No controller: create N claims of a class nobody provisions (`--in-flight` creators
-    /// at once), then delete them. The creators' rate alone, to compare with `provision`'s
+    /// at once, beside the driver's watches of claims and PVs as in `provision`), then
+    /// delete them. The creators' rate alone, to compare with `provision`'s
     /// `driver_creates_per_s` (the same creators beside the controller).
     Create,
     /// `provision` for every combination of `--matrix-workers`, `--matrix-crash-safe` and
