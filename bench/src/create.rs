@@ -40,7 +40,7 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
         "creators": env.args.in_flight,
         "seconds": (seconds * 100.0).round() / 100.0,
         "creates_per_s": report.per_second(),
-        "creators_in": format!("{:?}", env.args.creators).to_lowercase(),
+        "creators_in": env.args.creators.name(),
         "sim_connections_peak": connections_peak,
     }))
 }

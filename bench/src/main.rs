@@ -77,6 +77,16 @@ pub(crate) enum CreatorsKind {
     Thread,
 }
 
+impl CreatorsKind {
+    /// The name `--creators` takes, for the report.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Process => "process",
+            Self::Thread => "thread",
+        }
+    }
+}
+
 /// Command-line options.
 #[derive(Clone, Debug, Parser)]
 #[command(

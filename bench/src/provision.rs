@@ -180,7 +180,7 @@ pub(crate) async fn run(env: &Env) -> anyhow::Result<Value> {
             "pv_created_per_s": per_second(timeline.count(Step::Created), pv_span),
             "driver_send_seconds": round(creators.seconds, 2),
             "driver_creates_per_s": creators.per_second(),
-            "creators": format!("{:?}", env.args.creators).to_lowercase(),
+            "creators": env.args.creators.name(),
             "latency_created_to_pv": latency(timeline.latencies(Step::Sent, Step::Created)),
             "latency_created_to_bound": latency(timeline.latencies(Step::Sent, Step::Ready)),
             "sim_connections_peak": connections_peak,

@@ -299,19 +299,25 @@ impl tower::Service<Request<Body>> for Limited {
         let gate = (!is_watch(&request)).then(|| self.gate.clone());
         let kind = Kind::of(request.method());
         Box::pin(async move {
-            let Some(gate) = gate else {
-                let response = client.send(request).await?;
-                return Ok(response.map(|body| SlotBody { body, slot: None }));
+            let slot = match &gate {
+                // The semaphore is never closed.
+                Some(gate) => gate
+                    .slots
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .ok()
+                    .map(|permit| Slot {
+                        permit: Some(permit),
+                        gate: gate.clone(),
+                    }),
+                None => None,
             };
-            // The semaphore is never closed.
-            let permit = gate.slots.clone().acquire_owned().await.ok();
-            let slot = permit.map(|permit| Slot {
-                permit: Some(permit),
-                gate: gate.clone(),
-            });
             let sent = Instant::now();
             let response = client.send(request).await?;
-            gate.answered(kind, sent.elapsed(), response.status());
+            if let Some(gate) = gate {
+                gate.answered(kind, sent.elapsed(), response.status());
+            }
             Ok(response.map(|body| SlotBody { body, slot }))
         })
     }
