@@ -78,12 +78,23 @@ pub(crate) struct Entry {
     /// Settled: when the last sweep is due (Unix seconds).
     #[serde(rename = "d", default, skip_serializing_if = "Option::is_none")]
     pub(crate) due: Option<i64>,
+    /// When the latest provisioning attempt began (Unix seconds), when later than
+    /// `since`: every attempt that may make the driver create writes it first, so a
+    /// replica that finds no asset waits the late-asset window from it (a create sent
+    /// since then may still land).
+    #[serde(rename = "a", default, skip_serializing_if = "Option::is_none")]
+    pub(crate) attempt: Option<i64>,
 }
 
 impl Entry {
     /// Whether the driver may be creating an asset no PV records (not settled).
     pub(crate) fn is_intent(&self) -> bool {
         self.due.is_none()
+    }
+
+    /// When the latest attempt that may have sent a create began (Unix seconds).
+    pub(crate) fn last_attempt(&self) -> i64 {
+        self.attempt.map_or(self.since, |a| a.max(self.since))
     }
 
     /// The claim as far as the entry knows it (namespace, name, uid, spec and selected
@@ -199,22 +210,28 @@ pub(crate) enum Change {
         entry: Box<Entry>,
         class: Option<(String, String)>,
     },
-    /// Marks the entry settled with its last sweep due at this time (keeps a later due
-    /// time). Without an entry (another replica removed the intent it wrote while this
-    /// one saved the PV), `fallback` (the entry and class snapshot as this process knew
-    /// them) is written settled, so the last sweep is not lost; without one, a no-op.
+    /// Marks the entry settled with its last sweep due at this time, or `window`
+    /// seconds after the entry's latest attempt when that is later (another replica may
+    /// have begun one since this process looked), keeping a later due time. Without an
+    /// entry (another replica removed the intent it wrote while this one saved the PV),
+    /// `fallback` (the entry and class snapshot as this process knew them) is written
+    /// settled, so the last sweep is not lost; without one, a no-op.
     Settle {
         uid: String,
         due: i64,
+        window: i64,
         fallback: Option<Fallback>,
     },
     /// Removes the entry (no-op without entry). With `if_due`, only a settled entry
     /// whose due time is at most this (a newer intent stays); with `intent_of`, only an
-    /// intent that writer wrote (another replica's intent, or a settled entry, stays).
+    /// intent that writer wrote (another replica's intent, or a settled entry, stays);
+    /// with `unchanged`, only that very entry (one rewritten since, by an attempt of
+    /// another replica, stays).
     Remove {
         uid: String,
         if_due: Option<i64>,
         intent_of: Option<String>,
+        unchanged: Option<Box<Entry>>,
     },
 }
 
@@ -223,10 +240,24 @@ pub(crate) enum Change {
 pub(crate) type Fallback = Box<(Entry, Option<(String, String)>)>;
 
 /// Whether a removal with these conditions takes `entry` ([`Change::Remove`]).
-fn removable(entry: &Entry, if_due: Option<i64>, intent_of: Option<&str>) -> bool {
+fn removable(
+    entry: &Entry,
+    if_due: Option<i64>,
+    intent_of: Option<&str>,
+    unchanged: Option<&Entry>,
+) -> bool {
     let due_ok = if_due.is_none_or(|limit| entry.due.is_some_and(|d| d <= limit));
     let writer_ok = intent_of.is_none_or(|w| entry.is_intent() && entry.writer == w);
-    due_ok && writer_ok
+    let same_ok = unchanged.is_none_or(|u| u == entry);
+    due_ok && writer_ok && same_ok
+}
+
+/// The due time of a settle at `due`: later when `entry` records an attempt whose
+/// create may land after it (`window` seconds after the attempt).
+fn later_due(entry: &Entry, due: i64, window: i64) -> i64 {
+    entry
+        .attempt
+        .map_or(due, |a| due.max(a.saturating_add(window)))
 }
 
 /// `entry` settled for a last sweep at `due`: the node goes, and of the spec what
@@ -262,18 +293,27 @@ impl Change {
                 let entry = Entry::clone(entry);
                 shard.entries.insert(uid.clone(), entry.clone()) != Some(entry)
             }
-            Self::Settle { uid, due, fallback } => match shard.entries.get_mut(uid) {
-                Some(entry) if entry.due.is_none_or(|d| d < *due) => {
-                    settle_entry(entry, *due);
+            Self::Settle {
+                uid,
+                due,
+                window,
+                fallback,
+            } => match shard.entries.get_mut(uid) {
+                Some(entry) => {
+                    let due = later_due(entry, *due, *window);
+                    if entry.due.is_some_and(|d| d >= due) {
+                        return false;
+                    }
+                    settle_entry(entry, due);
                     true
                 }
-                Some(_) => false,
                 None => {
                     let Some(fallback) = fallback else {
                         return false;
                     };
                     let (mut entry, class) = (**fallback).clone();
-                    settle_entry(&mut entry, *due);
+                    let due = later_due(&entry, *due, *window);
+                    settle_entry(&mut entry, due);
                     if let Some((key, json)) = class {
                         shard.classes.insert(key, json);
                     }
@@ -285,11 +325,11 @@ impl Change {
                 uid,
                 if_due,
                 intent_of,
+                unchanged,
             } => {
-                let remove = shard
-                    .entries
-                    .get(uid)
-                    .is_some_and(|e| removable(e, *if_due, intent_of.as_deref()));
+                let remove = shard.entries.get(uid).is_some_and(|e| {
+                    removable(e, *if_due, intent_of.as_deref(), unchanged.as_deref())
+                });
                 if remove {
                     shard.entries.remove(uid);
                 }
@@ -618,14 +658,16 @@ impl Journal {
         result
     }
 
-    /// Settles claim `uid`'s entry with its last sweep due at `due` (Unix seconds); written
-    /// lazily with company, not waited for.
-    pub(crate) fn settle(&self, uid: &str, due: i64) {
+    /// Settles claim `uid`'s entry with its last sweep due at `due` (Unix seconds), or
+    /// `window` seconds after its latest attempt when that is later; written lazily with
+    /// company, not waited for.
+    pub(crate) fn settle(&self, uid: &str, due: i64, window: i64) {
         let fallback = {
             let mut state = self.state();
             let Some(entry) = state.entry(uid).cloned() else {
                 return;
             };
+            let due = later_due(&entry, due, window);
             if entry.due.is_some_and(|d| d >= due) {
                 return;
             }
@@ -642,6 +684,7 @@ impl Journal {
             Change::Settle {
                 uid: uid.to_owned(),
                 due,
+                window,
                 fallback: Some(fallback),
             },
             self.commit_delay * LAZY_FACTOR,
@@ -652,23 +695,36 @@ impl Journal {
     /// Removes claim `uid`'s entry (`if_due`: only a settled one due at most then); written
     /// lazily with company, not waited for.
     pub(crate) fn remove(&self, uid: &str, if_due: Option<i64>) {
-        self.remove_if(uid, if_due, None);
+        self.remove_if(uid, if_due, None, None);
     }
 
     /// Removes claim `uid`'s entry if it is an intent this process wrote: the driver
     /// answered that it holds no asset, which says nothing of a create another replica
     /// sent (its intent, or the settled entry of the PV it saved, stays).
     pub(crate) fn remove_own_intent(&self, uid: &str) {
-        self.remove_if(uid, None, Some(self.writer.clone()));
+        self.remove_if(uid, None, Some(self.writer.clone()), None);
     }
 
-    fn remove_if(&self, uid: &str, if_due: Option<i64>, intent_of: Option<String>) {
+    /// Removes claim `uid`'s entry if it is still `seen`, the entry a cleanup read before
+    /// it found no asset: an entry rewritten since (another replica began an attempt,
+    /// whose create may land after that lookup) stays.
+    pub(crate) fn remove_unchanged(&self, uid: &str, seen: &Entry) {
+        self.remove_if(uid, None, None, Some(Box::new(seen.clone())));
+    }
+
+    fn remove_if(
+        &self,
+        uid: &str,
+        if_due: Option<i64>,
+        intent_of: Option<String>,
+        unchanged: Option<Box<Entry>>,
+    ) {
         {
             let mut state = self.state();
             let Some(entry) = state.entry(uid) else {
                 return;
             };
-            if !removable(entry, if_due, intent_of.as_deref()) {
+            if !removable(entry, if_due, intent_of.as_deref(), unchanged.as_deref()) {
                 return;
             }
             state.overlay.insert(uid.to_owned(), None);
@@ -678,6 +734,7 @@ impl Journal {
                 uid: uid.to_owned(),
                 if_due,
                 intent_of,
+                unchanged,
             },
             self.commit_delay * LAZY_FACTOR,
             None,
@@ -1207,6 +1264,7 @@ mod tests {
             node: None,
             spec: None,
             due: Some(1_712_346_038),
+            attempt: None,
         }
     }
 
@@ -1277,6 +1335,7 @@ mod tests {
         let settle = |due| Change::Settle {
             uid: "u1".into(),
             due,
+            window: 0,
             fallback: None,
         };
         assert!(settle(100).apply(&mut shard));
@@ -1299,6 +1358,7 @@ mod tests {
             uid: "u1".into(),
             if_due: Some(limit),
             intent_of: None,
+            unchanged: None,
         };
         assert!(!remove_if(100).apply(&mut shard), "not due yet at 100");
         assert!(remove_if(150).apply(&mut shard));
@@ -1307,6 +1367,7 @@ mod tests {
             !Change::Settle {
                 uid: "u9".into(),
                 due: 1,
+                window: 0,
                 fallback: None,
             }
             .apply(&mut shard),
@@ -1338,6 +1399,7 @@ mod tests {
         let settle_by_a = Change::Settle {
             uid: "u1".into(),
             due: 100,
+            window: 0,
             fallback: Some(Box::new((
                 intent("aaaaaaaa"),
                 Some(("0123456789abcdef".into(), "{}".into())),
@@ -1347,6 +1409,7 @@ mod tests {
             uid: "u1".into(),
             if_due: None,
             intent_of: Some("bbbbbbbb".into()),
+            unchanged: None,
         };
         // b wrote the intent last; b's removal lands first, then a's settle.
         let mut shard = Shard::default();
@@ -1375,6 +1438,53 @@ mod tests {
             !no_asset_of_b.apply(&mut shard),
             "another writer's intent stays"
         );
+    }
+
+    /// A cleanup removes only the entry it read; another replica's stamp of a new attempt
+    /// keeps it, and a settle of a stamped entry waits a window after the attempt.
+    #[test]
+    fn a_removal_takes_only_the_entry_read_and_a_settle_waits_for_the_attempt() {
+        let seen = Entry {
+            due: None,
+            ..entry("ns/c")
+        };
+        let stamped = Entry {
+            attempt: Some(seen.since + 50),
+            writer: String::new(),
+            ..seen.clone()
+        };
+        let put = |e: &Entry| Change::Put {
+            uid: "u1".into(),
+            entry: Box::new(e.clone()),
+            class: None,
+        };
+        let remove_seen = Change::Remove {
+            uid: "u1".into(),
+            if_due: None,
+            intent_of: None,
+            unchanged: Some(Box::new(seen.clone())),
+        };
+        let mut shard = Shard::default();
+        put(&seen).apply(&mut shard);
+        put(&stamped).apply(&mut shard);
+        assert!(!remove_seen.apply(&mut shard), "a stamped entry stays");
+        assert_eq!(shard.entries["u1"], stamped);
+        let settle = Change::Settle {
+            uid: "u1".into(),
+            due: seen.since + 10,
+            window: 5,
+            fallback: None,
+        };
+        assert!(settle.apply(&mut shard));
+        assert_eq!(
+            shard.entries["u1"].due,
+            Some(seen.since + 55),
+            "due a window after the attempt"
+        );
+        let mut shard = Shard::default();
+        put(&seen).apply(&mut shard);
+        assert!(remove_seen.apply(&mut shard), "the entry read goes");
+        assert!(shard.entries.is_empty());
     }
 
     #[test]

@@ -210,8 +210,9 @@ pub(crate) async fn before_provisioning(
             // or stopped before it could: the last sweep is due a window from now.
             let uid = &claim.uid;
             if let Some(j) = &ctx.journal {
-                let due = now.saturating_add(window_secs(ctx));
-                j.settle(uid, due);
+                let window = window_secs(ctx);
+                let due = now.saturating_add(window);
+                j.settle(uid, due, window);
                 queue_at(ctx, uid, due);
             }
             done(Ok(Outcome::Done))
@@ -227,6 +228,10 @@ pub(crate) async fn before_provisioning(
         Plan::CleanUp(window) => {
             // Boxed: the cleanup is a large future (see `provision::provision`).
             let progress = Progress::of(entry);
+            let seen = Seen {
+                entry: recorded.as_ref(),
+                window,
+            };
             let cleanup = clean_up(
                 ctx,
                 claim,
@@ -234,7 +239,7 @@ pub(crate) async fn before_provisioning(
                 presence,
                 progress,
                 &pv_name,
-                window,
+                seen,
             );
             let (state, result) = Box::pin(cleanup).await;
             Step::Done {
@@ -244,6 +249,15 @@ pub(crate) async fn before_provisioning(
             }
         }
     }
+}
+
+/// What the sync that runs a [`clean_up`] read of the claim's journal entry.
+#[derive(Clone, Copy, Debug)]
+struct Seen<'a> {
+    /// The entry (a removal takes only this very entry).
+    entry: Option<&'a Entry>,
+    /// Whether a create sent before may still land.
+    window: LateWindow,
 }
 
 /// What [`plan`] needs to know besides the claim.
@@ -375,8 +389,12 @@ async fn warn_if_held(ctx: &Context, claim: &ClaimView, recorded: &Entry, now: i
 }
 
 /// Records the claim's intent in the journal before the driver is asked for `pv_name`
-/// with `class`, and returns once it is durable. A claim that has an intent already needs
-/// no write.
+/// with `class`, and returns once it is durable: a new intent, or the claim's intent with
+/// this attempt's time ([`Entry::attempt`]), so that a replica that finds no asset waits
+/// for a create this attempt may send (an attempt this process stamped this very second
+/// needs no write). An intent another process wrote keeps no writer once this one
+/// stamps it: a "no asset" answer then settles it rather than removing it. Returns the
+/// entry as written (`None` without a journal).
 ///
 /// # Errors
 /// The journal could not be written: the driver must not be called.
@@ -385,35 +403,89 @@ pub(crate) async fn record_intent(
     claim: &ClaimView,
     class: &StorageClass,
     pv_name: &str,
-) -> Result<(), OpError> {
+) -> Result<Option<Entry>, OpError> {
     let Some(journal) = &ctx.journal else {
-        return Ok(());
+        return Ok(None);
     };
-    if journal.entry(&claim.uid).is_some_and(|e| e.is_intent()) {
-        return Ok(());
+    let now = journal::now_secs();
+    let existing = journal.entry(&claim.uid).filter(Entry::is_intent);
+    if let Some(e) = &existing
+        && e.writer == journal.writer()
+        && e.last_attempt() >= now
+    {
+        return Ok(existing);
     }
-    let snapshot = class_snapshot(class).map(|json| (journal::class_key(&json), json));
-    let entry = Entry {
-        claim: claim.key.clone(),
-        pv: pv_name.to_owned(),
-        since: journal::now_secs(),
-        writer: journal.writer().to_owned(),
-        class: snapshot.as_ref().map(|(key, _)| key.clone()),
-        node: claim.selected_node.clone(),
-        spec: claim
-            .claim
-            .spec
-            .as_ref()
-            .and_then(|s| serde_json::to_value(s).ok()),
-        due: None,
+    let spec = claim
+        .claim
+        .spec
+        .as_ref()
+        .and_then(|s| serde_json::to_value(s).ok());
+    let (entry, snapshot) = match existing {
+        Some(e) => {
+            // The class the provisioning started with stays recorded.
+            let snapshot = if e.class.is_some() {
+                None
+            } else {
+                class_snapshot(class).map(|json| (journal::class_key(&json), json))
+            };
+            let writer = if e.writer == journal.writer() {
+                e.writer.clone()
+            } else {
+                String::new()
+            };
+            let entry = Entry {
+                writer,
+                class: e
+                    .class
+                    .clone()
+                    .or_else(|| snapshot.as_ref().map(|(k, _)| k.clone())),
+                node: claim.selected_node.clone().or(e.node.clone()),
+                spec: spec.or(e.spec.clone()),
+                attempt: Some(now),
+                ..e
+            };
+            (entry, snapshot)
+        }
+        None => {
+            let snapshot = class_snapshot(class).map(|json| (journal::class_key(&json), json));
+            let entry = Entry {
+                claim: claim.key.clone(),
+                pv: pv_name.to_owned(),
+                since: now,
+                writer: journal.writer().to_owned(),
+                class: snapshot.as_ref().map(|(key, _)| key.clone()),
+                node: claim.selected_node.clone(),
+                spec,
+                due: None,
+                attempt: None,
+            };
+            (entry, snapshot)
+        }
     };
     journal
-        .put(&claim.uid, entry, snapshot)
+        .put(&claim.uid, entry.clone(), snapshot)
         .await
         .map_err(|message| OpError::Journal {
             claim: claim.key.clone(),
             message,
-        })
+        })?;
+    Ok(Some(entry))
+}
+
+/// How long a cleanup that found no asset still waits because of `recorded`'s latest
+/// attempt: a create it sent lands within the late-asset window (`window` seconds) of
+/// it. `None` once that has passed.
+pub(crate) fn attempt_wait(recorded: &Entry, window: i64, now: i64) -> Option<std::time::Duration> {
+    // A second more: the attempt's time is whole seconds, rounded down.
+    let until = recorded
+        .last_attempt()
+        .saturating_add(window)
+        .saturating_add(1);
+    let left = until.saturating_sub(now);
+    u64::try_from(left)
+        .ok()
+        .filter(|s| *s > 0)
+        .map(std::time::Duration::from_secs)
 }
 
 /// The driver answered that it holds no asset for claim `uid`: the intent goes if this
@@ -431,7 +503,7 @@ pub(crate) fn no_asset(ctx: &Context, uid: &str) {
     let window = window_secs(ctx);
     if recorded.writer != journal.writer() && window > 0 {
         let due = journal::now_secs().saturating_add(window);
-        journal.settle(uid, due);
+        journal.settle(uid, due, window);
         queue_at(ctx, uid, due);
     } else {
         journal.remove_own_intent(uid);
@@ -459,7 +531,7 @@ pub(crate) async fn after_save(
         return;
     }
     let due = now.saturating_add(window.max(1));
-    journal.settle(uid, due);
+    journal.settle(uid, due, window.max(1));
     queue_at(ctx, uid, due);
 }
 
@@ -557,10 +629,10 @@ async fn clean_up(
     presence: Presence,
     progress: Progress,
     pv_name: &str,
-    window: LateWindow,
+    seen: Seen<'_>,
 ) -> (State, Result<Outcome, OpError>) {
     let uid = &claim.uid;
-    let (claim_gone, settled) = (presence == Presence::Gone, window == LateWindow::Over);
+    let (claim_gone, settled) = (presence == Presence::Gone, seen.window == LateWindow::Over);
     if progress == Progress::Idle && !ctx.qualified(&claim.claim).await {
         tracing::debug!("the qualifier refuses the claim: not ours to clean up now");
         let refused = Outcome::RequeueAfter {
@@ -595,6 +667,15 @@ async fn clean_up(
         claim.selected_node.clone(),
     );
     tracing::info!(pv = %pv_name, claim_gone, settled, "the claim will not get our PV the normal way; looking for its asset");
+    // The entry a removal compares with: the one read, or the one this attempt writes.
+    let mut compare = seen.entry.cloned();
+    if ctx.driver.asset_lookup.is_none() {
+        // Without a lookup, the driver's `provision` may create: recorded first.
+        match record_intent(ctx, claim, &class, pv_name).await {
+            Ok(written) => compare = written.or(compare),
+            Err(err) => return (State::NoChange, Err(err)),
+        }
+    }
     let limit = ctx.config.provision_timeout;
     let answer = ctx
         .driver_slots
@@ -666,11 +747,16 @@ async fn clean_up(
         ctx.caches.mark_saved(&name);
     } else {
         // A create sent before (by this or another replica, which may have stopped since
-        // and forgotten it) may still land: "none" is believed once it can no longer.
+        // and forgotten it) may still land: "none" is believed once it can no longer, a
+        // window after this process first looked and after the entry's latest attempt.
         if !settled
-            && let Some(wait) = ctx
-                .late_window()
-                .and_then(|window| ctx.records.cleanup_wait(uid, window))
+            && let Some(wait) = ctx.late_window().and_then(|window| {
+                let first = ctx.records.cleanup_wait(uid, window);
+                let attempt = seen
+                    .entry
+                    .and_then(|e| attempt_wait(e, window_secs(ctx), journal::now_secs()));
+                first.max(attempt)
+            })
         {
             let settling = Outcome::RequeueAfter {
                 wait,
@@ -681,8 +767,10 @@ async fn clean_up(
             return (State::NoChange, Ok(settling));
         }
         tracing::info!(pv = %pv_name, "the driver holds no asset for the claim");
-        if let Some(j) = &ctx.journal {
-            j.remove(uid, None);
+        // Only the entry this cleanup read (or wrote) goes: one rewritten since by another
+        // replica's attempt stays, for that attempt's create may land after the lookup.
+        if let (Some(j), Some(entry)) = (&ctx.journal, &compare) {
+            j.remove_unchanged(uid, entry);
         }
     }
     ctx.records.forget_cleanup(uid);
@@ -708,6 +796,7 @@ mod tests {
             node: None,
             spec: None,
             due: None,
+            attempt: None,
         }
     }
 

@@ -566,6 +566,7 @@ mod tests {
                 "resources": {"requests": {"storage": "1Gi"}},
             })),
             due: Some(now - 10),
+            attempt: None,
         };
         journal.put("u1", entry, None).await.unwrap();
         h.ctx.caches.mark_saved("pvc-u1");
@@ -582,6 +583,7 @@ mod tests {
 
     mod in_progress;
     mod panics;
+    mod replicas;
 
     #[tokio::test]
     async fn a_failing_volume_is_retried_until_the_delete_threshold() {
