@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube_controller_kit::client::InFlightLimit;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
 use prometheus_client::metrics::MetricType;
@@ -92,6 +93,7 @@ pub(crate) struct ControllerMetrics {
     queue_duration: HistogramFamily<QueueLabels>,
     work_duration: HistogramFamily<QueueLabels>,
     in_flight: Arc<InFlightCollector>,
+    requests: Arc<RequestsCollector>,
 }
 
 impl ControllerMetrics {
@@ -122,6 +124,7 @@ impl ControllerMetrics {
             queue_duration: Family::new_with_constructor(queue_histogram),
             work_duration: Family::new_with_constructor(queue_histogram),
             in_flight: Arc::default(),
+            requests: Arc::default(),
         };
         metrics.register(registry);
         metrics
@@ -225,6 +228,7 @@ impl ControllerMetrics {
             self.work_duration.clone(),
         );
         registry.register_collector(Box::new(Arc::clone(&self.in_flight)));
+        registry.register_collector(Box::new(Arc::clone(&self.requests)));
     }
 
     /// Counts a volume provisioned for a claim of `class` whose data source kind is
@@ -313,6 +317,13 @@ impl ControllerMetrics {
     /// Counts one write of a provisioning journal object.
     pub(crate) fn journal_write(&self) {
         self.journal_writes.inc();
+    }
+
+    /// Reports `limit`, the bound on the controller's API requests in flight, at every
+    /// scrape: `controller_requests_in_flight_limit` (where an adaptive bound stands now)
+    /// and `controller_requests_in_flight`.
+    pub(crate) fn watch_requests(&self, limit: InFlightLimit) {
+        *lock(&self.requests.limit) = Some(limit);
     }
 
     /// Sets whether this replica currently holds the leader lease.
@@ -472,6 +483,39 @@ impl Collector for InFlightCollector {
             &snapshot,
             |ages| ages.longest,
         )
+    }
+}
+
+/// Reads the bound on requests in flight at scrape time (nothing before
+/// [`ControllerMetrics::watch_requests`]).
+#[derive(Debug, Default)]
+struct RequestsCollector {
+    limit: Mutex<Option<InFlightLimit>>,
+}
+
+impl Collector for RequestsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let Some(limit) = lock(&self.limit).clone() else {
+            return Ok(());
+        };
+        let gauges = [
+            (
+                "controller_requests_in_flight_limit",
+                "The bound on the controller's API requests in flight (watches, leases and journal writes not counted): Config::max_requests_in_flight, or where the adaptive bound stands now",
+                limit.limit(),
+            ),
+            (
+                "controller_requests_in_flight",
+                "The controller's API requests in flight now (watches, leases and journal writes not counted)",
+                limit.in_flight(),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let value = i64::try_from(value).unwrap_or(i64::MAX);
+            let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            metric.encode_gauge(&value)?;
+        }
+        Ok(())
     }
 }
 
@@ -698,6 +742,31 @@ mod tests {
         assert_eq!(buckets.len(), 11, "{buckets:?}");
         assert!(buckets[0].contains(r#"le="1e-8""#), "{}", buckets[0]);
         assert!(buckets[9].contains(r#"le="10.0""#), "{}", buckets[9]);
+    }
+
+    /// The bound on requests in flight is read at each scrape; nothing before it is set.
+    #[tokio::test]
+    async fn the_bound_on_requests_in_flight_is_reported_as_it_stands() {
+        let mut registry = Registry::default();
+        let metrics = ControllerMetrics::new(&mut registry);
+        assert!(
+            lines_starting(&encode(&registry), "controller_requests_in_flight").is_empty(),
+            "no bound, no sample"
+        );
+        let limit = InFlightLimit::new(std::num::NonZeroUsize::new(12).unwrap());
+        metrics.watch_requests(limit.clone());
+        let text = encode(&registry);
+        assert_eq!(
+            lines_starting(&text, "controller_requests_in_flight_limit "),
+            ["controller_requests_in_flight_limit 12"],
+            "{text}"
+        );
+        assert_eq!(
+            lines_starting(&text, "controller_requests_in_flight "),
+            ["controller_requests_in_flight 0"],
+            "{text}"
+        );
+        assert_parses(&text);
     }
 
     #[test]

@@ -527,7 +527,11 @@ pub(crate) async fn after_save(
     let window = window_secs(ctx);
     let now = journal::now_secs();
     if window == 0 && swept {
-        journal.remove(uid, None);
+        // The entry as known now goes; one another replica stamps meanwhile stays (its
+        // claim's next sync settles it: the PV exists).
+        if let Some(known) = journal.entry(uid) {
+            journal.remove_unchanged(uid, &known);
+        }
         return;
     }
     let due = now.saturating_add(window.max(1));

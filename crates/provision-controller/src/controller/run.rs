@@ -161,6 +161,7 @@ pub(super) async fn run(
             } else {
                 InFlightLimit::new(max)
             };
+            metrics.watch_requests(limit.clone());
             let client = limit.wrap(client);
             let events = NonZeroUsize::new(max.get() / 2).unwrap_or(NonZeroUsize::MIN);
             let event_client = InFlightLimit::new(events).wrap(client.clone());
