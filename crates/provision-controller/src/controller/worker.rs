@@ -554,19 +554,8 @@ mod tests {
         let committer = tokio::spawn(Arc::clone(&journal).run_committer());
         let now = crate::journal::now_secs();
         let entry = crate::journal::Entry {
-            claim: "default/c".into(),
-            pv: "pvc-u1".into(),
-            since: now - 100,
-            writer: "00000000".into(),
-            class: None,
-            node: None,
-            spec: Some(serde_json::json!({
-                "storageClassName": "fast",
-                "accessModes": ["ReadWriteOnce"],
-                "resources": {"requests": {"storage": "1Gi"}},
-            })),
             due: Some(now - 10),
-            attempt: None,
+            ..replicas::intent("00000000", 100)
         };
         journal.put("u1", entry, None).await.unwrap();
         h.ctx.caches.mark_saved("pvc-u1");

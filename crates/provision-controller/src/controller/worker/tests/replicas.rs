@@ -29,7 +29,7 @@ fn other_replica(sim: &kube_sim::KubeSim, h: &Harness) -> Arc<Journal> {
 
 /// An intent of the deleted claim `default/c` (uid `u1`) that `writer` wrote `age`
 /// seconds ago.
-fn intent(writer: &str, age: i64) -> Entry {
+pub(super) fn intent(writer: &str, age: i64) -> Entry {
     Entry {
         claim: "default/c".into(),
         pv: "pvc-u1".into(),
@@ -66,27 +66,68 @@ async fn flushed(sim: &kube_sim::KubeSim, h: &Harness, want_gone: bool) -> Optio
     }
 }
 
+/// This replica (a harness with a journal) and the other one, whose old intent for the
+/// deleted claim `u1` this replica has read; the committers stop when it is dropped.
+struct Two {
+    sim: kube_sim::KubeSim,
+    h: Harness,
+    fake: FakeProvisioner,
+    journal: Arc<Journal>,
+    other: Arc<Journal>,
+    committers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Two {
+    async fn start() -> Self {
+        let fake = FakeProvisioner::new().with_late_asset_window(WINDOW);
+        let (sim, h) = sim_harness(Config::default(), fake.clone(), true).await;
+        let journal = Arc::clone(h.ctx.journal.as_ref().unwrap());
+        let other = other_replica(&sim, &h);
+        let committers = vec![
+            tokio::spawn(Arc::clone(&journal).run_committer()),
+            tokio::spawn(Arc::clone(&other).run_committer()),
+        ];
+        other.put("u1", intent("other", 100), None).await.unwrap();
+        journal.reload().await.unwrap();
+        // The claim is gone (not cached): the first look finds no asset and waits.
+        let first = sync_claim(&h.ctx, "u1").await.ok();
+        assert!(
+            matches!(first, Some(Outcome::RequeueAfter { .. })),
+            "a first look waits for late creates: {first:?}"
+        );
+        Self {
+            sim,
+            h,
+            fake,
+            journal,
+            other,
+            committers,
+        }
+    }
+}
+
+impl Drop for Two {
+    fn drop(&mut self) {
+        for task in &self.committers {
+            task.abort();
+        }
+    }
+}
+
 /// This replica looked (no asset) and waited its window; meanwhile the other replica,
 /// whose claim cache is behind, stamped a new attempt on the intent. This replica's view
 /// of the journal is behind too: its cleanup finds no asset and removes only the entry it
 /// read, so the stamped one stays on the server for whoever cleans up next.
 #[tokio::test]
 async fn a_cleanup_leaves_an_intent_another_replica_stamped_after_it_looked() {
-    let fake = FakeProvisioner::new().with_late_asset_window(WINDOW);
-    let (sim, h) = sim_harness(Config::default(), fake.clone(), true).await;
-    let journal = Arc::clone(h.ctx.journal.as_ref().unwrap());
-    let committer = tokio::spawn(Arc::clone(&journal).run_committer());
-    let other = other_replica(&sim, &h);
-    let other_committer = tokio::spawn(Arc::clone(&other).run_committer());
-    other.put("u1", intent("other", 100), None).await.unwrap();
-    journal.reload().await.unwrap();
-
-    // The claim is gone (not cached): the first look finds no asset and waits the window.
-    let first = sync_claim(&h.ctx, "u1").await.ok();
-    assert!(
-        matches!(first, Some(Outcome::RequeueAfter { .. })),
-        "a first look waits for late creates: {first:?}"
-    );
+    let Two {
+        sim,
+        h,
+        fake,
+        journal,
+        other,
+        ..
+    } = &Two::start().await;
     // The other replica begins another attempt: a durable stamp before its create.
     let stamped = Entry {
         attempt: Some(crate::journal::now_secs()),
@@ -102,7 +143,7 @@ async fn a_cleanup_leaves_an_intent_another_replica_stamped_after_it_looked() {
     // The lazy removal is written (with a conflict and a fresh read) and refused.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
-        flushed(&sim, &h, false).await,
+        flushed(sim, h, false).await,
         Some(stamped.clone()),
         "the other replica's newer attempt stays recorded"
     );
@@ -127,36 +168,24 @@ async fn a_cleanup_leaves_an_intent_another_replica_stamped_after_it_looked() {
                 );
                 break;
             }
-            other => panic!("unexpected outcome {other:?}"),
+            unexpected => panic!("unexpected outcome {unexpected:?}"),
         }
     }
     // Once its window has passed, the unchanged entry goes.
-    assert_eq!(flushed(&sim, &h, true).await, None, "the entry is removed");
-    committer.abort();
-    other_committer.abort();
+    assert_eq!(flushed(sim, h, true).await, None, "the entry is removed");
 }
 
 /// A replica's own cleanup removes an entry nobody rewrote (the common case).
 #[tokio::test]
 async fn a_cleanup_removes_the_entry_it_read_when_nobody_rewrote_it() {
-    let fake = FakeProvisioner::new().with_late_asset_window(WINDOW);
-    let (sim, h) = sim_harness(Config::default(), fake.clone(), true).await;
-    let journal = Arc::clone(h.ctx.journal.as_ref().unwrap());
-    let committer = tokio::spawn(Arc::clone(&journal).run_committer());
-    let other = other_replica(&sim, &h);
-    let other_committer = tokio::spawn(Arc::clone(&other).run_committer());
-    other.put("u1", intent("other", 100), None).await.unwrap();
-    journal.reload().await.unwrap();
-    let first = sync_claim(&h.ctx, "u1").await.ok();
-    assert!(
-        matches!(first, Some(Outcome::RequeueAfter { .. })),
-        "{first:?}"
-    );
+    let two = Two::start().await;
     tokio::time::sleep(WINDOW + Duration::from_millis(1100)).await;
-    assert_eq!(sync_claim(&h.ctx, "u1").await.ok(), Some(Outcome::Done));
-    assert_eq!(flushed(&sim, &h, true).await, None, "the entry is removed");
-    committer.abort();
-    other_committer.abort();
+    assert_eq!(sync_claim(&two.h.ctx, "u1").await.ok(), Some(Outcome::Done));
+    assert_eq!(
+        flushed(&two.sim, &two.h, true).await,
+        None,
+        "the entry is removed"
+    );
 }
 
 #[test]
