@@ -139,8 +139,8 @@ pub(crate) struct Args {
     /// (`Config::adapt_requests_in_flight`); default: the library's.
     #[arg(long, value_name = "BOOL")]
     pub(crate) adapt: Option<bool>,
-    /// `provision`, `steady`: turn the controller's crash-safe provisioning (the claim
-    /// finalizer around each provision call) on or off; default: the library's.
+    /// `provision`, `steady`: turn the controller's crash-safe provisioning (its journal
+    /// entry written before each driver call) on or off; default: the library's.
     #[arg(long, value_name = "BOOL")]
     pub(crate) crash_safe: Option<bool>,
     /// Watch events kube-sim keeps for resuming watches (larger than its default, so a busy

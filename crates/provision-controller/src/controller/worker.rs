@@ -191,7 +191,7 @@ mod tests {
             "http://127.0.0.1:9".parse().unwrap(),
         ))
         .unwrap();
-        // Crash safety writes claim finalizers, and this harness has no API server.
+        // Crash safety writes its journal, and this harness has no API server.
         build(
             client,
             config.crash_safe_provisioning(false),
