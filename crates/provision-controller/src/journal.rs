@@ -658,18 +658,19 @@ impl Journal {
         result
     }
 
-    /// Settles claim `uid`'s entry with its last sweep due at `due` (Unix seconds), or
-    /// `window` seconds after its latest attempt when that is later; written lazily with
-    /// company, not waited for.
-    pub(crate) fn settle(&self, uid: &str, due: i64, window: i64) {
+    /// Settles claim `uid`'s entry with its last sweep due `window` seconds from now (and
+    /// at least `window` seconds after its latest attempt); written lazily with company,
+    /// not waited for. Returns now + `window` (Unix seconds), for the claim's next sync.
+    pub(crate) fn settle(&self, uid: &str, window: i64) -> i64 {
+        let now_due = now_secs().saturating_add(window);
         let fallback = {
             let mut state = self.state();
             let Some(entry) = state.entry(uid).cloned() else {
-                return;
+                return now_due;
             };
-            let due = later_due(&entry, due, window);
+            let due = later_due(&entry, now_due, window);
             if entry.due.is_some_and(|d| d >= due) {
-                return;
+                return now_due;
             }
             let class = entry.class.as_ref().and_then(|key| {
                 let shard = state.shards.get(state.index.get(uid)?)?;
@@ -683,13 +684,14 @@ impl Journal {
         self.enqueue(
             Change::Settle {
                 uid: uid.to_owned(),
-                due,
+                due: now_due,
                 window,
                 fallback: Some(fallback),
             },
             self.commit_delay * LAZY_FACTOR,
             None,
         );
+        now_due
     }
 
     /// Removes claim `uid`'s entry (`if_due`: only a settled one due at most then); written

@@ -210,9 +210,7 @@ pub(crate) async fn before_provisioning(
             // or stopped before it could: the last sweep is due a window from now.
             let uid = &claim.uid;
             if let Some(j) = &ctx.journal {
-                let window = window_secs(ctx);
-                let due = now.saturating_add(window);
-                j.settle(uid, due, window);
+                let due = j.settle(uid, window_secs(ctx));
                 queue_at(ctx, uid, due);
             }
             done(Ok(Outcome::Done))
@@ -502,8 +500,7 @@ pub(crate) fn no_asset(ctx: &Context, uid: &str) {
     };
     let window = window_secs(ctx);
     if recorded.writer != journal.writer() && window > 0 {
-        let due = journal::now_secs().saturating_add(window);
-        journal.settle(uid, due, window);
+        let due = journal.settle(uid, window);
         queue_at(ctx, uid, due);
     } else {
         journal.remove_own_intent(uid);
@@ -525,7 +522,6 @@ pub(crate) async fn after_save(
         return;
     };
     let window = window_secs(ctx);
-    let now = journal::now_secs();
     if window == 0 && swept {
         // The entry as known now goes; one another replica stamps meanwhile stays (its
         // claim's next sync settles it: the PV exists).
@@ -534,8 +530,7 @@ pub(crate) async fn after_save(
         }
         return;
     }
-    let due = now.saturating_add(window.max(1));
-    journal.settle(uid, due, window.max(1));
+    let due = journal.settle(uid, window.max(1));
     queue_at(ctx, uid, due);
 }
 
