@@ -28,6 +28,16 @@ pub enum FailureBackoff {
     /// 15 s per key, flat, combined with the same token bucket
     /// (Go `ExponentialBackOffOnError(false)`).
     Flat,
+    /// Per key only: the first retry after `initial`, each next one after twice as long,
+    /// up to `max`, with no shared token bucket (the `RateLimiter` kubernetes-csi's
+    /// external-provisioner builds from its `--retry-interval-start` and
+    /// `--retry-interval-max`: client-go's `ItemExponentialFailureRateLimiter`).
+    PerKey {
+        /// The first delay.
+        initial: Duration,
+        /// The longest delay.
+        max: Duration,
+    },
     /// A caller's limiter (Go `RateLimiter`), shared by the claim and volume queues.
     Custom(Arc<dyn RateLimiter>),
 }
@@ -37,6 +47,11 @@ impl fmt::Debug for FailureBackoff {
         match self {
             Self::Exponential => f.write_str("Exponential"),
             Self::Flat => f.write_str("Flat"),
+            Self::PerKey { initial, max } => f
+                .debug_struct("PerKey")
+                .field("initial", initial)
+                .field("max", max)
+                .finish(),
             Self::Custom(_) => f.write_str("Custom(..)"),
         }
     }
@@ -47,6 +62,9 @@ impl FailureBackoff {
         match self {
             Self::Exponential => crate::ratelimit::default_controller_limiter(true),
             Self::Flat => crate::ratelimit::default_controller_limiter(false),
+            Self::PerKey { initial, max } => Arc::new(
+                crate::ratelimit::ItemExponentialLimiter::new(*initial, *max),
+            ),
             Self::Custom(limiter) => Arc::clone(limiter),
         }
     }
@@ -181,5 +199,18 @@ mod tests {
         let secs: Vec<u64> = s.pauses().unwrap().iter().map(Duration::as_secs).collect();
         assert_eq!(secs, [1, 2, 4, 5]);
         assert_eq!(PvSaveStrategy::background().pauses(), None);
+    }
+
+    #[test]
+    fn per_key_backoff_doubles_from_initial_to_max_with_no_bucket() {
+        let limiter = FailureBackoff::PerKey {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(5),
+        }
+        .limiter();
+        let delays: Vec<u64> = (0..5).map(|_| limiter.when("ns/claim").as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 5, 5]);
+        // Another key starts again at `initial`: nothing shared between keys.
+        assert_eq!(limiter.when("ns/other"), Duration::from_secs(1));
     }
 }
