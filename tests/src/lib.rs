@@ -1,6 +1,7 @@
 //! Black-box tests across crates, and the seeded chaos suite ([`chaos`]).
 
 pub mod chaos;
+pub mod pv_diff;
 
 /// The code blocks of docs/testing.md, compiled as doctests.
 #[cfg(doctest)]
