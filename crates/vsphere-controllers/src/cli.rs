@@ -59,11 +59,19 @@ pub struct Cli {
     /// Run the demo even when a kubeconfig or vSphere config is found.
     #[arg(long)]
     demo: bool,
-    /// Name of upstream's feature-state ConfigMap (its `tkgs-ha` key is watched on a
-    /// supervisor).
+    /// Name of the supervisor's feature-state ConfigMap, read on a supervisor
+    /// (CLUSTER_FLAVOR=WORKLOAD) before the CnsVolumeMetadata reconciler starts, then
+    /// followed (its `tkgs-ha` key).
+    #[arg(long, default_value = crate::DEFAULT_SUPERVISOR_FSS_NAME, value_name = "NAME")]
+    supervisor_fss_name: String,
+    /// Namespace of the supervisor's feature-state ConfigMap.
+    #[arg(long, default_value = crate::DEFAULT_FSS_NAMESPACE, value_name = "NAMESPACE")]
+    supervisor_fss_namespace: String,
+    /// Name of upstream's internal feature-state ConfigMap, upstream's on the other
+    /// flavors (nothing here reads it: the reconciler runs only on a supervisor).
     #[arg(long, default_value = crate::DEFAULT_FSS_NAME, value_name = "NAME")]
     fss_name: String,
-    /// Namespace of upstream's feature-state ConfigMap.
+    /// Namespace of upstream's internal feature-state ConfigMap.
     #[arg(long, default_value = crate::DEFAULT_FSS_NAMESPACE, value_name = "NAMESPACE")]
     fss_namespace: String,
     /// Without a subcommand: run the controllers (or the demo).
@@ -153,7 +161,11 @@ impl Cli {
             serve: self.serve,
             timeout: Duration::from_secs(self.timeout),
             demo: self.demo,
-            feature_states: FeatureStates {
+            supervisor_feature_states: FeatureStates {
+                namespace: self.supervisor_fss_namespace,
+                name: self.supervisor_fss_name,
+            },
+            internal_feature_states: FeatureStates {
                 namespace: self.fss_namespace,
                 name: self.fss_name,
             },
