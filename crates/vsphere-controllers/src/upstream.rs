@@ -414,4 +414,58 @@ mod tests {
         assert!(!feature_on(Some(&data), "absent", "ns/fss"));
         assert!(!feature_on(None, TKGS_HA, "ns/fss"));
     }
+
+    #[test]
+    fn each_flavor_reads_the_feature_states_upstream_reads() {
+        let supervisor = FeatureStates {
+            namespace: "ns".into(),
+            name: "sv".into(),
+        };
+        let internal = FeatureStates::internal();
+        for (flavor, expected) in [
+            (ClusterFlavor::Workload, &supervisor),
+            (ClusterFlavor::Vanilla, &internal),
+            (ClusterFlavor::GuestCluster, &internal),
+        ] {
+            assert_eq!(
+                &FeatureStates::of_flavor(flavor, &supervisor, &internal),
+                expected,
+                "{flavor}"
+            );
+        }
+        assert_eq!(
+            FeatureStates::default().to_string(),
+            "vmware-system-csi/csi-feature-states"
+        );
+    }
+
+    #[test]
+    fn only_an_established_true_condition_is_established() {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+            CustomResourceDefinitionCondition, CustomResourceDefinitionStatus,
+        };
+        let with = |conditions: &[(&str, &str)]| CustomResourceDefinition {
+            status: Some(CustomResourceDefinitionStatus {
+                conditions: Some(
+                    conditions
+                        .iter()
+                        .map(|(t, s)| CustomResourceDefinitionCondition {
+                            type_: (*t).to_owned(),
+                            status: (*s).to_owned(),
+                            ..CustomResourceDefinitionCondition::default()
+                        })
+                        .collect(),
+                ),
+                ..CustomResourceDefinitionStatus::default()
+            }),
+            ..cnsmetadata::crd()
+        };
+        assert!(established(&with(&[
+            ("NamesAccepted", "True"),
+            ("Established", "True")
+        ])));
+        assert!(!established(&with(&[("NamesAccepted", "True")])));
+        assert!(!established(&with(&[("Established", "False")])));
+        assert!(!established(&cnsmetadata::crd()));
+    }
 }
