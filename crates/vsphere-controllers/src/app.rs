@@ -249,21 +249,24 @@ pub fn start_controllers(
     let metadata_shutdown = shutdown();
     let feature_states = settings.feature_states.clone();
     let metadata_health = role.clone();
-    let flavor = settings.flavor;
-    tasks.spawn(async move {
-        let result = run_reconciler(
-            kube,
-            backend,
-            flavor,
-            metadata_config,
-            feature_states,
-            leading,
-            metadata_health,
-            metadata_shutdown,
-        )
-        .await;
-        (RECONCILER, result)
-    });
+    if settings.flavor == cnsmetadata::ClusterFlavor::Workload {
+        tasks.spawn(async move {
+            let result = run_reconciler(
+                kube,
+                backend,
+                metadata_config,
+                feature_states,
+                leading,
+                metadata_health,
+                metadata_shutdown,
+            )
+            .await;
+            (RECONCILER, result)
+        });
+    } else {
+        // As upstream's syncer adds the controller only on WORKLOAD.
+        tracing::info!(flavor = %settings.flavor, "{OFF_ELSEWHERE}");
+    }
     Running {
         stop,
         tasks,
@@ -276,23 +279,17 @@ pub fn start_controllers(
 const OFF_ELSEWHERE: &str = "the CnsVolumeMetadata reconciler is off: upstream's syncer runs it \
      only on a supervisor cluster (CLUSTER_FLAVOR=WORKLOAD; unset means VANILLA)";
 
-/// The reconciler's task: off unless on a supervisor (`WORKLOAD`), as upstream adds it;
-/// else its configuration, the CRD, the feature states (loaded before it starts), then
+/// The reconciler's task on a supervisor (`WORKLOAD`): its configuration, the CRD, the feature states (loaded before it starts), then
 /// [`cnsmetadata::MetadataController::run`].
 async fn run_reconciler(
     kube: Client,
     backend: CnsMetadataBackend,
-    flavor: cnsmetadata::ClusterFlavor,
     config: Result<cnsmetadata::Config, cnsmetadata::ConfigError>,
     feature_states: FeatureStates,
     leading: kube_controller_kit::leader::Leading,
     health: Health,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    if flavor != cnsmetadata::ClusterFlavor::Workload {
-        tracing::info!(%flavor, "{OFF_ELSEWHERE}");
-        return Ok(());
-    }
     let config =
         config.context("the CnsVolumeMetadata reconciler cannot start; the provisioner runs on")?;
     let shutdown = futures::FutureExt::shared(futures::FutureExt::boxed(shutdown));
