@@ -49,8 +49,11 @@ async fn guest_pvc_metadata_reaches_cns_and_is_removed_on_delete() {
     claims.create(&post, &claim).await.unwrap();
 
     let backend = InMemoryBackend::new();
-    let config = Config::from_lookup(|name| {
-        (name == "WORKER_THREADS_VOLUME_METADATA").then(|| "2".to_owned())
+    // As a supervisor's manifest sets them (unset, CLUSTER_FLAVOR means VANILLA).
+    let config = Config::from_lookup(|name| match name {
+        "WORKER_THREADS_VOLUME_METADATA" => Some("2".to_owned()),
+        "CLUSTER_FLAVOR" => Some("WORKLOAD".to_owned()),
+        _ => None,
     })
     .unwrap()
     .cluster_id("cluster-7")

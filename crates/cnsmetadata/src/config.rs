@@ -193,7 +193,9 @@ kube_controller_kit::options! {
     #[non_exhaustive]
     pub struct Config {
         /// Flavor of the cluster this process runs in. Only [`ClusterFlavor::Workload`] runs
-        /// the reconciler. Default `WORKLOAD` (environment: [`ENV_CLUSTER_FLAVOR`]).
+        /// the reconciler. Default `WORKLOAD` for a `Config` built in code (building the
+        /// reconciler means running it); [`Config::from_lookup`] reads
+        /// [`ENV_CLUSTER_FLAVOR`] as upstream does, unset meaning `VANILLA`.
         cluster_flavor: ClusterFlavor => |flavor: ClusterFlavor| flavor;
         /// Number of objects reconciled at once. Default 3 (environment:
         /// [`ENV_WORKER_THREADS`]).
@@ -262,9 +264,10 @@ impl Config {
     ///
     /// - `WORKER_THREADS_VOLUME_METADATA`: workers, any whole number from 1 (upstream HEAD
     ///   takes any positive number; its older copy capped it at 3); unset or empty means 3.
-    /// - `CLUSTER_FLAVOR`: `WORKLOAD`, `GUEST_CLUSTER` or `VANILLA`; unset or empty keeps
-    ///   the default `WORKLOAD` (upstream's CSI driver treats unset as `VANILLA`, which would
-    ///   turn this reconciler off).
+    /// - `CLUSTER_FLAVOR`: `WORKLOAD`, `GUEST_CLUSTER` or `VANILLA`; unset or empty (or
+    ///   blank) means `VANILLA`, as upstream's `GetClusterFlavor` (its vanilla manifest
+    ///   leaves it unset), which turns this reconciler off: a supervisor's manifest sets
+    ///   `WORKLOAD`.
     ///
     /// Every other option keeps its default; set it with the setters.
     ///
@@ -286,7 +289,8 @@ impl Config {
                     expected: "a whole number from 1 to 65535",
                 })?;
         }
-        if let Some(value) = lookup(ENV_CLUSTER_FLAVOR).filter(|v| !v.is_empty()) {
+        config.cluster_flavor = ClusterFlavor::Vanilla;
+        if let Some(value) = lookup(ENV_CLUSTER_FLAVOR).filter(|v| !v.trim().is_empty()) {
             config.cluster_flavor =
                 ClusterFlavor::parse(value.trim()).ok_or(ConfigError::InvalidVariable {
                     option: ConfigOption::ClusterFlavor,
@@ -365,7 +369,12 @@ mod tests {
     fn unset_variables_give_the_defaults() {
         let config = Config::from_lookup(lookup(&[])).unwrap();
         assert_eq!(config.worker_threads.get(), 3);
-        assert_eq!(config.cluster_flavor, ClusterFlavor::Workload);
+        assert_eq!(config.cluster_flavor, ClusterFlavor::Vanilla, "as upstream");
+        for blank in ["", " "] {
+            let config = Config::from_lookup(lookup(&[(ENV_CLUSTER_FLAVOR, blank)])).unwrap();
+            assert_eq!(config.cluster_flavor, ClusterFlavor::Vanilla, "{blank:?}");
+        }
+        assert_eq!(Config::default().cluster_flavor, ClusterFlavor::Workload);
         assert_eq!(config.csi_driver, "csi.vsphere.vmware.com");
         assert_eq!(config.settle_period(), Duration::from_secs(180));
         let short = config
@@ -413,6 +422,8 @@ mod tests {
     fn cluster_flavor_is_read_and_checked() {
         let config = Config::from_lookup(lookup(&[(ENV_CLUSTER_FLAVOR, "VANILLA")])).unwrap();
         assert_eq!(config.cluster_flavor, ClusterFlavor::Vanilla);
+        let config = Config::from_lookup(lookup(&[(ENV_CLUSTER_FLAVOR, "WORKLOAD")])).unwrap();
+        assert_eq!(config.cluster_flavor, ClusterFlavor::Workload);
         let error = Config::from_lookup(lookup(&[(ENV_CLUSTER_FLAVOR, "wcp")])).unwrap_err();
         assert_eq!(
             error,

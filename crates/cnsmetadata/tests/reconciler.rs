@@ -5,7 +5,8 @@ mod support;
 use std::{sync::Arc, time::Duration};
 
 use cnsmetadata::{
-    CnsVolumeMetadata, FINALIZER, REASON_UPDATE_FAILED, ReconcileError, VolumeStatus, error_policy,
+    CnsVolumeMetadata, FINALIZER, REASON_UPDATE_FAILED, REASON_UPDATE_SUCCEEDED, ReconcileError,
+    VolumeStatus, error_policy,
     testing::{Failure, pod_spec, pvc_spec},
 };
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
@@ -389,4 +390,43 @@ async fn failing_to_remove_the_finalizer_publishes_a_warning_event() {
         Action::await_change()
     );
     assert!(h.get("tenant", "gc-1-data").await.is_none());
+}
+
+/// Events go out as `events.k8s.io/v1` Events with `reportingController: cns.vmware.com`
+/// (upstream writes core/v1 Events with `source.component: cns.vmware.com`): a core/v1
+/// reader (`kubectl describe`, `kubectl get events`) reads the same Event, with
+/// `reportingComponent: cns.vmware.com` and no `source` (docs/porting-notes.md).
+#[tokio::test]
+async fn events_are_events_k8s_io_v1_reported_by_cns_vmware_com() {
+    let h = harness().await;
+    h.vsphere_volume("tenant", "gc-1-vol-a").await;
+    let d = h.direct(config()).await;
+    // The finalizer, then the update.
+    created_and_synced(&h, &d, "tenant", "gc-1-data", pvc_spec()).await;
+    let events = h.events("tenant", "gc-1-data").await;
+    let succeeded = events
+        .iter()
+        .find(|e| e.reason.as_deref() == Some(REASON_UPDATE_SUCCEEDED))
+        .expect("an UpdateSucceeded event");
+    assert_eq!(
+        succeeded.reporting_controller.as_deref(),
+        Some("cns.vmware.com")
+    );
+    assert_eq!(succeeded.type_.as_deref(), Some("Normal"));
+    assert_eq!(succeeded.deprecated_source, None, "no core/v1 source");
+    let core: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(h.client.clone(), "tenant");
+    let core = core.list(&Default::default()).await.unwrap().items;
+    let read = core
+        .iter()
+        .find(|e| {
+            e.involved_object.name.as_deref() == Some("gc-1-data")
+                && e.reason.as_deref() == Some(REASON_UPDATE_SUCCEEDED)
+        })
+        .expect("the same Event read through core/v1");
+    assert_eq!(read.reporting_component.as_deref(), Some("cns.vmware.com"));
+    assert_eq!(
+        read.source.as_ref().and_then(|s| s.component.as_deref()),
+        None,
+        "upstream's source.component is not set"
+    );
 }

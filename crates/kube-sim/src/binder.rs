@@ -32,7 +32,10 @@
 //!   uses it: the sim has no pods), `kubernetes.io/pv-protection` from a PV being deleted
 //!   that is not `Bound`; each with a merge patch carrying the resourceVersion it was
 //!   planned on, so no other writer's finalizer is dropped. The sim adds them at creation
-//!   ([`Builder::protection_finalizers`](crate::Builder::protection_finalizers)).
+//!   ([`Builder::protection_finalizers`](crate::Builder::protection_finalizers)), and then
+//!   the binder puts one back, as those controllers do, when someone removes it from an
+//!   object that is not being deleted. With protection finalizers on and the binder off,
+//!   the binder runs for these finalizers alone.
 //!
 //! # Caveats
 //! - Claims without `spec.storageClassName` are left alone: the default StorageClass
@@ -62,6 +65,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
+pub(crate) use self::plan::Modes;
 use self::plan::{Action, BindPlan, Cache, ClaimKey, Key};
 
 /// Writes in flight at once; more pending work waits in the queue.
@@ -94,8 +98,9 @@ impl Written {
     }
 }
 
-/// Runs the binder until its task is aborted.
-pub(crate) async fn run(client: Client) {
+/// Runs the binder, playing what `modes` asks of kube-controller-manager, until its task
+/// is aborted.
+pub(crate) async fn run(client: Client, modes: Modes) {
     let config = watcher::Config::default();
     let classes = watcher(Api::<StorageClass>::all(client.clone()), config.clone())
         .default_backoff()
@@ -112,7 +117,7 @@ pub(crate) async fn run(client: Client) {
     let mut events: BoxStream<'static, Message> =
         futures::stream::select_all([classes.boxed(), claims.boxed(), volumes.boxed()]).boxed();
 
-    let mut binder = Binder::new(client);
+    let mut binder = Binder::new(client, modes);
     loop {
         let next_retry = binder.retries.first().map(|(at, _)| *at);
         tokio::select! {
@@ -161,10 +166,10 @@ struct Binder {
 }
 
 impl Binder {
-    fn new(client: Client) -> Self {
+    fn new(client: Client, modes: Modes) -> Self {
         Self {
             client,
-            cache: Cache::default(),
+            cache: Cache::new(modes),
             synced: [false; 3],
             queue: VecDeque::new(),
             queued: BTreeSet::new(),
@@ -359,13 +364,13 @@ async fn execute(client: Client, action: Action) -> Result<Vec<Written>, kube_cl
             )])
         }
         Action::Bind(bind) => bind_volume(client, *bind).await,
-        Action::RemoveProtection(unprotect) => {
+        Action::RemoveProtection(unprotect) | Action::AddProtection(unprotect) => {
             let plan::Unprotect {
                 key,
                 finalizers,
                 resource_version,
             } = *unprotect;
-            debug!(?key, "removing the protection finalizer");
+            debug!(?key, ?finalizers, "setting the protection finalizer");
             let patch = Patch::Merge(json!({"metadata": {
                 "finalizers": finalizers,
                 "resourceVersion": resource_version,

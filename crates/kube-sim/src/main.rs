@@ -7,7 +7,8 @@
 //! ```
 //!
 //! It writes a kubeconfig to `--kubeconfig`, prints one line with the URL and that path, and
-//! serves until Ctrl-C (or SIGTERM). Logs go to stderr; `RUST_LOG` filters them (default `info`).
+//! serves until Ctrl-C (or SIGTERM). Claims and volumes get their protection finalizers as
+//! on a real server (`--protection-finalizers=false` to switch them off). Logs go to stderr; `RUST_LOG` filters them (default `info`).
 
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
@@ -31,6 +32,21 @@ struct Args {
     /// Run the PV binder: storage-provisioner annotations, binding, Released volumes.
     #[arg(long)]
     pv_binder: bool,
+    /// The protection finalizers, as a real server has them: `kubernetes.io/pvc-protection`
+    /// on each claim and `kubernetes.io/pv-protection` on each PV, removed once the object
+    /// is being deleted and nothing needs it, put back when removed from an object that is
+    /// not being deleted (as kube-controller-manager does). `--protection-finalizers=false`
+    /// switches them off.
+    #[arg(
+        long,
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_name = "BOOL"
+    )]
+    protection_finalizers: bool,
     /// Port to listen on at 127.0.0.1; 0 lets the OS pick one.
     #[arg(long, value_name = "N", default_value_t = 0)]
     port: u16,
@@ -94,6 +110,7 @@ async fn run(args: Args) -> Result<(), MainError> {
     let mut builder = KubeSim::builder()
         .load(args.load())
         .pv_binder(args.pv_binder)
+        .protection_finalizers(args.protection_finalizers)
         .port(args.port)
         .kubeconfig_path(&args.kubeconfig);
     if let Some(window) = args.history_window {
@@ -159,6 +176,10 @@ mod tests {
         .unwrap();
         assert_eq!(args.kubeconfig, PathBuf::from("/tmp/k"));
         assert!(args.pv_binder);
+        assert!(
+            args.protection_finalizers,
+            "on by default, as a real server"
+        );
         assert_eq!(args.port, 8080);
         assert_eq!(args.history_window, NonZeroUsize::new(50));
         assert_eq!(args.load(), LoadModel::none());
@@ -189,6 +210,17 @@ mod tests {
         let parsed =
             Args::try_parse_from(["kube-sim", "--kubeconfig", "k", "--history-window", "0"]);
         assert!(parsed.unwrap_err().to_string().contains("--history-window"));
+    }
+
+    #[test]
+    fn protection_finalizers_can_be_switched_off() {
+        let parse = |extra: &[&str]| {
+            let args = ["kube-sim", "--kubeconfig", "k"].iter().chain(extra);
+            Args::try_parse_from(args).unwrap().protection_finalizers
+        };
+        assert!(parse(&[]));
+        assert!(parse(&["--protection-finalizers"]));
+        assert!(!parse(&["--protection-finalizers=false"]));
     }
 
     #[test]

@@ -69,14 +69,18 @@ impl Builder {
 
     /// Protection finalizers, as a real cluster has them: each claim gets
     /// `kubernetes.io/pvc-protection` and each PV `kubernetes.io/pv-protection` at its
-    /// creation (the `StorageObjectInUseProtection` admission plugin), and the PV binder
-    /// removes them as kube-controller-manager does: a claim's once it is being deleted (the
-    /// sim has no pods, so no pod uses it), a PV's once it is being deleted and not
-    /// `Bound`. So a deleted claim or PV is Terminating first, as on a real cluster.
+    /// creation (the `StorageObjectInUseProtection` admission plugin), and
+    /// kube-controller-manager's pvc-protection and pv-protection controllers are played:
+    /// they remove them, a claim's once it is being deleted (the sim has no pods, so no pod
+    /// uses it), a PV's once it is being deleted and not `Bound`, and put one back when
+    /// someone removes it from an object that is not being deleted. So a deleted claim or PV
+    /// is Terminating first, as on a real cluster.
     ///
-    /// Default: on with the [PV binder](Self::pv_binder), off without it (nothing would
-    /// remove them). Switch it off to keep a PV binder whose deletes take effect at once;
-    /// switched on without the binder, the finalizers stay until a test removes them.
+    /// Default: on with the [PV binder](Self::pv_binder), off without it (tests that
+    /// delete claims and volumes see them gone at once). The `kube-sim` server binary
+    /// switches it on whatever `--pv-binder` says, as a real server has them. Switch it off
+    /// to keep a PV binder whose deletes take effect at once; switched on without the
+    /// binder, the protection controllers run alone.
     pub fn protection_finalizers(mut self, on: bool) -> Self {
         self.protection_finalizers = Some(on);
         self
@@ -221,9 +225,12 @@ impl Builder {
                 tracing::warn!(error = %err, "kube-sim server stopped with an error");
             }
         });
-        let binder = self
-            .pv_binder
-            .then(|| tokio::spawn(binder::run(in_process)));
+        let modes = binder::Modes {
+            bind: self.pv_binder,
+            protect: protection,
+        };
+        let binder =
+            (self.pv_binder || protection).then(|| tokio::spawn(binder::run(in_process, modes)));
         tracing::debug!(%url, kubeconfig = %path.display(), "kube-sim started");
         Ok(KubeSim {
             shared,

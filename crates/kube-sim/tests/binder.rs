@@ -620,3 +620,53 @@ async fn protection_finalizers_can_be_switched_off() {
     let bare = KubeSim::start().await.unwrap();
     assert!(finalizers(&create_claim(&bare, "plain", "fast").await).is_empty());
 }
+
+/// Someone removes a protection finalizer from a claim or a PV that is not being deleted:
+/// it is put back, as kube-controller-manager's protection controllers do. With protection
+/// finalizers on and the binder off, those controllers run alone: no annotation, and a
+/// deleted claim still goes.
+#[tokio::test]
+async fn a_removed_protection_finalizer_is_put_back_also_without_the_binder() {
+    let sim = KubeSim::builder()
+        .protection_finalizers(true)
+        .start()
+        .await
+        .unwrap();
+    create_class(&sim, "fast", "Immediate").await;
+    let claim = create_claim(&sim, "c", "fast").await;
+    assert_eq!(finalizers(&claim), ["kubernetes.io/pvc-protection"]);
+    create_volume(&sim, "pv-free", None).await;
+    let strip = json!({"metadata": {"finalizers": ["example.com/mine"]}});
+    claims(&sim)
+        .patch("c", &PatchParams::default(), &Patch::Merge(strip.clone()))
+        .await
+        .unwrap();
+    volumes(&sim)
+        .patch("pv-free", &PatchParams::default(), &Patch::Merge(strip))
+        .await
+        .unwrap();
+    let back = wait_for(claims(&sim), "c", "protected again", |c| {
+        finalizers(c) == ["example.com/mine", "kubernetes.io/pvc-protection"]
+    })
+    .await;
+    assert_eq!(annotation(&back, ANN_PROVISIONER), None, "no binder");
+    wait_for(volumes(&sim), "pv-free", "protected again", |v| {
+        finalizers(v) == ["example.com/mine", "kubernetes.io/pv-protection"]
+    })
+    .await;
+    // Being deleted, the protection goes (and is not put back); the claim waits for ours.
+    claims(&sim)
+        .delete("c", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(claims(&sim), "c", "unprotected", |c| {
+        finalizers(c) == ["example.com/mine"]
+    })
+    .await;
+    let release = json!({"metadata": {"finalizers": null}});
+    claims(&sim)
+        .patch("c", &PatchParams::default(), &Patch::Merge(release))
+        .await
+        .unwrap();
+    assert!(claims(&sim).get_opt("c").await.unwrap().is_none());
+}

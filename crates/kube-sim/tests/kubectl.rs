@@ -60,7 +60,13 @@ impl Kubectl {
             eprintln!("skipped: kubectl is not installed (or `kubectl version --client` failed)");
             return None;
         }
-        let sim = KubeSim::builder().start().await.unwrap();
+        // Claims and volumes carry their protection finalizers, as on a real server (and as
+        // the server binary has them).
+        let sim = KubeSim::builder()
+            .protection_finalizers(true)
+            .start()
+            .await
+            .unwrap();
         Some(Self {
             sim,
             cache: tempfile::tempdir().unwrap(),
@@ -357,7 +363,16 @@ async fn watch_prints_changes_as_they_happen() {
         .unwrap();
     assert_eq!(next_event().await, pair("MODIFIED", "before"));
     claims.delete("before", &Default::default()).await.unwrap();
-    assert_eq!(next_event().await, pair("DELETED", "before"));
+    // As on a real server, the claim is Terminating first (MODIFIED: its deletion starts,
+    // its pvc-protection finalizer goes), then DELETED.
+    let mut event = next_event().await;
+    let mut modified = 0;
+    while event == pair("MODIFIED", "before") {
+        modified += 1;
+        event = next_event().await;
+    }
+    assert_eq!(event, pair("DELETED", "before"));
+    assert!(modified >= 1, "Terminating before it goes");
 
     watch.kill().await.unwrap();
 }
@@ -465,6 +480,12 @@ async fn describe_claim_shows_its_fields() {
     );
     assert_eq!(field("Status").as_deref(), Some("Pending"), "{described}");
     assert_eq!(field("Labels").as_deref(), Some("app=demo"), "{described}");
+    // What a real server's claim shows (the StorageObjectInUseProtection admission).
+    assert_eq!(
+        field("Finalizers").as_deref(),
+        Some("[kubernetes.io/pvc-protection]"),
+        "{described}"
+    );
 }
 
 #[tokio::test]
@@ -589,6 +610,129 @@ spec:
         status.success(),
         "the server exits cleanly on Ctrl-C: {status}"
     );
+}
+
+/// The server binary as a user starts it (no `--pv-binder`): a new claim carries
+/// `kubernetes.io/pvc-protection` as on a real server, the finalizer is put back when
+/// removed from a claim that is not being deleted (kube-controller-manager's
+/// pvc-protection controller), and `kubectl delete` still completes.
+#[tokio::test]
+async fn standalone_server_protects_claims_as_a_real_server_does() {
+    let Some(k) = Kubectl::start().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_kube-sim"))
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
+    tokio::time::timeout(KUBECTL_TIMEOUT, lines.next_line())
+        .await
+        .expect("the server printed its address in time")
+        .unwrap()
+        .expect("the server printed a line");
+    let kubectl = |args: &[&str], stdin: Option<&str>| {
+        let mut command = Command::new("kubectl");
+        command
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--cache-dir")
+            .arg(k.cache.path())
+            .args(args)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = command.spawn().unwrap();
+        let input = stdin.map(str::to_owned);
+        let pipe = child.stdin.take();
+        async move {
+            if let (Some(input), Some(mut pipe)) = (input, pipe) {
+                pipe.write_all(input.as_bytes()).await.unwrap();
+            }
+            let output = tokio::time::timeout(KUBECTL_TIMEOUT, child.wait_with_output())
+                .await
+                .unwrap()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+            assert!(
+                output.status.success(),
+                "{stdout}{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            stdout
+        }
+    };
+    kubectl(&["apply", "-f", "-"], Some(CLASS_AND_CLAIM)).await;
+    let finalizers = || {
+        kubectl(
+            &[
+                "get",
+                "pvc",
+                "claim-1",
+                "-o",
+                "jsonpath={.metadata.finalizers}",
+            ],
+            None,
+        )
+    };
+    assert_eq!(finalizers().await, r#"["kubernetes.io/pvc-protection"]"#);
+    let described = kubectl(&["describe", "pvc", "claim-1"], None).await;
+    assert!(
+        described
+            .lines()
+            .any(|l| l.starts_with("Finalizers:") && l.ends_with("[kubernetes.io/pvc-protection]")),
+        "{described}"
+    );
+    kubectl(
+        &[
+            "patch",
+            "pvc",
+            "claim-1",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"metadata":{"finalizers":null}}"#,
+        ],
+        None,
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + KUBECTL_TIMEOUT;
+    while finalizers().await != r#"["kubernetes.io/pvc-protection"]"# {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the finalizer is put back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let deleted = kubectl(&["delete", "pvc", "claim-1", "--timeout=30s"], None).await;
+    assert!(
+        deleted.contains(r#"persistentvolumeclaim "claim-1" deleted"#),
+        "{deleted}"
+    );
+
+    let pid = server.id().expect("the server is running").to_string();
+    let interrupt = Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .await
+        .unwrap();
+    assert!(interrupt.success());
+    tokio::time::timeout(KUBECTL_TIMEOUT, server.wait())
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 #[tokio::test]

@@ -100,7 +100,8 @@ pub struct Settings {
     pub leader_election: bool,
     /// Where the provision controller serves metrics, if anywhere.
     pub metrics_address: Option<SocketAddr>,
-    /// The cluster flavor (`CLUSTER_FLAVOR`); only `WORKLOAD` runs the metadata reconciler.
+    /// The cluster flavor (`CLUSTER_FLAVOR`; unset means `VANILLA`, as upstream); only
+    /// `WORKLOAD` runs the metadata reconciler (elsewhere one info line says it is off).
     pub flavor: cnsmetadata::ClusterFlavor,
     /// The cluster ID (`[Global] cluster-id`).
     pub cluster_id: String,
@@ -114,9 +115,10 @@ pub struct Settings {
     /// they cannot be used: then the reconciler stops at once with that error and the
     /// provision controller runs on alone.
     pub metadata_config: Result<cnsmetadata::Config, cnsmetadata::ConfigError>,
-    /// Upstream's feature-state ConfigMap (`--fss-name`, `--fss-namespace`): on a
-    /// supervisor (`WORKLOAD`), its `tkgs-ha` key, watched, switches PV entity references
-    /// to the supervisor ID at the next reconcile.
+    /// The feature-state ConfigMap upstream's syncer reads on this flavor
+    /// ([`FeatureStates::of_flavor`]; on a supervisor `csi-feature-states`,
+    /// `--supervisor-fss-name`): read before the reconciler starts, then followed; its
+    /// `tkgs-ha` key switches PV entity references to the supervisor ID.
     pub feature_states: FeatureStates,
 }
 
@@ -182,13 +184,17 @@ pub struct Running {
 /// [`Running::run_until`] stops the reconciler too and returns the error: the process
 /// should exit and be restarted.
 ///
-/// On a supervisor (`WORKLOAD`), before the reconciler starts, the `CnsVolumeMetadata`
-/// CRD is installed as upstream's syncer does ([`install_crd`]: created, or updated to the
-/// shipped manifest; without the permission one warning line names the manifest, `/readyz`
-/// says why, and the install is retried with a delay growing to 5 min), and the
-/// feature-state ConfigMap is watched ([`watch_feature_states`]): its `tkgs-ha` key is
-/// read at every reconcile. The reconciler stopping with an error (its configuration
-/// cannot be used) is logged and leaves the provision controller running.
+/// The reconciler runs only on a supervisor (`WORKLOAD`), as upstream adds it; on any
+/// other flavor one info line says it is off and why. On a supervisor, before the
+/// reconciler starts, the `CnsVolumeMetadata` CRD is installed as upstream's syncer does
+/// ([`install_crd`]: created, or its spec set with its metadata kept, then `Established`;
+/// without the permission one warning line names the manifest, `/readyz` says why, and
+/// the install is retried with a delay growing to 5 min), and the feature states are read
+/// ([`watch_feature_states`]): the reconciler starts only once the ConfigMap has been read
+/// (a missing one: one error line, `/readyz` says why, and it starts when the ConfigMap is
+/// created), then its `tkgs-ha` key is followed and read at every reconcile. The
+/// reconciler stopping with an error (its configuration cannot be used) is logged and
+/// leaves the provision controller running.
 pub fn start_controllers(
     kube: Client,
     provisioner: CnsProvisioner,
@@ -243,19 +249,24 @@ pub fn start_controllers(
     let metadata_shutdown = shutdown();
     let feature_states = settings.feature_states.clone();
     let metadata_health = role.clone();
-    tasks.spawn(async move {
-        let result = run_reconciler(
-            kube,
-            backend,
-            metadata_config,
-            feature_states,
-            leading,
-            metadata_health,
-            metadata_shutdown,
-        )
-        .await;
-        (RECONCILER, result)
-    });
+    if settings.flavor == cnsmetadata::ClusterFlavor::Workload {
+        tasks.spawn(async move {
+            let result = run_reconciler(
+                kube,
+                backend,
+                metadata_config,
+                feature_states,
+                leading,
+                metadata_health,
+                metadata_shutdown,
+            )
+            .await;
+            (RECONCILER, result)
+        });
+    } else {
+        // As upstream's syncer adds the controller only on WORKLOAD.
+        tracing::info!(flavor = %settings.flavor, "{OFF_ELSEWHERE}");
+    }
     Running {
         stop,
         tasks,
@@ -264,8 +275,12 @@ pub fn start_controllers(
     }
 }
 
-/// The reconciler's task: its configuration, then (on a supervisor) the CRD and the
-/// feature states, then [`cnsmetadata::MetadataController::run`].
+/// The one line logged when the reconciler does not run on this cluster's flavor.
+const OFF_ELSEWHERE: &str = "the CnsVolumeMetadata reconciler is off: upstream's syncer runs it \
+     only on a supervisor cluster (CLUSTER_FLAVOR=WORKLOAD; unset means VANILLA)";
+
+/// The reconciler's task on a supervisor (`WORKLOAD`): its configuration, the CRD, the feature states (loaded before it starts), then
+/// [`cnsmetadata::MetadataController::run`].
 async fn run_reconciler(
     kube: Client,
     backend: CnsMetadataBackend,
@@ -277,22 +292,21 @@ async fn run_reconciler(
 ) -> anyhow::Result<()> {
     let config =
         config.context("the CnsVolumeMetadata reconciler cannot start; the provisioner runs on")?;
-    if config.cluster_flavor != cnsmetadata::ClusterFlavor::Workload {
-        return cnsmetadata::MetadataController::new(kube, backend)
-            .config(config)
-            .leading(leading)
-            .run(shutdown)
-            .await
-            .context("CnsVolumeMetadata reconciler failed");
-    }
     let shutdown = futures::FutureExt::shared(futures::FutureExt::boxed(shutdown));
     tokio::select! {
         () = install_crd(&kube, &health) => {}
         () = shutdown.clone() => return Ok(()),
     }
-    let (tkgs_ha, state) = watch::channel(false);
+    // Nothing is sent before the ConfigMap is read: the first change is the load.
+    let (tkgs_ha, mut state) = watch::channel(false);
+    let states = watch_feature_states(kube.clone(), feature_states, tkgs_ha, health);
+    tokio::pin!(states);
+    tokio::select! {
+        loaded = state.changed() => loaded.context("the feature-state watch ended")?,
+        () = &mut states => return Ok(()),
+        () = shutdown.clone() => return Ok(()),
+    }
     let config = config.use_supervisor_id_for_pv(cnsmetadata::FeatureState::follow(state));
-    let states = watch_feature_states(kube.clone(), feature_states, tkgs_ha);
     let reconciler = cnsmetadata::MetadataController::new(kube, backend)
         .config(config)
         .leading(leading)
@@ -374,7 +388,7 @@ impl Running {
 }
 
 /// Options of a real run.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct RealOptions {
     /// The provisioner name claims' classes must name.
     pub provisioner_name: String,
@@ -386,8 +400,28 @@ pub struct RealOptions {
     pub datastores: Vec<(String, String)>,
     /// Datastore MoRefs for classes that name none.
     pub default_datastores: Vec<String>,
-    /// Upstream's feature-state ConfigMap (`--fss-name`, `--fss-namespace`).
-    pub feature_states: FeatureStates,
+    /// The supervisor's feature-state ConfigMap (`--supervisor-fss-name`,
+    /// `--supervisor-fss-namespace`), read on a supervisor (`WORKLOAD`).
+    pub supervisor_feature_states: FeatureStates,
+    /// The internal feature-state ConfigMap (`--fss-name`, `--fss-namespace`), upstream's
+    /// on the other flavors, where nothing here reads feature states.
+    pub internal_feature_states: FeatureStates,
+}
+
+impl Default for RealOptions {
+    /// No provisioner name, no election, no metrics, no datastores, upstream's default
+    /// feature-state ConfigMaps.
+    fn default() -> Self {
+        Self {
+            provisioner_name: String::new(),
+            leader_election: false,
+            metrics_address: None,
+            datastores: Vec::new(),
+            default_datastores: Vec::new(),
+            supervisor_feature_states: FeatureStates::supervisor(),
+            internal_feature_states: FeatureStates::internal(),
+        }
+    }
 }
 
 /// Everything a real run needs, connected.
@@ -468,7 +502,11 @@ pub async fn connect_real(
         vsphere_user: cns.user().to_owned(),
         provision_config: provision_controller::Config::from_lookup(&lookup)?,
         metadata_config,
-        feature_states: options.feature_states.clone(),
+        feature_states: FeatureStates::of_flavor(
+            flavor,
+            &options.supervisor_feature_states,
+            &options.internal_feature_states,
+        ),
     };
     Ok(Real {
         kube,

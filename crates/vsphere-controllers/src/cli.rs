@@ -59,11 +59,19 @@ pub struct Cli {
     /// Run the demo even when a kubeconfig or vSphere config is found.
     #[arg(long)]
     demo: bool,
-    /// Name of upstream's feature-state ConfigMap (its `tkgs-ha` key is watched on a
-    /// supervisor).
+    /// Name of the supervisor's feature-state ConfigMap, read on a supervisor
+    /// (CLUSTER_FLAVOR=WORKLOAD) before the CnsVolumeMetadata reconciler starts, then
+    /// followed (its `tkgs-ha` key).
+    #[arg(long, default_value = crate::DEFAULT_SUPERVISOR_FSS_NAME, value_name = "NAME")]
+    supervisor_fss_name: String,
+    /// Namespace of the supervisor's feature-state ConfigMap.
+    #[arg(long, default_value = crate::DEFAULT_FSS_NAMESPACE, value_name = "NAMESPACE")]
+    supervisor_fss_namespace: String,
+    /// Name of upstream's internal feature-state ConfigMap, upstream's on the other
+    /// flavors (nothing here reads it: the reconciler runs only on a supervisor).
     #[arg(long, default_value = crate::DEFAULT_FSS_NAME, value_name = "NAME")]
     fss_name: String,
-    /// Namespace of upstream's feature-state ConfigMap.
+    /// Namespace of upstream's internal feature-state ConfigMap.
     #[arg(long, default_value = crate::DEFAULT_FSS_NAMESPACE, value_name = "NAMESPACE")]
     fss_namespace: String,
     /// Without a subcommand: run the controllers (or the demo).
@@ -153,7 +161,11 @@ impl Cli {
             serve: self.serve,
             timeout: Duration::from_secs(self.timeout),
             demo: self.demo,
-            feature_states: FeatureStates {
+            supervisor_feature_states: FeatureStates {
+                namespace: self.supervisor_fss_namespace,
+                name: self.supervisor_fss_name,
+            },
+            internal_feature_states: FeatureStates {
                 namespace: self.fss_namespace,
                 name: self.fss_name,
             },
@@ -224,6 +236,85 @@ mod tests {
             "--metrics-address=0.0.0.0:8080",
         ]);
         assert_eq!(upstream_flag_error(&ours), None);
+    }
+
+    /// The `vsphere-syncer` container's args in upstream's stock manifests at HEAD
+    /// (`$(CSI_NAMESPACE)` as the kubelet expands it): `manifests/vanilla/vsphere-csi-driver.yaml`,
+    /// `manifests/guestcluster/1.37/pvcsi.yaml`, `manifests/supervisorcluster/1.35/cns-csi.yaml`.
+    const STOCK_SYNCER_ARGS: &[&str] = &[
+        "--leader-election",
+        "--leader-election-lease-duration=30s",
+        "--leader-election-renew-deadline=20s",
+        "--leader-election-retry-period=10s",
+        "--fss-name=internal-feature-states.csi.vsphere.vmware.com",
+        "--fss-namespace=vmware-system-csi",
+        "--enable-profile-server=false",
+        "--leader-election-lease-duration=120s",
+        "--leader-election-renew-deadline=60s",
+        "--leader-election-retry-period=30s",
+        "--supervisor-fss-name=csi-feature-states",
+        "--supervisor-fss-namespace=vmware-system-csi",
+        "--storagequota-sync-interval=10m",
+        "--webhook-client-cert-verification",
+        "--enable-profile-server=true",
+    ];
+
+    #[test]
+    fn each_upstream_syncer_flag_in_the_stock_manifests_starts_or_is_refused_in_one_line() {
+        let accepted = [
+            "--leader-election",
+            "--fss-name=internal-feature-states.csi.vsphere.vmware.com",
+            "--fss-namespace=vmware-system-csi",
+            "--supervisor-fss-name=csi-feature-states",
+            "--supervisor-fss-namespace=vmware-system-csi",
+        ];
+        for arg in STOCK_SYNCER_ARGS {
+            let name = arg.trim_start_matches('-').split('=').next().unwrap();
+            match parse(&[arg]) {
+                Ok(_) => assert!(accepted.contains(arg), "{arg} is accepted"),
+                Err(error) => {
+                    assert!(!accepted.contains(arg), "{arg}: {error}");
+                    let text = error.to_string();
+                    assert_eq!(text.trim_end().lines().count(), 1, "{arg}: {text}");
+                    assert!(
+                        text.starts_with(&format!(
+                            "error: --{name} is a flag of the upstream vsphere-syncer or \
+                             csi-provisioner that this binary does not support"
+                        )),
+                        "{arg}: {text}"
+                    );
+                    assert_eq!(error.exit_code(), 2, "{arg}");
+                }
+            }
+        }
+        let a = parse(&[
+            "--supervisor-fss-name=fss",
+            "--supervisor-fss-namespace=ns",
+            "--fss-name=internal",
+            "--fss-namespace=ns2",
+        ])
+        .unwrap();
+        assert_eq!(
+            (
+                a.supervisor_fss_namespace.as_str(),
+                a.supervisor_fss_name.as_str()
+            ),
+            ("ns", "fss")
+        );
+        assert_eq!(
+            (a.fss_namespace.as_str(), a.fss_name.as_str()),
+            ("ns2", "internal")
+        );
+        let defaults = parse(&[]).unwrap();
+        assert_eq!(defaults.supervisor_fss_name, "csi-feature-states");
+        assert_eq!(defaults.supervisor_fss_namespace, "vmware-system-csi");
+        let webhook = parse(&["--webhook-client-cert-verification"]).unwrap_err();
+        assert_eq!(
+            webhook.to_string(),
+            "error: --webhook-client-cert-verification is a flag of the upstream vsphere-syncer \
+             or csi-provisioner that this binary does not support (this binary is the \
+             METADATA_SYNC mode; there is no webhook server)\n"
+        );
     }
 
     #[test]

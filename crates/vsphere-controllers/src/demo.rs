@@ -241,6 +241,12 @@ async fn install(kube: &Client, provisioner_name: &str) -> anyhow::Result<()> {
         .create(&PostParams::default(), &cnsmetadata::crd())
         .await
         .context("cannot install the CnsVolumeMetadata CRD")?;
+    // The supervisor's feature states, as its install ships them (the demo has no
+    // supervisor ID, so TKGsHA is off): the reconciler reads them before it starts.
+    crate::FeatureStates::supervisor()
+        .create(kube, &[(crate::TKGS_HA, "false")])
+        .await
+        .context("cannot create the feature-state ConfigMap")?;
     let class = StorageClass {
         metadata: ObjectMeta {
             name: Some(CLASS.to_owned()),

@@ -32,6 +32,14 @@ pub const UPSTREAM_FLAGS: &[(&str, &str)] = &[
     ("fss-name", ""),
     ("fss-namespace", ""),
     ("storagequota-sync-interval", ""),
+    (
+        "webhook-client-cert-verification",
+        "this binary is the METADATA_SYNC mode; there is no webhook server",
+    ),
+    (
+        "enable-profile-server",
+        "there is no profiling endpoint; metrics are served with --metrics-address",
+    ),
     // csi-provisioner (external-provisioner)
     ("kubeconfig", ""),
     ("master", "give the server in a kubeconfig (--kubeconfig)"),

@@ -56,9 +56,9 @@ pub use kube_controller_kit::signal::{Signal, shutdown_signal};
 pub use run::{Options, RunError, parse_datastore, run};
 pub use uninstall::{UninstallOptions, uninstall};
 pub use upstream::{
-    CRD_MANIFEST, CRD_NOT_READY, CRD_RETRY_FIRST, CRD_RETRY_MAX, DEFAULT_FSS_NAME,
-    DEFAULT_FSS_NAMESPACE, FeatureStates, TKGS_HA, install_crd, parse_feature_state,
-    watch_feature_states,
+    CRD_ESTABLISHED_TIMEOUT, CRD_MANIFEST, CRD_NOT_READY, CRD_RETRY_FIRST, CRD_RETRY_MAX,
+    DEFAULT_FSS_NAME, DEFAULT_FSS_NAMESPACE, DEFAULT_SUPERVISOR_FSS_NAME, FEATURE_STATES_NOT_READY,
+    FeatureStates, TKGS_HA, install_crd, parse_feature_state, watch_feature_states,
 };
 
 /// The example of README.md, compiled as a doctest.

@@ -47,13 +47,13 @@ pub const CRD_PERMISSIONS: &[Permission] = &[
     .only(Names::Named(cnsmetadata::CRD_NAME)),
 ];
 
-/// What watching upstream's feature-state ConfigMap ([`crate::watch_feature_states`], in
-/// its namespace, by default `vmware-system-csi`) calls: `list` and `watch` with the field
-/// selector `metadata.name=<name>`, so RBAC limits them to that one ConfigMap (change
-/// `resourceNames` with `--fss-name`).
+/// What reading and following the supervisor's feature-state ConfigMap
+/// ([`crate::watch_feature_states`], in its namespace, by default `vmware-system-csi`)
+/// calls: `list` and `watch` with the field selector `metadata.name=<name>`, so RBAC limits
+/// them to that one ConfigMap (change `resourceNames` with `--supervisor-fss-name`).
 pub const FEATURE_STATES_PERMISSIONS: &[Permission] =
     &[Permission::new("", "configmaps", &["list", "watch"])
-        .only(Names::Named(crate::DEFAULT_FSS_NAME))];
+        .only(Names::Named(crate::DEFAULT_SUPERVISOR_FSS_NAME))];
 
 /// The cluster-wide permissions of the whole process (a ClusterRole): the union of the
 /// provision controller's

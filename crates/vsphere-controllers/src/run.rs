@@ -45,9 +45,12 @@ pub struct Options {
     pub timeout: Duration,
     /// Run the demo whatever else is configured.
     pub demo: bool,
-    /// Upstream's feature-state ConfigMap (`--fss-name`, `--fss-namespace`), read in a
-    /// real run on a supervisor.
-    pub feature_states: crate::FeatureStates,
+    /// The supervisor's feature-state ConfigMap (`--supervisor-fss-name`,
+    /// `--supervisor-fss-namespace`), read in a real run on a supervisor (`WORKLOAD`).
+    pub supervisor_feature_states: crate::FeatureStates,
+    /// The internal feature-state ConfigMap (`--fss-name`, `--fss-namespace`), upstream's
+    /// on the other flavors (see [`crate::FeatureStates::of_flavor`]).
+    pub internal_feature_states: crate::FeatureStates,
 }
 
 /// Why [`run`] failed.
@@ -269,7 +272,8 @@ async fn real(
         metrics_address: options.metrics_address,
         datastores: options.datastores.clone(),
         default_datastores: options.default_datastores.clone(),
-        feature_states: options.feature_states.clone(),
+        supervisor_feature_states: options.supervisor_feature_states.clone(),
+        internal_feature_states: options.internal_feature_states.clone(),
     };
     tokio::pin!(shutdown);
     let real = tokio::select! {

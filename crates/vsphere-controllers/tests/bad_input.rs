@@ -21,7 +21,8 @@ fn options() -> Options {
         serve: false,
         timeout: Duration::from_secs(60),
         demo: false,
-        feature_states: vsphere_controllers::FeatureStates::default(),
+        supervisor_feature_states: vsphere_controllers::FeatureStates::supervisor(),
+        internal_feature_states: vsphere_controllers::FeatureStates::internal(),
     }
 }
 

@@ -35,6 +35,10 @@ async fn install(kube: &Client, datastore: &str) {
         .create(&PostParams::default(), &cnsmetadata::crd())
         .await
         .unwrap();
+    vsphere_controllers::FeatureStates::supervisor()
+        .create(kube, &[(vsphere_controllers::TKGS_HA, "false")])
+        .await
+        .unwrap();
     let class = StorageClass {
         metadata: ObjectMeta {
             name: Some("vsphere".to_owned()),

@@ -179,7 +179,8 @@ async fn run_with_both_configs_provisions_until_shutdown() {
         serve: false,
         timeout: Duration::from_secs(60),
         demo: false,
-        feature_states: vsphere_controllers::FeatureStates::default(),
+        supervisor_feature_states: vsphere_controllers::FeatureStates::supervisor(),
+        internal_feature_states: vsphere_controllers::FeatureStates::internal(),
     };
     let mut out = Vec::new();
     run(&options, vanilla, wait_bound(&claims), &mut out)

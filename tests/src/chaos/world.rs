@@ -302,6 +302,12 @@ async fn install(client: &Client) -> anyhow::Result<()> {
     crds.create(&PostParams::default(), &cnsmetadata::crd())
         .await
         .context("cannot install the CnsVolumeMetadata CRD")?;
+    // The supervisor's feature states, as its install ships them: the reconciler starts
+    // once it has read them (TKGsHA off: the chaos cluster has no supervisor ID).
+    vsphere_controllers::FeatureStates::supervisor()
+        .create(client, &[(vsphere_controllers::TKGS_HA, "false")])
+        .await
+        .context("cannot create the feature-state ConfigMap")?;
     let metadata: Api<CnsVolumeMetadata> = Api::namespaced(client.clone(), names::NAMESPACE);
     let deadline = Instant::now() + Duration::from_secs(10);
     while metadata

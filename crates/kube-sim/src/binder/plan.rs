@@ -120,16 +120,59 @@ pub(super) enum Action {
     /// Remove a protection finalizer: the claim's once it is being deleted (no pod uses it:
     /// the sim has none), the volume's once it is being deleted and not `Bound`.
     RemoveProtection(Box<Unprotect>),
+    /// Put a protection finalizer back on an object that is not being deleted, as
+    /// kube-controller-manager's pvc-protection and pv-protection controllers do when
+    /// someone removed it ([`Modes::protect`]).
+    AddProtection(Box<Unprotect>),
 }
 
-/// A protection finalizer to remove, with the version it was planned on (a precondition:
-/// another writer's finalizers are never dropped).
+/// A protection finalizer to remove or add, with the version it was planned on (a
+/// precondition: another writer's finalizers are never dropped).
 #[derive(Debug, PartialEq)]
 pub(super) struct Unprotect {
     pub(super) key: Key,
-    /// The finalizers that stay.
+    /// The finalizers the object gets.
     pub(super) finalizers: Vec<String>,
     pub(super) resource_version: Option<String>,
+}
+
+/// What the binder plays of kube-controller-manager.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Modes {
+    /// The persistent-volume controller: annotations, binding, phases, release.
+    pub(crate) bind: bool,
+    /// The protection controllers put a missing protection finalizer back on an object that
+    /// is not being deleted. (They remove it, when due, in any mode: only the sim's
+    /// admission adds it.)
+    pub(crate) protect: bool,
+}
+
+impl Default for Modes {
+    /// The binder alone: binding, no re-adding.
+    fn default() -> Self {
+        Self {
+            bind: true,
+            protect: false,
+        }
+    }
+}
+
+/// The [`Action::AddProtection`] of an object that is not being deleted and lacks
+/// `finalizer`.
+fn protect(key: Key, meta: &ObjectMeta, finalizer: &str) -> Option<Action> {
+    if meta.deletion_timestamp.is_some() {
+        return None;
+    }
+    let mut finalizers = meta.finalizers.clone().unwrap_or_default();
+    if finalizers.iter().any(|f| f == finalizer) {
+        return None;
+    }
+    finalizers.push(finalizer.to_owned());
+    Some(Action::AddProtection(Box::new(Unprotect {
+        key,
+        finalizers,
+        resource_version: meta.resource_version.clone(),
+    })))
 }
 
 /// The [`Action::RemoveProtection`] of an object being deleted that still has
@@ -169,6 +212,8 @@ pub(super) struct BindPlan {
 /// The watched objects, with an index from claims to the volumes whose claimRef names them.
 #[derive(Default)]
 pub(super) struct Cache {
+    /// What is planned.
+    pub(super) modes: Modes,
     classes: HashMap<String, ClassInfo>,
     claims: HashMap<ClaimKey, PersistentVolumeClaim>,
     /// UIDs of claims seen deleted (by a delete event or a relist without them). A
@@ -198,6 +243,14 @@ fn is_newer(old: Option<&str>, new: Option<&str>) -> bool {
 }
 
 impl Cache {
+    /// An empty cache planning what `modes` asks.
+    pub(super) fn new(modes: Modes) -> Self {
+        Self {
+            modes,
+            ..Self::default()
+        }
+    }
+
     fn claims_of_class(&self, class: &str) -> Vec<Key> {
         self.claims
             .iter()
@@ -397,6 +450,14 @@ impl Cache {
         if let Some(action) = unprotect(Key::Claim(key.clone()), &claim.metadata, PVC_PROTECTION) {
             return Some(action);
         }
+        if self.modes.protect
+            && let Some(action) = protect(Key::Claim(key.clone()), &claim.metadata, PVC_PROTECTION)
+        {
+            return Some(action);
+        }
+        if !self.modes.bind {
+            return None;
+        }
         let spec = claim.spec.as_ref()?;
         if claim.metadata.deletion_timestamp.is_some()
             || spec.volume_name.as_deref().is_some_and(|v| !v.is_empty())
@@ -455,6 +516,18 @@ impl Cache {
             )
         {
             return Some(action);
+        }
+        if self.modes.protect
+            && let Some(action) = protect(
+                Key::Volume(name.to_owned()),
+                &volume.metadata,
+                PV_PROTECTION,
+            )
+        {
+            return Some(action);
+        }
+        if !self.modes.bind {
+            return None;
         }
         let available = || Action::SetVolumePhase {
             volume: name.to_owned(),
@@ -749,6 +822,48 @@ mod tests {
                 provisioner: "csi.example.com".into()
             })
         );
+    }
+
+    #[test]
+    fn a_removed_protection_finalizer_is_put_back_unless_the_object_is_being_deleted() {
+        let protection_only = Modes {
+            bind: false,
+            protect: true,
+        };
+        let mut cache = Cache::new(protection_only);
+        cache.apply_class(&class("fast", "csi.example.com", false));
+        let mut held = claim("c", "fast", "7");
+        held.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+        cache.apply_claim(held);
+        assert_eq!(
+            cache.plan(&Key::Claim(key("c"))),
+            Some(Action::AddProtection(Box::new(Unprotect {
+                key: Key::Claim(key("c")),
+                finalizers: vec!["example.com/hold".into(), PVC_PROTECTION.into()],
+                resource_version: Some("7".into()),
+            })))
+        );
+        let mut protected = claim("c", "fast", "8");
+        protected.metadata.finalizers = Some(vec![PVC_PROTECTION.into()]);
+        cache.apply_claim(protected);
+        assert_eq!(
+            cache.plan(&Key::Claim(key("c"))),
+            None,
+            "without the binder, no annotation"
+        );
+        cache.apply_volume(volume("pv", None, "Available"));
+        let Some(Action::AddProtection(add)) = cache.plan(&Key::Volume("pv".into())) else {
+            panic!("the volume's finalizer is put back");
+        };
+        assert_eq!(add.finalizers, [PV_PROTECTION]);
+        let mut gone = deleting(volume("pv", None, "Available"));
+        gone.metadata.resource_version = Some("2".into());
+        cache.apply_volume(gone);
+        assert_eq!(cache.plan(&Key::Volume("pv".into())), None, "being deleted");
+        // The binder alone (protection finalizers off) never adds one.
+        let mut binder = Cache::default();
+        binder.apply_volume(volume("pv", None, "Available"));
+        assert_eq!(binder.plan(&Key::Volume("pv".into())), None);
     }
 
     #[test]
