@@ -8,7 +8,7 @@
 //! | a driver may opt into | [`Qualifier`], [`DeletionGuard`], [`AssetLookup`], [`LateAssets`] (handed to the builder) |
 //! | the binary runs | [`client`] (`infer`, `from_config`, `for_leader_election`), [`ProvisionController`] (`new`, builder methods, `run(shutdown)`), [`Config`], [`LeaderElection`], [`shutdown_signal`]; [`Error`] from `run` |
 //! | options with more than one form | [`FailureBackoff`], [`PvSaveStrategy`], [`VolumeNamer`], [`SharedCache`]; [`ConfigError`] names a bad option ([`ConfigOption`]) |
-//! | operators | [`rbac`] (the permissions, for manifests), [`annotations`] (the names on objects), [`Uninstall`] / [`UninstallReport`] / [`JournalRecord`] |
+//! | operators | [`manifests`] (the objects a driver needs in a cluster, as YAML), [`rbac`] (the permissions), [`annotations`] (the names on objects), [`Uninstall`] / [`UninstallReport`] / [`JournalRecord`] |
 //! | tests (feature `testing`) | `testing::DriverTest`, `testing::conformance`, `testing::FakeProvisioner`, object builders |
 //!
 //! Every Go option and its Rust form, and every difference from the Go library, are listed
@@ -22,6 +22,7 @@ mod controller;
 mod error;
 mod events;
 mod journal;
+pub mod manifests;
 mod metrics;
 mod provisioner;
 mod queue;
