@@ -40,6 +40,10 @@ pub use journal::{JournalRecord, Uninstall, UninstallReport};
 /// Builds the controller's `kube::Client`: one HTTP/2 connection for every request and
 /// watch, and a second one for leader election (from kube-controller-kit).
 pub use kube_controller_kit::client;
+/// An error and its causes as one line (`what failed: why: ...`), each message once, with
+/// the API server's answers and connection failures in words: what a binary prints (see
+/// kube-controller-kit's `error::chain`).
+pub use kube_controller_kit::error::chain as error_chain;
 pub use kube_controller_kit::leader::LeaderElection;
 /// Waits for SIGTERM or SIGINT: the `shutdown` future to pass to
 /// [`ProvisionController::run`].
