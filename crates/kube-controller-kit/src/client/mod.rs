@@ -402,6 +402,42 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_missing_kubeconfig_is_named_once_without_doubled_quotes() {
+        let missing = std::path::PathBuf::from("/nowhere/kubeconfig");
+        let error = kube_client::config::KubeconfigError::ReadConfig(
+            std::io::Error::from(std::io::ErrorKind::NotFound),
+            missing,
+        );
+        assert_eq!(
+            kubeconfig_reason(&error, None),
+            "cannot read the kubeconfig /nowhere/kubeconfig: entity not found"
+        );
+    }
+
+    /// A host name that does not resolve, through hyper-util's connector as the client
+    /// uses it, with a resolver that answers at once (no DNS query leaves the machine).
+    #[tokio::test]
+    async fn a_host_that_does_not_resolve_is_host_not_found() {
+        use tower::Service;
+        let resolver = tower::service_fn(|_name| async {
+            Err::<std::vec::IntoIter<std::net::SocketAddr>, _>(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no such host",
+            ))
+        });
+        let mut connector = HttpConnector::new_with_resolver(resolver);
+        let uri: http::Uri = "http://nonexistent.invalid:6443/".parse().unwrap();
+        let Err(error) = connector.call(uri).await else {
+            panic!("resolved")
+        };
+        let error = kube_client::Error::Service(Box::new(error));
+        assert_eq!(
+            crate::error::chain(&error),
+            "host not found (the server's name does not resolve: no such host)"
+        );
+    }
+
     /// A pool stand-in: counts calls in progress and answers when told.
     #[derive(Clone, Default)]
     struct Pool {
