@@ -33,9 +33,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let registry = Arc::new(Mutex::new(Registry::default()));
     let backend_calls = Counter::default();
     let help = "Calls to the storage backend";
-    let mut shared = registry.lock().map_err(|_| "registry lock poisoned")?;
-    shared.register("driver_backend_calls", help, backend_calls.clone());
-    drop(shared);
+    {
+        let mut shared = registry.lock().map_err(|_| "registry lock poisoned")?;
+        shared.register("driver_backend_calls", help, backend_calls.clone());
+    }
     let (client, _) = provision_controller::client::infer().await?;
     let shutdown = provision_controller::shutdown_signal()?;
     ProvisionController::new(client, "example.com/my-driver", Counted { backend_calls })

@@ -121,7 +121,10 @@ async fn run(args: Vec<String>) -> Result<(), Box<dyn std::error::Error>> {
     {
         [] => {}
         // `my-driver --print-manifests | kubectl apply -f -`
-        ["--print-manifests"] => return Ok(print!("{}", manifests.build().to_yaml())),
+        ["--print-manifests"] => {
+            print!("{}", manifests.build().to_yaml());
+            return Ok(());
+        }
         // Deletes the journal (run it once `kubectl delete -f` removed the rest).
         ["uninstall"] => {
             let (client, _) = provision_controller::client::infer().await?;
@@ -130,7 +133,8 @@ async fn run(args: Vec<String>) -> Result<(), Box<dyn std::error::Error>> {
                 .journal_namespace(manifests.journal_namespace())
                 .run()
                 .await?;
-            return Ok(println!("removed {:?}", report.objects_deleted));
+            println!("removed: {}", report.objects_deleted.join(", "));
+            return Ok(());
         }
         _ => return Err("usage: my-driver [--print-manifests | uninstall]".into()),
     }
