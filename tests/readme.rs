@@ -46,6 +46,19 @@ fn the_readme_driver_is_the_example_verbatim() {
     );
 }
 
+/// docs/production.md's metrics recipe is `examples/metrics.rs`, which `cargo test` builds.
+#[test]
+fn the_metrics_recipe_is_the_example_verbatim() {
+    let quoted = block_after(
+        &read("docs/production.md"),
+        "<!-- verbatim examples/metrics.rs -->",
+    );
+    assert!(
+        quoted == read("examples/metrics.rs"),
+        "docs/production.md's metrics recipe differs from examples/metrics.rs"
+    );
+}
+
 /// A first run against a real (HTTPS) cluster works from the README: its client is
 /// provision-controller's (TLS and HTTP/2 built in), so the user picks no TLS feature; the
 /// binary picks the Kubernetes version.

@@ -188,7 +188,18 @@ impl Args {
     }
 }
 
-fn main() -> anyhow::Result<()> {
+/// Errors as one line: what failed and each cause, `: `-separated (anyhow's `{:#}`).
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "error".into()))

@@ -17,7 +17,12 @@ use std::fmt::Write as _;
 /// `": "` (an error that embeds its source with `{0}`, like many library errors do), or
 /// equals, is skipped, so the report never reads
 /// `failed: X: X`; its own sources still follow. A `kube_client::Error::Api` is written
-/// as `ApiError: <message>: <reason>` without the `Status` debug dump its `Display` adds.
+/// without the `Status` debug dump its `Display` adds: a 401 as
+/// `401 Unauthorized: the API server refused the credentials (...)`, a 403 as
+/// `403 Forbidden: <the server's message>` (it names the verb and the resource), others as
+/// `ApiError: <message>: <reason>`. A kube error that did not reach the server is written as
+/// its cause in words (`connection refused (...)`, `host not found (...)`, `TLS: unknown
+/// issuer (...)`) instead of `ServiceError: client error (Connect)` and its sources.
 ///
 /// ```
 /// use kube_controller_kit::error::chain;
@@ -38,14 +43,15 @@ use std::fmt::Write as _;
 /// ```
 #[must_use]
 pub fn chain(error: &(dyn Error + 'static)) -> String {
-    let mut text = message(error);
+    let (mut text, mut covered) = message(error);
     let mut source = error.source();
-    while let Some(cause) = source {
-        let next = message(cause);
+    while let Some(cause) = source.filter(|_| !covered) {
+        let (next, covers) = message(cause);
         if !next.is_empty() && !ends_with_message(&text, &next) {
             // Writing to a String cannot fail.
             let _ = write!(text, ": {next}");
         }
+        covered = covers;
         source = cause.source();
     }
     text
@@ -62,12 +68,94 @@ fn ends_with_message(text: &str, message: &str) -> bool {
     })
 }
 
-/// The message of one error: its `Display`, except for kube's API error, whose `Display`
-/// appends the whole `Status` in debug form.
-fn message(error: &(dyn Error + 'static)) -> String {
+/// The message of one error (its `Display`, except for kube's errors, see [`chain`]), and
+/// whether it already says what its sources would.
+fn message(error: &(dyn Error + 'static)) -> (String, bool) {
     match error.downcast_ref::<kube_client::Error>() {
-        Some(kube_client::Error::Api(status)) => format!("ApiError: {status}"),
-        _ => error.to_string(),
+        Some(kube_client::Error::Api(status)) => (api_message(status), true),
+        Some(kube_client::Error::RustlsTls(tls)) => {
+            use kube_client::client::RustlsTlsError as T;
+            let detail = match tls {
+                T::InvalidPrivateKey(inner) => inner.to_string(),
+                T::MissingPrivateKey | T::UnknownPrivateKeyFormat => tls.to_string(),
+                _ => return (format!("TLS settings: {tls}"), true),
+            };
+            let line =
+                format!("the kubeconfig's client key is not a usable private key ({detail})");
+            (line, true)
+        }
+        Some(other) => match transport_cause(other) {
+            Some(cause) => (cause, true),
+            None => (other.to_string(), false),
+        },
+        None => (error.to_string(), false),
+    }
+}
+
+/// A status the API server answered, in words: 401 says the credentials were refused,
+/// 403 quotes the server (who may not do which verb on which resource).
+fn api_message(status: &kube_client::core::Status) -> String {
+    match status.code {
+        401 => "401 Unauthorized: the API server refused the credentials (check the \
+                kubeconfig's user, or the service account's token)"
+            .to_owned(),
+        403 => format!("403 Forbidden: {}", status.message),
+        _ => format!("ApiError: {status}"),
+    }
+}
+
+/// Why a request did not reach the API server, in words, when one of `error`'s sources
+/// says: connection refused, host not found, a TLS failure (unknown issuer, a name the
+/// certificate does not cover, an expired certificate), a timeout.
+pub(crate) fn transport_cause(error: &(dyn Error + 'static)) -> Option<String> {
+    let mut next: Option<&(dyn Error + 'static)> = Some(error);
+    while let Some(error) = next {
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            // io::Error's own `source` skips the error it wraps: look at that one first.
+            if let Some(found) = io.get_ref().and_then(|inner| transport_cause(inner)) {
+                return Some(found);
+            }
+            match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => {
+                    return Some(
+                        "connection refused (nothing listens there: is the API server \
+                         running, and is the kubeconfig's server address right?)"
+                            .to_owned(),
+                    );
+                }
+                std::io::ErrorKind::TimedOut => return Some("connection timed out".to_owned()),
+                _ => {}
+            }
+        }
+        if let Some(tls) = error.downcast_ref::<rustls::Error>() {
+            return Some(tls_cause(tls));
+        }
+        if error.to_string() == "dns error" {
+            // hyper-util's connector: the host name did not resolve.
+            let detail = error.source().map(ToString::to_string).unwrap_or_default();
+            return Some(format!(
+                "host not found (the server's name does not resolve: {detail})"
+            ));
+        }
+        next = error.source();
+    }
+    None
+}
+
+fn tls_cause(error: &rustls::Error) -> String {
+    use rustls::CertificateError as C;
+    match error {
+        rustls::Error::InvalidCertificate(C::UnknownIssuer) => "TLS: unknown issuer (the \
+            server's certificate is not signed by the kubeconfig's certificate-authority)"
+            .to_owned(),
+        rustls::Error::InvalidCertificate(
+            C::NotValidForName | C::NotValidForNameContext { .. },
+        ) => "TLS: the server's certificate is not valid for its address in the kubeconfig"
+            .to_owned(),
+        rustls::Error::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => {
+            "TLS: the server's certificate has expired".to_owned()
+        }
+        other => format!("TLS: {other}"),
     }
 }
 
@@ -150,7 +238,7 @@ mod tests {
         let error = Renew(kube_client::Error::Api(Box::new(status)));
         assert_eq!(
             chain(&error),
-            "failed to renew lease ns/l: ApiError: leases.coordination.k8s.io \"l\" is forbidden: Forbidden"
+            "failed to renew lease ns/l: 403 Forbidden: leases.coordination.k8s.io \"l\" is forbidden"
         );
     }
 }

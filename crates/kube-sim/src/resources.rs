@@ -70,6 +70,7 @@ impl ResourceDef {
                     | "namespaces"
                     | "leases"
                     | "customresourcedefinitions"
+                    | "deployments"
             )
     }
 }
@@ -145,6 +146,68 @@ pub(crate) fn builtins() -> Vec<ResourceDef> {
             true,
             &["cm"],
             false,
+        ),
+        // What a driver's manifests hold, so that `kubectl apply` (and its server-side dry
+        // run) accepts them: no RBAC is enforced and no pod is started.
+        builtin(
+            "",
+            "v1",
+            "serviceaccounts",
+            "serviceaccount",
+            "ServiceAccount",
+            true,
+            &["sa"],
+            false,
+        ),
+        builtin(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "clusterroles",
+            "clusterrole",
+            "ClusterRole",
+            false,
+            &[],
+            false,
+        ),
+        builtin(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "clusterrolebindings",
+            "clusterrolebinding",
+            "ClusterRoleBinding",
+            false,
+            &[],
+            false,
+        ),
+        builtin(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "roles",
+            "role",
+            "Role",
+            true,
+            &[],
+            false,
+        ),
+        builtin(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "rolebindings",
+            "rolebinding",
+            "RoleBinding",
+            true,
+            &[],
+            false,
+        ),
+        builtin(
+            "apps",
+            "v1",
+            "deployments",
+            "deployment",
+            "Deployment",
+            true,
+            &["deploy"],
+            true,
         ),
         builtin(
             "storage.k8s.io",

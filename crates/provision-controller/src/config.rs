@@ -70,6 +70,7 @@ impl Default for Config {
             metrics_path: "/metrics".into(),
             shutdown_grace: Self::DEFAULT_SHUTDOWN_GRACE,
             crash_safe_provisioning: true,
+            journal_namespace: None,
             journal_commit_delay: Self::DEFAULT_JOURNAL_COMMIT_DELAY,
             journal_capacity: Self::DEFAULT_JOURNAL_CAPACITY,
             provisioning_held_warning: Self::DEFAULT_PROVISIONING_HELD_WARNING,
@@ -115,7 +116,11 @@ impl Config {
     /// (`kube_client::Client::default_namespace`: the service account's namespace in a
     /// pod, the kubeconfig context's outside one; see [`LeaderElection::namespace`]).
     ///
-    /// `lookup` is asked for `"POD_NAMESPACE"` (an environment variable); the library
+    /// The journal's namespace ([`Config::journal_namespace`]) comes from `JOURNAL_NAMESPACE`
+    /// the same way (unset or blank: the controller's).
+    ///
+    /// `lookup` is asked for `"POD_NAMESPACE"` and `"JOURNAL_NAMESPACE"` (environment
+    /// variables); the library
     /// itself never reads the environment. A binary passes `|k| std::env::var(k).ok()`.
     ///
     /// # Errors
@@ -125,7 +130,12 @@ impl Config {
             .map(|ns| ns.trim().to_owned())
             .unwrap_or_default();
         let election = LeaderElection::default().namespace(namespace);
-        Ok(Self::default().leader_election(Some(election)))
+        let journal_namespace = lookup("JOURNAL_NAMESPACE")
+            .map(|ns| ns.trim().to_owned())
+            .filter(|ns| !ns.is_empty());
+        Ok(Self::default()
+            .leader_election(Some(election))
+            .journal_namespace(journal_namespace))
     }
 
     /// Checks the options together.
@@ -331,6 +341,17 @@ kube_controller_kit::options! {
         /// its asset deleted (after a read right before each attempt shows no PV of its name);
         /// a journal left from before is not read.
         crash_safe_provisioning: bool;
+        /// The namespace of the provisioning journal's ConfigMaps; `None` (the default): the
+        /// controller's namespace, the Lease's.
+        ///
+        /// The journal's RBAC role covers every ConfigMap of its namespace (its objects'
+        /// names are not known in advance: they are numbered as the journal grows, and it
+        /// lists them by label), so a namespace that holds other ConfigMaps (a driver's
+        /// configuration, a feature-state map) would let the controller read and rewrite
+        /// them. A namespace of the journal's own keeps them out of reach: the manifests of
+        /// [`manifests`](crate::manifests) create `<namespace>-journal`.
+        /// [`Config::from_lookup`] takes `JOURNAL_NAMESPACE` when set. No Go counterpart.
+        journal_namespace: Option<String>;
         /// How long an intent waits for company before the journal write that makes it durable
         /// (every claim that reaches that point meanwhile shares the write), unless 8 intents
         /// (or half the [`sync_workers`](Self::sync_workers()), when fewer) wait already:

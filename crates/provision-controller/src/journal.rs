@@ -1118,6 +1118,7 @@ pub struct Uninstall {
     provisioner_name: String,
     additional_names: Vec<String>,
     election: LeaderElection,
+    journal_namespace: Option<String>,
     remove_pv_finalizers: bool,
 }
 
@@ -1131,6 +1132,7 @@ impl Uninstall {
             provisioner_name: provisioner_name.into(),
             additional_names: Vec::new(),
             election: LeaderElection::default(),
+            journal_namespace: None,
             remove_pv_finalizers: false,
         }
     }
@@ -1148,6 +1150,14 @@ impl Uninstall {
     #[must_use]
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.election.namespace = namespace.into();
+        self
+    }
+
+    /// The journal's namespace, when the controller had one set
+    /// ([`Config::journal_namespace`](crate::Config::journal_namespace)).
+    #[must_use]
+    pub fn journal_namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.journal_namespace = Some(namespace.into());
         self
     }
 
@@ -1178,6 +1188,7 @@ impl Uninstall {
     pub async fn run(self) -> Result<UninstallReport, kube_client::Error> {
         let (namespace, lease_name) =
             location(&self.client, &self.provisioner_name, Some(&self.election));
+        let namespace = self.journal_namespace.clone().unwrap_or(namespace);
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &namespace);
         let params =
             ListParams::default().labels(&format!("{JOURNAL_LABEL}={}", label_value(&lease_name)));

@@ -8,7 +8,7 @@
 //! | a driver may opt into | [`Qualifier`], [`DeletionGuard`], [`AssetLookup`], [`LateAssets`] (handed to the builder) |
 //! | the binary runs | [`client`] (`infer`, `from_config`, `for_leader_election`), [`ProvisionController`] (`new`, builder methods, `run(shutdown)`), [`Config`], [`LeaderElection`], [`shutdown_signal`]; [`Error`] from `run` |
 //! | options with more than one form | [`FailureBackoff`], [`PvSaveStrategy`], [`VolumeNamer`], [`SharedCache`]; [`ConfigError`] names a bad option ([`ConfigOption`]) |
-//! | operators | [`rbac`] (the permissions, for manifests), [`annotations`] (the names on objects), [`Uninstall`] / [`UninstallReport`] / [`JournalRecord`] |
+//! | operators | [`manifests`] (the objects a driver needs in a cluster, as YAML), [`rbac`] (the permissions), [`annotations`] (the names on objects), [`Uninstall`] / [`UninstallReport`] / [`JournalRecord`] |
 //! | tests (feature `testing`) | `testing::DriverTest`, `testing::conformance`, `testing::FakeProvisioner`, object builders |
 //!
 //! Every Go option and its Rust form, and every difference from the Go library, are listed
@@ -22,6 +22,7 @@ mod controller;
 mod error;
 mod events;
 mod journal;
+pub mod manifests;
 mod metrics;
 mod provisioner;
 mod queue;
@@ -39,6 +40,10 @@ pub use journal::{JournalRecord, Uninstall, UninstallReport};
 /// Builds the controller's `kube::Client`: one HTTP/2 connection for every request and
 /// watch, and a second one for leader election (from kube-controller-kit).
 pub use kube_controller_kit::client;
+/// An error and its causes as one line (`what failed: why: ...`), each message once, with
+/// the API server's answers and connection failures in words: what a binary prints (see
+/// kube-controller-kit's `error::chain`).
+pub use kube_controller_kit::error::chain as error_chain;
 pub use kube_controller_kit::leader::LeaderElection;
 /// Waits for SIGTERM or SIGINT: the `shutdown` future to pass to
 /// [`ProvisionController::run`].

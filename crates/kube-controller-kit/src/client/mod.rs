@@ -55,6 +55,27 @@ pub enum ClientError {
         /// Why inference failed.
         reason: String,
     },
+    /// The API server did not answer ([`check`]): its cause in words follows in
+    /// [`error::chain`](crate::error::chain) (connection refused, host not found, TLS:
+    /// unknown issuer, a timeout).
+    #[error("cannot reach the API server at {cluster_url}")]
+    Unreachable {
+        /// The API server the configuration names.
+        cluster_url: String,
+        /// What kube reported.
+        #[source]
+        source: kube_client::Error,
+    },
+    /// The API server answered [`check`] with an error status (401: the credentials were
+    /// refused; 403: they may not read the server's version).
+    #[error("the API server at {cluster_url} refused the client")]
+    Refused {
+        /// The API server the configuration names.
+        cluster_url: String,
+        /// The status it answered.
+        #[source]
+        source: kube_client::Error,
+    },
     /// The configuration's TLS or authentication settings are unusable.
     #[error("cannot build a Kubernetes client for {cluster_url}")]
     Build {
@@ -82,10 +103,34 @@ pub enum ClientError {
 /// Outside a Tokio runtime: the client spawns its buffer task.
 pub async fn infer() -> Result<(Client, Config), ClientError> {
     let config = Config::infer().await.map_err(|error| ClientError::Infer {
-        reason: infer_reason(&error),
+        reason: infer_reason(&error, kubeconfig_path().as_deref()),
     })?;
     let client = from_config(config.clone())?;
     Ok((client, config))
+}
+
+/// Asks the API server of `config` for its version, so that a binary stops at start with
+/// one clear line when the server cannot be reached or refuses the credentials, instead of
+/// retrying in the background.
+///
+/// # Errors
+/// [`ClientError::Unreachable`] when no answer came (connection refused, host not found,
+/// TLS), [`ClientError::Refused`] when the server answered with an error status (401: the
+/// credentials were refused). [`error::chain`](crate::error::chain) writes either as one
+/// line with its cause in words.
+pub async fn check(client: &Client, config: &Config) -> Result<(), ClientError> {
+    let cluster_url = config.cluster_url.to_string();
+    match client.apiserver_version().await {
+        Ok(_) => Ok(()),
+        Err(source @ kube_client::Error::Api(_)) => Err(ClientError::Refused {
+            cluster_url,
+            source,
+        }),
+        Err(source) => Err(ClientError::Unreachable {
+            cluster_url,
+            source,
+        }),
+    }
 }
 
 /// Builds a client from `config` that negotiates HTTP/2 with the API server and shares
@@ -285,25 +330,52 @@ where
     }
 }
 
+/// The kubeconfig `Config::infer` reads: the first of `KUBECONFIG`'s files, else
+/// `~/.kube/config` (only to name it in an error).
+fn kubeconfig_path() -> Option<std::path::PathBuf> {
+    match std::env::var_os("KUBECONFIG") {
+        Some(paths) if !paths.is_empty() => std::env::split_paths(&paths).next(),
+        _ => std::env::var_os("HOME").map(|home| std::path::Path::new(&home).join(".kube/config")),
+    }
+}
+
 /// Why `Config::infer` failed, without the text of a kubeconfig that does not parse (the
 /// YAML parser's message quotes the offending line, which may hold a credential).
-fn infer_reason(error: &kube_client::config::InferConfigError) -> String {
+fn infer_reason(
+    error: &kube_client::config::InferConfigError,
+    path: Option<&std::path::Path>,
+) -> String {
     use kube_client::config::KubeconfigError;
     let kubeconfig = std::error::Error::source(error)
         .and_then(|source| source.downcast_ref::<KubeconfigError>());
     match kubeconfig {
-        Some(kubeconfig) => kubeconfig_reason(kubeconfig),
+        Some(kubeconfig) => format!(
+            "{}; not in a cluster either",
+            kubeconfig_reason(kubeconfig, path)
+        ),
         None => error.to_string(),
     }
 }
 
-fn kubeconfig_reason(error: &kube_client::config::KubeconfigError) -> String {
+fn kubeconfig_reason(
+    error: &kube_client::config::KubeconfigError,
+    path: Option<&std::path::Path>,
+) -> String {
     use kube_client::config::KubeconfigError;
     match error {
-        KubeconfigError::Parse(_) => "the kubeconfig is not valid YAML (its content is not \
-                                      shown: it may hold credentials)"
-            .to_owned(),
-        other => format!("kubeconfig: {other}; not in a cluster either"),
+        KubeconfigError::ReadConfig(io, path) => {
+            format!("cannot read the kubeconfig {}: {io}", path.display())
+        }
+        KubeconfigError::Parse(_) => {
+            let file = path
+                .map(|p| format!(" {}", p.display()))
+                .unwrap_or_default();
+            format!(
+                "the kubeconfig{file} is not valid YAML (its content is not shown: it may hold \
+                 credentials)"
+            )
+        }
+        other => format!("kubeconfig: {other}"),
     }
 }
 
@@ -321,9 +393,49 @@ mod tests {
             error.to_string().contains("s3cr3t"),
             "kube's own message quotes the line, which this test guards against: {error}"
         );
-        let reason = kubeconfig_reason(&error);
+        let reason = kubeconfig_reason(&error, Some(std::path::Path::new("/home/me/kubeconfig")));
         assert!(!reason.contains("s3cr3t"), "{reason}");
-        assert!(reason.contains("not valid YAML"), "{reason}");
+        assert_eq!(
+            reason,
+            "the kubeconfig /home/me/kubeconfig is not valid YAML (its content is not shown: it \
+             may hold credentials)"
+        );
+    }
+
+    #[test]
+    fn a_missing_kubeconfig_is_named_once_without_doubled_quotes() {
+        let missing = std::path::PathBuf::from("/nowhere/kubeconfig");
+        let error = kube_client::config::KubeconfigError::ReadConfig(
+            std::io::Error::from(std::io::ErrorKind::NotFound),
+            missing,
+        );
+        assert_eq!(
+            kubeconfig_reason(&error, None),
+            "cannot read the kubeconfig /nowhere/kubeconfig: entity not found"
+        );
+    }
+
+    /// A host name that does not resolve, through hyper-util's connector as the client
+    /// uses it, with a resolver that answers at once (no DNS query leaves the machine).
+    #[tokio::test]
+    async fn a_host_that_does_not_resolve_is_host_not_found() {
+        use tower::Service;
+        let resolver = tower::service_fn(|_name| async {
+            Err::<std::vec::IntoIter<std::net::SocketAddr>, _>(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no such host",
+            ))
+        });
+        let mut connector = HttpConnector::new_with_resolver(resolver);
+        let uri: http::Uri = "http://nonexistent.invalid:6443/".parse().unwrap();
+        let Err(error) = connector.call(uri).await else {
+            panic!("resolved")
+        };
+        let error = kube_client::Error::Service(Box::new(error));
+        assert_eq!(
+            crate::error::chain(&error),
+            "host not found (the server's name does not resolve: no such host)"
+        );
     }
 
     /// A pool stand-in: counts calls in progress and answers when told.

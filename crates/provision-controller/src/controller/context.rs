@@ -99,6 +99,7 @@ impl Context {
         let journal = config.crash_safe_provisioning.then(|| {
             let (namespace, lease_name) =
                 journal::location(&client, &name, config.leader_election.as_ref());
+            let namespace = config.journal_namespace.clone().unwrap_or(namespace);
             let identity = LeaderElection::default_identity();
             let writer: String = identity
                 .chars()

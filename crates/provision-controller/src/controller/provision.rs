@@ -305,7 +305,10 @@ async fn provision_claim(
         }
     };
     ensure_name(&mut volume, &options.pv_name, claim);
-    tracing::info!(pv = ?volume.metadata.name, "volume provisioned");
+    tracing::info!(
+        pv = volume.metadata.name.as_deref().unwrap_or_default(),
+        "volume provisioned"
+    );
 
     decorate(ctx, claim, &class, &mut volume);
     let name = volume.metadata.name.clone().unwrap_or_default();

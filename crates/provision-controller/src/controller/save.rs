@@ -250,7 +250,12 @@ async fn store_blocking(
             Ok(Err(DeleteError::Failed(e))) => delete_error = Some(chain(&*e)),
             Err(e) => delete_error = Some(chain(&e.into_op("delete"))),
         }
-        tracing::info!(pv = %name, attempt, error = ?delete_error, "failed to clean up volume");
+        tracing::info!(
+            pv = %name,
+            attempt,
+            error = delete_error.as_deref().unwrap_or_default(),
+            "failed to clean up volume"
+        );
     }
     if let Some(err) = delete_error {
         let note = format!(
