@@ -28,6 +28,7 @@ mod procfs;
 mod provision;
 mod report;
 mod scenario;
+mod serve;
 mod sim;
 mod steady;
 mod track;
@@ -55,6 +56,10 @@ pub(crate) enum Scenario {
     /// `provision` for every combination of `--matrix-workers`, `--matrix-crash-safe` and
     /// `--matrix-n`, each in a process of its own, then one table.
     Matrix,
+    /// The controller alone with the no-op provisioner named `--provisioner`, on the client
+    /// `provision_controller::client::infer` gives (or `--kubeconfig`'s), until SIGTERM or
+    /// Ctrl-C: for an external load generator that measures this process by its PID.
+    Serve,
 }
 
 /// How a bench client is built.
@@ -164,6 +169,9 @@ pub(crate) struct Args {
     /// `matrix`: the claim counts (10000 takes minutes per run on the realistic profile).
     #[arg(long, value_delimiter = ',', default_value = "1000")]
     pub(crate) matrix_n: Vec<usize>,
+    /// `serve`: the provisioner name the controller serves.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) provisioner: Option<String>,
     /// Internal: serve kube-sim, writing its kubeconfig here.
     #[arg(long, hide = true, value_name = "PATH")]
     pub(crate) serve_sim: Option<PathBuf>,
@@ -200,6 +208,11 @@ fn main() -> anyhow::Result<()> {
     }
     if args.scenario == Some(Scenario::Matrix) {
         return matrix::run(&args);
+    }
+    if args.scenario == Some(Scenario::Serve) {
+        // As a controller binary runs: one runtime, a worker thread per core.
+        let rt = tokio::runtime::Runtime::new().context("cannot start a runtime")?;
+        return rt.block_on(serve::run(&args));
     }
     if let Some(path) = args.populate.clone() {
         let rt = tokio::runtime::Runtime::new().context("cannot start a runtime")?;
