@@ -43,7 +43,10 @@ pub(crate) async fn run(args: &Args) -> anyhow::Result<()> {
         labels: BTreeMap::new(),
     };
     let signal = provision_controller::shutdown_signal()?;
-    eprintln!("bench serve: provisioner {name}, pid {}", std::process::id());
+    eprintln!(
+        "bench serve: provisioner {name}, pid {}",
+        std::process::id()
+    );
     ProvisionController::new(client, name, driver)
         .config(config)
         .run(async {
