@@ -28,15 +28,19 @@ mod procfs;
 mod provision;
 mod report;
 mod scenario;
+mod serve;
 mod sim;
 mod steady;
+mod timing;
 mod track;
 
 use std::{num::NonZeroU16, path::PathBuf, time::Duration};
 
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::{
+    EnvFilter, Layer as _, layer::SubscriberExt as _, util::SubscriberInitExt as _,
+};
 
 /// What to measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -55,6 +59,10 @@ pub(crate) enum Scenario {
     /// `provision` for every combination of `--matrix-workers`, `--matrix-crash-safe` and
     /// `--matrix-n`, each in a process of its own, then one table.
     Matrix,
+    /// The controller alone with the no-op provisioner named `--provisioner`, on the client
+    /// `provision_controller::client::infer` gives (or `--kubeconfig`'s), until SIGTERM or
+    /// Ctrl-C: for an external load generator that measures this process by its PID.
+    Serve,
 }
 
 /// How a bench client is built.
@@ -164,6 +172,14 @@ pub(crate) struct Args {
     /// `matrix`: the claim counts (10000 takes minutes per run on the realistic profile).
     #[arg(long, value_delimiter = ',', default_value = "1000")]
     pub(crate) matrix_n: Vec<usize>,
+    /// `serve`: the provisioner name the controller serves.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) provisioner: Option<String>,
+    /// `serve`: record where the claims' time goes (the controller's spans: queue waits,
+    /// journal writes, waits for a slot of the in-flight bound, PV creates) and print it
+    /// on stderr when stopping.
+    #[arg(long)]
+    pub(crate) timings: bool,
     /// Internal: serve kube-sim, writing its kubeconfig here.
     #[arg(long, hide = true, value_name = "PATH")]
     pub(crate) serve_sim: Option<PathBuf>,
@@ -201,9 +217,18 @@ fn main() -> std::process::ExitCode {
 
 fn run() -> anyhow::Result<()> {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "error".into()))
+    let timings =
+        (args.scenario == Some(Scenario::Serve) && args.timings).then(timing::Timings::default);
+    let logs = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "error".into()));
+    // The timings see the controller's debug spans, whatever the log filter says.
+    let timing_filter = tracing_subscriber::filter::Targets::new()
+        .with_target("provision_controller", tracing::Level::DEBUG)
+        .with_target("kube_controller_kit", tracing::Level::DEBUG);
+    tracing_subscriber::registry()
+        .with(logs)
+        .with(timings.clone().map(|t| t.with_filter(timing_filter)))
         .init();
     if let Some(path) = args.serve_sim.clone() {
         let rt = tokio::runtime::Runtime::new().context("cannot start a runtime")?;
@@ -211,6 +236,15 @@ fn run() -> anyhow::Result<()> {
     }
     if args.scenario == Some(Scenario::Matrix) {
         return matrix::run(&args);
+    }
+    if args.scenario == Some(Scenario::Serve) {
+        // As a controller binary runs: one runtime, a worker thread per core.
+        let rt = tokio::runtime::Runtime::new().context("cannot start a runtime")?;
+        let served = rt.block_on(serve::run(&args));
+        if let Some(timings) = timings {
+            eprint!("{}", timings.report());
+        }
+        return served;
     }
     if let Some(path) = args.populate.clone() {
         let rt = tokio::runtime::Runtime::new().context("cannot start a runtime")?;

@@ -28,6 +28,7 @@ pub(crate) async fn run(args: Args, controller: tokio::runtime::Handle) -> anyho
         Scenario::Metadata => crate::metadata::run(&env).await,
         Scenario::Create => crate::create::run(&env).await,
         Scenario::Matrix => Err(anyhow::anyhow!("matrix runs provision in child processes")),
+        Scenario::Serve => Err(anyhow::anyhow!("serve runs without the driver")),
     };
     if sim.is_none() {
         // A real cluster: remove everything, whatever happened.

@@ -99,8 +99,9 @@ impl Config {
     /// `terminationGracePeriodSeconds`, so a pod's in-flight work gets all the time the
     /// kubelet gives it before SIGKILL.
     pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
-    /// Default for [`Config::journal_commit_delay`]: 100 ms.
-    pub const DEFAULT_JOURNAL_COMMIT_DELAY: Duration = Duration::from_millis(100);
+    /// Default for [`Config::journal_commit_delay`]: zero (an intent is written as soon as
+    /// no write of its object is in flight; the writes group what arrives meanwhile).
+    pub const DEFAULT_JOURNAL_COMMIT_DELAY: Duration = Duration::ZERO;
     /// Default for [`Config::journal_capacity`]: a million entries.
     pub const DEFAULT_JOURNAL_CAPACITY: NonZeroUsize =
         NonZeroUsize::new(1_000_000).expect("not zero");
@@ -240,22 +241,22 @@ kube_controller_kit::options! {
         /// and its PV save, about 100 ms on a loaded API server, so 128 keep up with 1,000
         /// claims/s); no Go counterpart (Go syncs `Threadiness` keys at once).
         sync_workers: NonZeroU16;
-        /// How many requests the controller keeps in flight to the API server at most, claim
-        /// syncs, volume syncs and event writes together (events take half of it at most,
-        /// so they never crowd out provisioning); watches and the leader election's
-        /// lease renewals are not counted, and the crash-safety journal's group writes
-        /// have 2 slots of their own (each lets a whole group of claims go on, so it does
-        /// not queue behind their PV writes). `None` leaves it unbounded (every sync worker may
+        /// How many requests the claim and volume syncs keep in flight to the API server at
+        /// most; watches and the leader election's lease renewals are not counted, the
+        /// crash-safety journal's group writes have 2 slots of their own (each lets a whole
+        /// group of claims go on, so it does not queue behind their PV writes), and event
+        /// writes an eighth of this bound (at least one) of their own (no claim waits for an event, so an
+        /// event never takes a PV create's slot). `None` leaves it unbounded (every sync worker may
         /// have a request in flight). Default [`Config::DEFAULT_MAX_REQUESTS_IN_FLIGHT`] (16).
         /// No Go counterpart (client-go bounds a client by QPS and burst instead).
         max_requests_in_flight: Option<NonZeroUsize>;
         /// Whether the bound of [`max_requests_in_flight`](Self::max_requests_in_flight())
-        /// adapts to the API server ([`InFlightLimit::adaptive`]): while the server queues the
-        /// controller's requests behind other clients' work (answers several times slower
-        /// than its quickest lately, or 429 and 503 answers), the controller keeps fewer in
-        /// flight (down to one) and the other clients get the server; once it answers
-        /// promptly again, the bound grows back to the maximum. `false` keeps it fixed.
-        /// Default `true`. No Go counterpart.
+        /// adapts to the API server ([`InFlightLimit::adaptive`]): after 429 and 503 answers
+        /// (API Priority and Fairness rejecting requests, an overloaded server) the
+        /// controller keeps fewer in flight (down to one); once they stop, the bound grows
+        /// back to the maximum. Slow answers alone never shrink it (a busy server still
+        /// serves them, and APF already shares it among its clients). `false` keeps it
+        /// fixed. Default `true`. No Go counterpart.
         ///
         /// [`InFlightLimit::adaptive`]: kube_controller_kit::client::InFlightLimit::adaptive
         adapt_requests_in_flight: bool;
@@ -355,10 +356,12 @@ kube_controller_kit::options! {
         /// How long an intent waits for company before the journal write that makes it durable
         /// (every claim that reaches that point meanwhile shares the write), unless 8 intents
         /// (or half the [`sync_workers`](Self::sync_workers()), when fewer) wait already:
-        /// then they are written at once;
-        /// settles and removals wait ten times as long. Longer: fewer writes, later driver
-        /// calls. Default
-        /// [`Config::DEFAULT_JOURNAL_COMMIT_DELAY`] (100 ms). No Go counterpart.
+        /// then they are written at once. Zero (the default) writes an intent as soon as no
+        /// write of its journal object is in flight: the intents that arrive during a write
+        /// share the next one, so the groups grow with the load and a lone claim never
+        /// waits for company. Settles and removals wait ten times as long, at least 1 s.
+        /// Longer: fewer writes, later driver calls. Default
+        /// [`Config::DEFAULT_JOURNAL_COMMIT_DELAY`] (zero). No Go counterpart.
         journal_commit_delay: Duration;
         /// How many entries the journal holds at most: an intent that would exceed it waits
         /// until settles and removals make room (provisioning is held back, nothing is

@@ -23,6 +23,7 @@ use kube_client::{
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, oneshot};
+use tracing::Instrument as _;
 
 use crate::{LeaderElection, annotations::FINALIZER_PV};
 
@@ -39,7 +40,7 @@ pub(crate) const BUDGET: usize = 384 * 1024;
 /// keeps what the API server and etcd decode and store per write small (an object of
 /// [`BUDGET`] bytes rewritten for every group would cost the server more than the
 /// volumes themselves); objects the entries left are deleted.
-pub(crate) const OPEN_BUDGET: usize = 32 * 1024;
+pub(crate) const OPEN_BUDGET: usize = 16 * 1024;
 
 /// The prefix of an entry's key; the claim's uid follows.
 const ENTRY_PREFIX: &str = "e.";
@@ -47,8 +48,12 @@ const ENTRY_PREFIX: &str = "e.";
 const CLASS_PREFIX: &str = "k.";
 /// How long an API call of the journal may take when the config sets no limit.
 const DEFAULT_CALL_LIMIT: Duration = Duration::from_secs(30);
-/// Settles and removals wait this many times the commit delay for company.
+/// Settles and removals wait this many times the commit delay for company, and at least
+/// [`LAZY_MIN`].
 const LAZY_FACTOR: u32 = 10;
+/// The shortest wait of a settle or removal for company: no claim waits for them, and
+/// they ride along with the intents written meanwhile.
+const LAZY_MIN: Duration = Duration::from_secs(1);
 
 /// One claim's record (see the module docs); the JSON keys are short, as there may be
 /// hundreds of thousands of entries.
@@ -530,6 +535,11 @@ impl Journal {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// How long a settle or removal waits for company.
+    fn lazy_delay(&self) -> Duration {
+        (self.commit_delay * LAZY_FACTOR).max(LAZY_MIN)
+    }
+
     /// This process's writer id.
     pub(crate) fn writer(&self) -> &str {
         &self.writer
@@ -688,7 +698,7 @@ impl Journal {
                 window,
                 fallback: Some(fallback),
             },
-            self.commit_delay * LAZY_FACTOR,
+            self.lazy_delay(),
             None,
         );
         now_due
@@ -738,7 +748,7 @@ impl Journal {
                 intent_of,
                 unchanged,
             },
-            self.commit_delay * LAZY_FACTOR,
+            self.lazy_delay(),
             None,
         );
     }
@@ -857,7 +867,10 @@ impl Journal {
                 // handled as the server's answer for an object too large.
                 Err(WriteError::TooLarge)
             } else {
-                self.write_object(&name, &shard, data).await
+                let span = tracing::debug_span!("journal_write", changes = batch.len());
+                self.write_object(&name, &shard, data)
+                    .instrument(span)
+                    .await
             };
             match result {
                 Ok(written) => {

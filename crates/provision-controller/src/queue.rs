@@ -161,6 +161,12 @@ impl WorkQueue {
                         metrics.set_depth(state.dirty.len());
                         metrics.started(&key, waiting_since, now);
                     }
+                    let waited = now.saturating_duration_since(waiting_since);
+                    tracing::debug!(
+                        queue = self.name,
+                        waited_us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX),
+                        "queue wait"
+                    );
                     // Another worker takes the next key, or, this one having perhaps
                     // been the one asleep until the next delayed key, watches for it.
                     let more = !state.queue.is_empty() || !state.delayed.is_empty();

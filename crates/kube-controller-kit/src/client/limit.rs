@@ -1,27 +1,17 @@
 //! [`InFlightLimit`]: a bound on the requests a controller keeps in flight, fixed or
-//! adapting to how long the API server takes to answer.
+//! giving way when the API server throttles (429, 503).
 
 use std::num::NonZeroUsize;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use futures::future::BoxFuture;
-use http::{Method, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use kube_client::Client;
 use kube_client::client::Body;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::Instant;
-
-/// An answer is late when it took longer than this many times the quickest recent answer
-/// to a request of its kind, plus [`LATE_SLACK`]: the server queued it behind other work.
-const LATE_FACTOR: u32 = 3;
-/// See [`LATE_FACTOR`]: the margin that keeps a server's ordinary jitter from counting.
-const LATE_SLACK: Duration = Duration::from_millis(5);
-/// The quickest answer is that of this window or the one before it, so a server that
-/// became slower for good (more objects, a busier cluster) sets a new norm within two.
-const NORM_WINDOW: Duration = Duration::from_secs(30);
+use tracing::Instrument as _;
 
 /// A bound on the requests a controller keeps in flight to the API server, shared by
 /// every client it [wraps](Self::wrap).
@@ -32,13 +22,15 @@ const NORM_WINDOW: Duration = Duration::from_secs(30);
 /// A throttling server (429 with `Retry-After`) is retried by the client's retry policy
 /// while the request keeps its slot, so the whole controller slows down with the server.
 ///
-/// A bound made by [`adaptive`](Self::adaptive) also gives way to the server's other
-/// clients: the requests are counted in rounds (as many answers as the bound), and a round
-/// in which most answers were late (the server queued them behind other work) takes a
-/// quarter of the slots away, a round with a 429 or 503 answer half of them (down to one);
-/// a round of answers mostly on time gives one slot back, up to the maximum. So while
-/// another client keeps the server busy, the controller keeps a few requests in flight and
-/// the other client gets the server; when it is done, the bound grows back.
+/// A bound made by [`adaptive`](Self::adaptive) also gives way when the server says it is
+/// overloaded: the requests are counted in rounds (as many answers as the bound), and a
+/// round with a 429 or 503 answer (API Priority and Fairness rejecting the request, or a
+/// server that cannot take it) takes half of the slots away, down to one; a round without
+/// one gives one slot back, up to the maximum. How long answers take is no signal: a
+/// server that answers slowly because it is busy with this controller's own requests and
+/// everyone else's is still serving them, and API Priority and Fairness already shares it
+/// among its clients, so shrinking on latency would only give up throughput. (Answers the
+/// client retried as the server asked are seen as their last answer.)
 ///
 /// ```no_run
 /// # async fn doc(client: kube_client::Client) {
@@ -60,7 +52,7 @@ impl InFlightLimit {
     }
 
     /// A bound of at most `max` requests in flight that adapts to the server's answers:
-    /// fewer while the server queues them, `max` again once it does not.
+    /// fewer after 429 and 503 answers, `max` again once they stop.
     pub fn adaptive(max: NonZeroUsize) -> Self {
         Self::build(max, true)
     }
@@ -129,8 +121,8 @@ impl Gate {
             .map(|adapt| adapt.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
-    /// Learns from an answer that took `took` to a request of `kind`.
-    fn answered(&self, kind: Kind, took: Duration, status: StatusCode) {
+    /// Learns from an answer with `status`.
+    fn answered(&self, status: StatusCode) {
         let Some(mut adapt) = self.adapt() else {
             return;
         };
@@ -138,7 +130,7 @@ impl Gate {
             status,
             StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
         );
-        if let Some(limit) = adapt.answered(kind, took, throttled, Instant::now()) {
+        if let Some(limit) = adapt.answered(throttled) {
             adapt.set(limit, &self.slots);
         }
     }
@@ -154,45 +146,6 @@ impl Gate {
     }
 }
 
-/// Kinds of request whose answers take comparable times.
-#[derive(Clone, Copy, Debug)]
-enum Kind {
-    Read = 0,
-    Delete = 1,
-    Write = 2,
-}
-
-impl Kind {
-    fn of(method: &Method) -> Self {
-        match *method {
-            Method::GET | Method::HEAD => Self::Read,
-            Method::DELETE => Self::Delete,
-            _ => Self::Write,
-        }
-    }
-}
-
-/// The quickest answer to one kind of request lately.
-#[derive(Clone, Copy, Debug)]
-struct Norm {
-    since: Instant,
-    this: Option<Duration>,
-    last: Option<Duration>,
-}
-
-impl Norm {
-    /// Takes in an answer that took `took`; returns the quickest of the two windows.
-    fn learn(&mut self, took: Duration, now: Instant) -> Duration {
-        if now.saturating_duration_since(self.since) >= NORM_WINDOW {
-            self.last = self.this.take();
-            self.since = now;
-        }
-        let this = self.this.map_or(took, |quickest| quickest.min(took));
-        self.this = Some(this);
-        self.last.map_or(this, |last| last.min(this))
-    }
-}
-
 /// What an adaptive bound knows.
 #[derive(Debug)]
 struct Adapt {
@@ -201,45 +154,25 @@ struct Adapt {
     limit: usize,
     /// Slots taken away while their requests held them: let go as they come back.
     debt: usize,
-    norms: [Norm; 3],
-    /// Answers left in this round, and of the round so far: answers, late ones, throttled.
+    /// Answers left in this round, and whether one of the round was a 429 or 503.
     left: usize,
-    answers: usize,
-    late: usize,
     throttled: bool,
 }
 
 impl Adapt {
     fn new(max: usize) -> Self {
-        let norm = Norm {
-            since: Instant::now(),
-            this: None,
-            last: None,
-        };
         Self {
             max,
             limit: max,
             debt: 0,
-            norms: [norm; 3],
             left: max,
-            answers: 0,
-            late: 0,
             throttled: false,
         }
     }
 
-    /// Counts an answer; at the end of a round, returns the next bound.
-    fn answered(
-        &mut self,
-        kind: Kind,
-        took: Duration,
-        throttled: bool,
-        now: Instant,
-    ) -> Option<usize> {
-        let norm = self.norms[kind as usize].learn(took, now);
-        let late = took > norm * LATE_FACTOR + LATE_SLACK;
-        self.answers += 1;
-        self.late += usize::from(late);
+    /// Counts an answer (`throttled`: a 429 or 503); at the end of a round, returns the
+    /// next bound.
+    fn answered(&mut self, throttled: bool) -> Option<usize> {
         self.throttled |= throttled;
         self.left = self.left.saturating_sub(1);
         if self.left > 0 {
@@ -247,15 +180,11 @@ impl Adapt {
         }
         let limit = if self.throttled {
             self.limit / 2
-        } else if self.late * 2 > self.answers {
-            (self.limit * 3 / 4).min(self.limit - 1)
-        } else if self.late * 4 <= self.answers {
-            self.limit + 1
         } else {
-            self.limit
+            self.limit + 1
         };
         let limit = limit.clamp(1, self.max);
-        (self.left, self.answers, self.late, self.throttled) = (limit, 0, 0, false);
+        (self.left, self.throttled) = (limit, false);
         Some(limit)
     }
 
@@ -297,7 +226,11 @@ impl tower::Service<Request<Body>> for Limited {
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         let client = self.client.clone();
         let gate = (!is_watch(&request)).then(|| self.gate.clone());
-        let kind = Kind::of(request.method());
+        // The wait for a slot, for whoever measures where a request's time goes (the
+        // fields are computed only when the span is enabled).
+        let waiting = gate
+            .as_ref()
+            .map(|_| tracing::debug_span!("slot_wait", what = %RequestKind(&request)));
         Box::pin(async move {
             let slot = match &gate {
                 // The semaphore is never closed.
@@ -305,6 +238,7 @@ impl tower::Service<Request<Body>> for Limited {
                     .slots
                     .clone()
                     .acquire_owned()
+                    .instrument(waiting.unwrap_or_else(tracing::Span::none))
                     .await
                     .ok()
                     .map(|permit| Slot {
@@ -313,10 +247,9 @@ impl tower::Service<Request<Body>> for Limited {
                     }),
                 None => None,
             };
-            let sent = Instant::now();
             let response = client.send(request).await?;
             if let Some(gate) = gate {
-                gate.answered(kind, sent.elapsed(), response.status());
+                gate.answered(response.status());
             }
             Ok(response.map(|body| SlotBody { body, slot }))
         })
@@ -364,6 +297,29 @@ impl http_body::Body for SlotBody {
     }
 }
 
+/// A request's method and resource (`POST persistentvolumes`, `PUT configmaps`), for the
+/// `slot_wait` span.
+struct RequestKind<'a>(&'a Request<Body>);
+
+impl std::fmt::Display for RequestKind<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // /api/v1/[namespaces/NS/]RESOURCE[/NAME...], /apis/GROUP/VERSION/[namespaces/NS/]RESOURCE...
+        let mut segments = self.0.uri().path().split('/').filter(|s| !s.is_empty());
+        let skip = match segments.next() {
+            Some("apis") => 2,
+            _ => 1,
+        };
+        let mut rest = segments.skip(skip);
+        let mut resource = rest.next().unwrap_or_default();
+        if resource == "namespaces"
+            && let (Some(_), Some(inner)) = (rest.next(), rest.next())
+        {
+            resource = inner;
+        }
+        write!(f, "{} {resource}", self.0.method())
+    }
+}
+
 /// Whether `request` is a watch (`?watch=true` or `?watch=1`), which is not counted.
 fn is_watch(request: &Request<Body>) -> bool {
     request.uri().query().is_some_and(|query| {
@@ -376,6 +332,7 @@ fn is_watch(request: &Request<Body>) -> bool {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering::SeqCst};
+    use std::time::Duration;
 
     use super::*;
 
@@ -439,25 +396,27 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn late_answers_shrink_an_adaptive_bound_and_quick_ones_grow_it_back() {
+    async fn an_adaptive_bound_gives_way_to_throttling_not_to_slow_answers() {
         let server = Server::default();
         let limit = limit(16, true);
         let client = limit.wrap(server.client());
 
-        // Answers in 2 ms at 16 in flight: on time, the bound stays at 16.
+        // Answers in 2 ms at 16 in flight, then in 200 ms (a busy server): the bound
+        // stays at 16, latency alone is no signal.
         server.delay_ms.store(2, SeqCst);
         assert_eq!(server.load(&client, 10, 16).await, 16);
-        assert_eq!(limit.limit(), 16);
+        server.delay_ms.store(200, SeqCst);
+        assert_eq!(server.load(&client, 20, 16).await, 16);
+        assert_eq!(limit.limit(), 16, "slow answers keep the bound");
 
-        // The server gets busy (another client): 40 ms answers are late, the bound shrinks
-        // to 1 and the server then holds no more than the bound.
-        server.delay_ms.store(40, SeqCst);
-        server.load(&client, 20, 16).await;
-        assert_eq!(limit.limit(), 1, "most answers late: down to one slot");
+        // 429s: half the slots per round, down to one, and the server then holds no more.
+        server.status.store(429, SeqCst);
+        server.load(&client, 10, 16).await;
+        assert_eq!(limit.limit(), 1, "throttled rounds halve the bound");
         assert_eq!(server.load(&client, 2, 16).await, 1);
 
-        // Quiet again: one slot back per round of quick answers, up to 16, never above.
-        server.delay_ms.store(2, SeqCst);
+        // Answered again: one slot back per round, up to 16, never above.
+        server.status.store(0, SeqCst);
         server.load(&client, 40, 16).await;
         assert_eq!(limit.limit(), 16);
         assert_eq!(server.load(&client, 5, 32).await, 16);
@@ -519,54 +478,6 @@ mod tests {
         gate.adapt().unwrap().set(2, &gate.slots);
         assert_eq!(gate.slots.available_permits(), 2);
         assert_eq!(gate.adapt().unwrap().debt, 0);
-    }
-
-    /// Feeds `adapt` one answer of `kind` per entry of `ms` (how long it took), at `at`,
-    /// moving the bound as a gate does; returns the bound set by the last answer, if any.
-    fn answers(adapt: &mut Adapt, kind: Kind, ms: &[u64], at: Instant) -> Option<usize> {
-        let slots = Semaphore::new(adapt.limit);
-        let mut next = None;
-        for &ms in ms {
-            next = adapt.answered(kind, Duration::from_millis(ms), false, at);
-            if let Some(limit) = next {
-                adapt.set(limit, &slots);
-            }
-        }
-        next
-    }
-
-    #[test]
-    fn answers_are_late_against_the_quickest_of_their_kind() {
-        let now = Instant::now();
-        let mut adapt = Adapt::new(4);
-        assert_eq!(answers(&mut adapt, Kind::Read, &[1, 1, 1], now), None);
-        assert_eq!(answers(&mut adapt, Kind::Read, &[1], now), Some(4));
-        // Writes are not late against quick reads: each kind has its own norm.
-        assert_eq!(
-            answers(&mut adapt, Kind::Write, &[10, 11, 10, 12], now),
-            Some(4)
-        );
-        assert_eq!(
-            answers(&mut adapt, Kind::Write, &[80, 80, 80, 80], now),
-            Some(3),
-            "80 ms against a 10 ms norm is late"
-        );
-        // The norm is the quickest of this window and the last: in the next window the
-        // 10 ms answers still count, in the one after they are forgotten.
-        let next = now + NORM_WINDOW + Duration::from_secs(1);
-        assert_eq!(
-            answers(&mut adapt, Kind::Write, &[80, 80, 80], next),
-            Some(2)
-        );
-        let after = next + NORM_WINDOW + Duration::from_secs(1);
-        assert_eq!(answers(&mut adapt, Kind::Write, &[80, 80], after), Some(3));
-        // Half late holds the bound; a throttled answer halves it whatever the times.
-        assert_eq!(
-            answers(&mut adapt, Kind::Write, &[80, 80, 400], after),
-            Some(3)
-        );
-        adapt.answered(Kind::Write, Duration::from_millis(80), true, after);
-        assert_eq!(answers(&mut adapt, Kind::Write, &[80, 80], after), Some(1));
     }
 
     fn request(uri: &str) -> Request<Body> {

@@ -8,6 +8,8 @@
 
 use std::sync::Arc;
 
+use tracing::Instrument as _;
+
 use k8s_openapi::{
     api::{core::v1::PersistentVolumeClaim, storage::v1::StorageClass},
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
@@ -462,6 +464,7 @@ pub(crate) async fn record_intent(
     };
     journal
         .put(&claim.uid, entry.clone(), snapshot)
+        .instrument(tracing::debug_span!("journal_put"))
         .await
         .map_err(|message| OpError::Journal {
             claim: claim.key.clone(),

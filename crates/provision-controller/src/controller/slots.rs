@@ -3,6 +3,7 @@
 use std::{future::Future, time::Duration};
 
 use tokio::sync::Semaphore;
+use tracing::Instrument as _;
 
 use super::calls;
 
@@ -29,8 +30,13 @@ impl DriverSlots {
         limit: Option<Duration>,
         call: impl Future<Output = T>,
     ) -> Result<T, calls::CallError> {
-        let _slot = self.provision.acquire().await;
-        calls::call(limit, call).await
+        let traced = async {
+            let _slot = self.provision.acquire().await;
+            calls::call(limit, call).await
+        };
+        traced
+            .instrument(tracing::debug_span!("driver_provision"))
+            .await
     }
 
     /// A driver call of the volume flow (`delete`, `volume_saved`),

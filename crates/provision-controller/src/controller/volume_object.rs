@@ -13,6 +13,7 @@ use k8s_openapi::api::{
 };
 
 use kube_client::{Api, api::PostParams};
+use tracing::Instrument as _;
 
 use super::{
     Context,
@@ -116,6 +117,7 @@ pub(crate) async fn create(
         || format!("create persistentvolume {name}"),
         volumes.create(&PostParams::default(), volume),
     )
+    .instrument(tracing::debug_span!("create_pv"))
     .await
     {
         Ok(created) => Ok(created),

@@ -1,6 +1,7 @@
-//! `Config::max_requests_in_flight`: the controller's requests to the API server (claim
-//! syncs, volume syncs, events) stay under one bound; watches are not counted, and the
-//! journal's group writes have two slots of their own.
+//! `Config::max_requests_in_flight`: the requests of the claim and volume syncs stay under
+//! one bound; watches are not counted, the journal's group writes have two slots of their
+//! own and the events an eighth of the bound (at least one), so neither takes a PV
+//! create's slot.
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -28,10 +29,12 @@ struct InFlight {
 #[derive(Clone)]
 struct Recording {
     client: Client,
-    /// The requests but the journal's.
+    /// The requests but the journal's and the events'.
     seen: InFlight,
     /// The journal's (ConfigMaps).
     journal: InFlight,
+    /// The event writes.
+    events: InFlight,
 }
 
 impl tower::Service<Request<Body>> for Recording {
@@ -45,8 +48,11 @@ impl tower::Service<Request<Body>> for Recording {
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         let client = self.client.clone();
-        let seen = if request.uri().path().contains("/configmaps") {
+        let path = request.uri().path();
+        let seen = if path.contains("/configmaps") {
             self.journal.clone()
+        } else if path.contains("/events") {
+            self.events.clone()
         } else {
             self.seen.clone()
         };
@@ -70,8 +76,8 @@ impl tower::Service<Request<Body>> for Recording {
 
 /// Provisions 12 claims whose every claim patch and PV create takes 100 ms, through a
 /// client that records its requests in flight; returns the most seen at once, the
-/// journal's apart.
-async fn most_in_flight(bound: Option<NonZeroUsize>) -> (usize, usize) {
+/// journal's and the events' apart.
+async fn most_in_flight(bound: Option<NonZeroUsize>) -> (usize, usize, usize) {
     let sim = Env::sim().await;
     for resource in ["persistentvolumeclaims", "persistentvolumes"] {
         let verb = if resource == "persistentvolumes" {
@@ -86,12 +92,17 @@ async fn most_in_flight(bound: Option<NonZeroUsize>) -> (usize, usize) {
                 .no_status(),
         );
     }
-    let (seen, journal) = (InFlight::default(), InFlight::default());
+    let (seen, journal, events) = (
+        InFlight::default(),
+        InFlight::default(),
+        InFlight::default(),
+    );
     let client = Client::new(
         Recording {
             client: sim.client(),
             seen: seen.clone(),
             journal: journal.clone(),
+            events: events.clone(),
         },
         "default",
     );
@@ -130,13 +141,19 @@ async fn most_in_flight(bound: Option<NonZeroUsize>) -> (usize, usize) {
     (
         seen.most.load(Ordering::SeqCst),
         journal.most.load(Ordering::SeqCst),
+        events.most.load(Ordering::SeqCst),
     )
 }
 
 #[tokio::test]
 async fn the_controller_keeps_its_requests_in_flight_under_the_bound() {
-    let (most, journal) = most_in_flight(NonZeroUsize::new(3)).await;
+    let (most, journal, events) = most_in_flight(NonZeroUsize::new(3)).await;
     assert!(most <= 3, "{most} requests in flight with a bound of 3");
+    assert!(events >= 1, "no event was written");
+    assert!(
+        events <= 1,
+        "{events} event writes in flight, beyond their one slot"
+    );
     assert!(journal >= 1, "the journal was never written");
     assert!(
         journal <= 2,
@@ -147,6 +164,6 @@ async fn the_controller_keeps_its_requests_in_flight_under_the_bound() {
 #[tokio::test]
 async fn without_a_bound_every_sync_worker_may_have_a_request_in_flight() {
     // The same load unbounded goes past 3: the bound above is what held it.
-    let (most, _) = most_in_flight(None).await;
+    let (most, _, _) = most_in_flight(None).await;
     assert!(most > 3, "only {most} requests in flight without a bound");
 }
