@@ -195,17 +195,13 @@ impl GrpcCsi {
         };
         let outcome = match tokio::time::timeout(self.call_timeout, call).await {
             Ok(outcome) => outcome,
-            Err(_) => {
-                return Err(Status::deadline_exceeded(format!(
-                    "{} to the CSI driver at {} got no answer within {:?} (the call timeout)",
-                    method.name,
-                    self.socket.display(),
-                    self.call_timeout
-                )));
-            }
+            Err(_) => return Err(self.timed_out(method)),
         };
         match outcome {
             Ok(response) => Ok(response.into_inner()),
+            // tonic's channel enforces the deadline it sends and reports it as `Cancelled`:
+            // for the caller it is the same timeout.
+            Err(status) if is_client_timeout(&status) => Err(self.timed_out(method)),
             Err(status) => {
                 tracing::debug!(
                     call = method.name,
@@ -217,6 +213,15 @@ impl GrpcCsi {
                 Err(self.with_context(method, status))
             }
         }
+    }
+
+    fn timed_out(&self, method: Method) -> Status {
+        Status::deadline_exceeded(format!(
+            "{} to the CSI driver at {} got no answer within {:?} (the call timeout)",
+            method.name,
+            self.socket.display(),
+            self.call_timeout
+        ))
     }
 
     /// The driver's status, its code kept, its message naming the call and the socket.
@@ -239,6 +244,22 @@ impl GrpcCsi {
             status.metadata().clone(),
         )
     }
+}
+
+/// Whether `status` is tonic's own "the deadline passed" (`Cancelled` from its timeout layer),
+/// not an answer of the driver.
+fn is_client_timeout(status: &Status) -> bool {
+    status.code() == Code::Cancelled
+        && std::error::Error::source(status).is_some_and(|source| {
+            let mut source = Some(source);
+            while let Some(error) = source {
+                if error.is::<tonic::TimeoutExpired>() {
+                    return true;
+                }
+                source = error.source();
+            }
+            false
+        })
 }
 
 #[async_trait]
