@@ -168,6 +168,17 @@ async fn driver_errors_keep_their_code_and_name_the_call_and_socket() {
     assert!(mock.volume("pvc-1").is_some());
     // The script is used up.
     assert!(driver.create_volume(create_request("pvc-1")).await.is_ok());
+    // An `Unknown` the driver answers stays `Unknown` (only a broken connection becomes
+    // `Unavailable`).
+    mock.script(CsiMethod::DeleteVolume, [Answer::Error(Code::Unknown)]);
+    let error = driver
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: "vol-1".into(),
+            secrets: HashMap::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), Code::Unknown, "{error}");
 }
 
 #[tokio::test]
@@ -267,8 +278,15 @@ async fn the_same_client_works_again_after_a_crash_and_restart() {
         .expect("the call in flight fails at once")
         .unwrap()
         .unwrap_err();
-    assert_ne!(error.code(), Code::Ok);
-    assert!(driver.probe().await.is_err(), "nothing serves the socket");
+    // As grpc-go says it: the create may have landed, so the code must not read as final.
+    assert_eq!(error.code(), Code::Unavailable, "{error}");
+    assert!(error.message().contains("connection was lost"), "{error}");
+    let error = driver.probe().await.unwrap_err();
+    assert_eq!(
+        error.code(),
+        Code::Unavailable,
+        "nothing serves the socket: {error}"
+    );
 
     mock.clear_faults();
     mock.restart().unwrap();

@@ -202,6 +202,16 @@ impl GrpcCsi {
             // tonic's channel enforces the deadline it sends and reports it as `Cancelled`:
             // for the caller it is the same timeout.
             Err(status) if is_client_timeout(&status) => Err(self.timed_out(method)),
+            // The connection broke under the call (the driver died or closed it): the
+            // driver may have done the work. grpc-go, which upstream's sidecar uses, calls
+            // this `Unavailable`, a code that says "may still be in progress"; tonic says
+            // `Unknown`, which would read as final.
+            Err(status) if is_transport_error(&status) => Err(Status::unavailable(format!(
+                "{} on the CSI driver at {}: the connection was lost during the call ({})",
+                method.name,
+                self.socket.display(),
+                error_chain(&status)
+            ))),
             Err(status) => {
                 tracing::debug!(
                     call = method.name,
@@ -244,6 +254,27 @@ impl GrpcCsi {
             status.metadata().clone(),
         )
     }
+}
+
+/// Whether `status` was made on this side from a transport error rather than answered by
+/// the driver (a driver's answer carries no source error).
+fn is_transport_error(status: &Status) -> bool {
+    status.code() == Code::Unknown && std::error::Error::source(status).is_some()
+}
+
+/// `status`'s message and the causes under it, for a one-line error.
+fn error_chain(status: &Status) -> String {
+    let mut text = status.message().to_owned();
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        let cause = error.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+        source = error.source();
+    }
+    text
 }
 
 /// Whether `status` is tonic's own "the deadline passed" (`Cancelled` from its timeout layer),
