@@ -146,7 +146,7 @@ pub enum StartError {
     /// A call failed with an error that retrying would not fix.
     #[error(
         "the CSI driver at {} failed {call}: {} ({:?})",
-        socket.display(), status.message(), status.code()
+        socket.display(), call_detail(socket, call, status), status.code()
     )]
     Call {
         /// The socket.
@@ -180,6 +180,14 @@ pub enum StartError {
         /// `CONTROLLER_SERVICE` or `CREATE_DELETE_VOLUME`.
         capability: &'static str,
     },
+}
+
+/// The status message without the "`call` on the CSI driver at `socket`: " that
+/// [`GrpcCsi`](crate::csi::GrpcCsi) puts first (the error names them already).
+fn call_detail<'a>(socket: &Path, call: &str, status: &'a Status) -> &'a str {
+    let prefix = format!("{call} on the CSI driver at {}: ", socket.display());
+    let message = status.message();
+    message.strip_prefix(prefix.as_str()).unwrap_or(message)
 }
 
 fn last_error_suffix(last_error: &Option<Status>) -> String {

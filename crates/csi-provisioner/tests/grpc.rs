@@ -188,7 +188,7 @@ async fn a_call_slower_than_the_timeout_is_deadline_exceeded_and_lands_late() {
     let driver = mock.client(timeout);
     mock.script(
         CsiMethod::CreateVolume,
-        [Answer::LandsAfter(Duration::from_millis(600))],
+        [Answer::LandsAfter(Duration::from_millis(1500))],
     );
     let started = tokio::time::Instant::now();
     let error = driver
@@ -198,7 +198,7 @@ async fn a_call_slower_than_the_timeout_is_deadline_exceeded_and_lands_late() {
     let waited = started.elapsed();
     assert_eq!(error.code(), Code::DeadlineExceeded, "{error}");
     assert!(
-        waited >= timeout && waited < Duration::from_millis(550),
+        waited >= timeout && waited < Duration::from_millis(1000),
         "{waited:?}"
     );
     assert!(error.message().contains("CreateVolume"), "{error}");
@@ -397,6 +397,14 @@ async fn start_gives_up_on_a_driver_never_ready_or_failing_its_probe() {
         matches!(error, StartError::Call { call: "Probe", .. }),
         "{error:?}"
     );
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "the CSI driver at {} failed Probe: Probe: FailedPrecondition injected by \
+             MockCsiDriver (FailedPrecondition)",
+            socket.display()
+        )
+    );
 }
 
 #[tokio::test]
@@ -428,4 +436,45 @@ async fn start_gives_up_on_a_socket_that_never_appears() {
             && text.contains("did not accept a connection"),
         "{text}"
     );
+}
+
+#[tokio::test]
+async fn a_delayed_create_the_client_gave_up_on_does_nothing() {
+    let (mock, _socket) = MockCsiDriver::start("mock").unwrap();
+    mock.set_delay(CsiMethod::CreateVolume, Duration::from_millis(300));
+    let driver = mock.client(Duration::from_millis(100));
+    let error = driver
+        .create_volume(create_request("pvc-1"))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), Code::DeadlineExceeded);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(mock.calls(CsiMethod::CreateVolume), 1);
+    assert!(
+        mock.volume("pvc-1").is_none(),
+        "a cancelled call does no work"
+    );
+}
+
+#[tokio::test]
+async fn many_concurrent_creates_share_one_client() {
+    let (mock, _socket) = MockCsiDriver::start("mock").unwrap();
+    mock.set_delay(CsiMethod::CreateVolume, Duration::from_millis(50));
+    let driver = mock.client(CALL_TIMEOUT);
+    let calls: Vec<_> = (0..150)
+        .map(|n| {
+            let driver = driver.clone();
+            tokio::spawn(async move {
+                driver
+                    .create_volume(create_request(&format!("pvc-{n}")))
+                    .await
+            })
+        })
+        .collect();
+    let mut ids = std::collections::BTreeSet::new();
+    for call in calls {
+        ids.insert(call.await.unwrap().unwrap().volume.unwrap().volume_id);
+    }
+    assert_eq!(ids.len(), 150);
+    assert_eq!(mock.volume_count(), 150);
 }
