@@ -3,3 +3,7 @@
 //! leaked on restart, timeout or concurrent deletion) for every CSI driver.
 
 pub mod csi;
+pub mod start;
+
+#[cfg(feature = "testing")]
+pub mod testing;

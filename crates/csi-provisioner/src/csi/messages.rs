@@ -473,7 +473,7 @@ mod tests {
     #[test]
     fn volume_decodes_from_the_spec_field_numbers() {
         let bytes: Vec<u8> = vec![
-            0x0a, 16, // 1: volume
+            0x0a, 17, // 1: volume
             0x08, 0x80, 0x10, // 1: capacity_bytes = 2048
             0x12, 3, b'v', b'o', b'l', // 2: volume_id
             0x2a, 7, 0x0a, 5, 0x0a, 1, b'k', 0x12, 0, // 5: accessible_topology { k: "" }

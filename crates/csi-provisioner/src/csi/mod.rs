@@ -11,7 +11,7 @@ pub mod messages;
 use async_trait::async_trait;
 pub use tonic::{Code, Status};
 
-pub use grpc::GrpcCsi;
+pub use grpc::{AddressError, GrpcCsi, socket_path};
 pub use messages::*;
 
 /// The CSI calls the sidecar makes (Identity and Controller services).
