@@ -146,6 +146,18 @@ pub(crate) fn builtins() -> Vec<ResourceDef> {
             &["cm"],
             false,
         ),
+        // A CSI sidecar reads the secrets its classes name.
+        builtin("", "v1", "secrets", "secret", "Secret", true, &[], false),
+        builtin(
+            "storage.k8s.io",
+            "v1",
+            "volumeattachments",
+            "volumeattachment",
+            "VolumeAttachment",
+            false,
+            &[],
+            true,
+        ),
         builtin(
             "storage.k8s.io",
             "v1",

@@ -223,9 +223,15 @@ impl std::fmt::Debug for CreateVolumeRequest {
             .field("capacity_range", &self.capacity_range)
             .field("volume_capabilities", &self.volume_capabilities)
             .field("parameters", &self.parameters)
-            .field("secrets", &format_args!("<{} keys redacted>", secret_keys.len()))
+            .field(
+                "secrets",
+                &format_args!("<{} keys redacted>", secret_keys.len()),
+            )
             .field("volume_content_source", &self.volume_content_source)
-            .field("accessibility_requirements", &self.accessibility_requirements)
+            .field(
+                "accessibility_requirements",
+                &self.accessibility_requirements,
+            )
             .field("mutable_parameters", &self.mutable_parameters)
             .finish()
     }
@@ -417,7 +423,10 @@ impl std::fmt::Debug for DeleteVolumeRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeleteVolumeRequest")
             .field("volume_id", &self.volume_id)
-            .field("secrets", &format_args!("<{} keys redacted>", self.secrets.len()))
+            .field(
+                "secrets",
+                &format_args!("<{} keys redacted>", self.secrets.len()),
+            )
             .finish()
     }
 }
@@ -464,7 +473,7 @@ mod tests {
     #[test]
     fn volume_decodes_from_the_spec_field_numbers() {
         let bytes: Vec<u8> = vec![
-            0x0a, 16, // 1: volume
+            0x0a, 17, // 1: volume
             0x08, 0x80, 0x10, // 1: capacity_bytes = 2048
             0x12, 3, b'v', b'o', b'l', // 2: volume_id
             0x2a, 7, 0x0a, 5, 0x0a, 1, b'k', 0x12, 0, // 5: accessible_topology { k: "" }
