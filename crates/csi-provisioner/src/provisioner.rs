@@ -77,9 +77,10 @@ impl DriverCapabilities {
         let rpcs: Vec<i32> = controller
             .capabilities
             .iter()
-            .filter_map(|c| match &c.r#type {
-                Some(controller_service_capability::Type::Rpc(r)) => Some(r.r#type),
-                None => None,
+            .filter_map(|c| {
+                c.r#type
+                    .as_ref()
+                    .map(|controller_service_capability::Type::Rpc(r)| r.r#type)
             })
             .collect();
         Self {

@@ -298,7 +298,9 @@ mod tests {
 
     #[test]
     fn fs_type_from_the_class_else_the_default() {
-        let table: &[(&[(&str, &str)], &str, Result<&str, ()>)] = &[
+        // (class parameters, default, the fsType or Err for a refused class)
+        type Row<'a> = (&'a [(&'a str, &'a str)], &'a str, Result<&'a str, ()>);
+        let table: &[Row<'_>] = &[
             (&[], "", Ok("")),
             (&[], "ext4", Ok("ext4")),
             (&[(FSTYPE_KEY, "xfs")], "ext4", Ok("xfs")),
