@@ -304,7 +304,10 @@ pub fn provisioner_identity(driver: &str) -> String {
 ///   volume by name and its PV is saved, released and deleted);
 ///   `InvalidArgument` is [`ProvisionError::Infeasible`]; `ResourceExhausted` is
 ///   [`ProvisionError::Reschedule`] when the driver has topology and a node was selected,
-///   else [`ProvisionError::Failed`]; every other code is [`ProvisionError::Failed`].
+///   else [`ProvisionError::Failed`]; `AlreadyExists` (a volume of that name exists,
+///   made with other parameters) is [`ProvisionError::NoChange`], not final as upstream
+///   has it, because a final answer means that no volume exists; every other code is
+///   [`ProvisionError::Failed`].
 /// - A class or claim the request cannot be built from: [`ProvisionError::Failed`]; a
 ///   secret that cannot be read: [`ProvisionError::NoChange`] (retried), as upstream.
 #[derive(Clone)]
@@ -611,6 +614,11 @@ pub fn create_error(error: CsiError, may_reschedule: bool) -> ProvisionError {
         Some(Code::Cancelled | Code::DeadlineExceeded | Code::Unavailable | Code::Aborted) => {
             ProvisionError::in_background(error)
         }
+        // A volume of this name exists (made with other parameters): not a final answer
+        // here, whatever upstream says, since a final answer tells the controller that no
+        // volume exists and it would forget the claim's intent (a leak when the claim is
+        // gone and a replayed request differs from the first).
+        Some(Code::AlreadyExists) => ProvisionError::NoChange(error.into()),
         _ => ProvisionError::failed(error),
     }
 }
@@ -803,7 +811,7 @@ mod tests {
             (Code::InvalidArgument, true, "Infeasible"),
             (Code::Internal, true, "Failed"),
             (Code::NotFound, false, "Failed"),
-            (Code::AlreadyExists, false, "Failed"),
+            (Code::AlreadyExists, false, "NoChange"),
             (Code::FailedPrecondition, false, "Failed"),
             (Code::OutOfRange, false, "Failed"),
             (Code::Unimplemented, false, "Failed"),
@@ -821,6 +829,7 @@ mod tests {
                 ProvisionError::Failed(_) => "Failed",
                 ProvisionError::Reschedule(_) => "Reschedule",
                 ProvisionError::Infeasible(_) => "Infeasible",
+                ProvisionError::NoChange(_) => "NoChange",
                 _ => "other",
             };
             assert_eq!(
