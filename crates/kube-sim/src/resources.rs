@@ -209,6 +209,18 @@ pub(crate) fn builtins() -> Vec<ResourceDef> {
             &["deploy"],
             true,
         ),
+        // A CSI sidecar reads the secrets its classes name.
+        builtin("", "v1", "secrets", "secret", "Secret", true, &[], false),
+        builtin(
+            "storage.k8s.io",
+            "v1",
+            "volumeattachments",
+            "volumeattachment",
+            "VolumeAttachment",
+            false,
+            &[],
+            true,
+        ),
         builtin(
             "storage.k8s.io",
             "v1",
