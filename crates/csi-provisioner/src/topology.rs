@@ -350,7 +350,7 @@ pub(crate) fn requirement(
             }
             requisite.push(topology.clone());
         }
-        selected_topology = Some(topology);
+        selected_topology = Some((node, topology));
     }
 
     if requisite.is_empty() {
@@ -384,9 +384,9 @@ pub(crate) fn requirement(
     requisite.sort_by(compare);
     requisite.dedup();
 
-    let preferred = match (selected, &selected_topology) {
-        (Some(_), Some(_)) if settings.strict => requisite.clone(),
-        (Some(node), Some(topology)) => {
+    let preferred = match &selected_topology {
+        Some(_) if settings.strict => requisite.clone(),
+        Some((node, topology)) => {
             let Some(start) = requisite.iter().position(|t| is_subset(t, topology)) else {
                 return Err(TopologyError::NotInRequisite {
                     node: node.name.to_string(),
@@ -395,7 +395,7 @@ pub(crate) fn requirement(
             };
             rotated(&requisite, start)
         }
-        _ => {
+        None => {
             let start = spread_offset(claim_name) % requisite.len() as u32;
             rotated(&requisite, start as usize)
         }
@@ -607,7 +607,10 @@ pub(crate) fn node_affinity(accessible: &[Topology]) -> Option<VolumeNodeAffinit
             match_fields: None,
         })
         .collect();
-    (!terms.is_empty()).then(|| VolumeNodeAffinity {
+    if terms.is_empty() {
+        return None;
+    }
+    Some(VolumeNodeAffinity {
         required: Some(NodeSelector {
             node_selector_terms: terms,
         }),

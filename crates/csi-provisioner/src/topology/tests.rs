@@ -747,7 +747,7 @@ fn subset_matches_upstreams_walk() {
     // A key repeated with two values cannot be in one node's topology.
     assert!(!is_subset(&t(&[("a", "1"), ("a", "2")]), &node));
     // Fewer keys sort first, then by key and value.
-    let mut terms = vec![
+    let mut terms = [
         t(&[("b", "1"), ("c", "1")]),
         t(&[("z", "9")]),
         t(&[("a", "2"), ("c", "1")]),
