@@ -10,8 +10,8 @@ pub mod csi;
 mod error;
 mod guard;
 mod provisioner;
-mod topology;
 pub mod start;
+mod topology;
 
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -428,10 +428,11 @@ impl CsiProvisioner {
         )
         .map_err(ProvisionError::failed)?;
         let accessibility_requirements = if self.supports_topology() {
-            topology::accessibility_requirements(
+            topology::accessibility_requirements_for_claim(
                 &self.client,
                 &self.name,
                 class,
+                claim.metadata.name.as_deref().unwrap_or_default(),
                 options.selected_node_name.as_deref(),
                 self.options.topology,
             )

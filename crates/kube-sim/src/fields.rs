@@ -152,7 +152,7 @@ static SHAPES: LazyLock<HashMap<&'static str, Shape>> = LazyLock::new(|| {
     use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::api::core::v1 as core;
     use k8s_openapi::api::events::v1::Event;
-    use k8s_openapi::api::storage::v1::StorageClass;
+    use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     HashMap::from([
         ("/namespaces", shape_of::<core::Namespace>()),
@@ -165,6 +165,7 @@ static SHAPES: LazyLock<HashMap<&'static str, Shape>> = LazyLock::new(|| {
         ("/pods", shape_of::<core::Pod>()),
         ("/events", shape_of::<core::Event>()),
         ("storage.k8s.io/storageclasses", shape_of::<StorageClass>()),
+        ("storage.k8s.io/csinodes", shape_of::<CSINode>()),
         ("coordination.k8s.io/leases", shape_of::<Lease>()),
         ("events.k8s.io/events", shape_of::<Event>()),
         (

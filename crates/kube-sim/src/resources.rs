@@ -231,6 +231,17 @@ pub(crate) fn builtins() -> Vec<ResourceDef> {
             &["sc"],
             false,
         ),
+        // CSI sidecars read a node's topology keys from its CSINode.
+        builtin(
+            "storage.k8s.io",
+            "v1",
+            "csinodes",
+            "csinode",
+            "CSINode",
+            false,
+            &[],
+            false,
+        ),
         builtin(
             "coordination.k8s.io",
             "v1",

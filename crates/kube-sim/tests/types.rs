@@ -1,6 +1,6 @@
 //! The other served types and verbs as controllers use them: events from kube-runtime's
 //! Recorder, Leases through server-side apply, deletecollection, namespace deletion,
-//! streaming lists and kube-runtime's finalizer patches.
+//! streaming lists, kube-runtime's finalizer patches and the CSINodes CSI sidecars read.
 
 mod common;
 
@@ -9,6 +9,7 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, ObjectReference, PersistentVolumeClaim};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::storage::v1::CSINode;
 use kube_client::ResourceExt;
 use kube_client::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube_runtime::events::{Event as RecordedEvent, EventType, Recorder, Reporter};
@@ -187,4 +188,37 @@ async fn kube_runtime_finalizer_patches_apply() {
         .await
         .unwrap();
     assert!(removed.finalizers().is_empty());
+}
+
+#[tokio::test]
+async fn csinodes_are_served_cluster_wide() {
+    let sim = KubeSim::start().await.unwrap();
+    let csi_nodes: Api<CSINode> = Api::all(sim.client());
+    let node: CSINode = serde_json::from_value(json!({
+        "metadata": {"name": "node-1"},
+        "spec": {"drivers": [{
+            "name": "hostpath.csi.k8s.io", "nodeID": "node-1",
+            "topologyKeys": ["topology.hostpath.csi/node"]
+        }]}
+    }))
+    .unwrap();
+    csi_nodes
+        .create(&PostParams::default(), &node)
+        .await
+        .unwrap();
+    let got = csi_nodes.get("node-1").await.unwrap();
+    assert_eq!(
+        got.spec.drivers[0].topology_keys.as_deref(),
+        Some(&["topology.hostpath.csi/node".to_string()][..])
+    );
+    let listed = csi_nodes
+        .list(&ListParams::default().fields("metadata.name=node-1"))
+        .await
+        .unwrap();
+    assert_eq!(listed.items.len(), 1);
+    let requests = sim.requests();
+    assert_eq!(
+        requests.last().unwrap().path,
+        "/apis/storage.k8s.io/v1/csinodes"
+    );
 }
