@@ -14,8 +14,9 @@ use std::{
     collections::BTreeMap,
     fmt::Write as _,
     sync::{Arc, Mutex},
-    time::Instant,
 };
+
+use tokio::time::Instant;
 
 use tracing::{
     Event, Subscriber,
