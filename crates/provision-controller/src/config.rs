@@ -228,7 +228,7 @@ kube_controller_kit::options! {
         /// workers and of volume workers). Default 4.
         ///
         /// Unlike Go's workers, a slot is held only for the driver call itself: the API writes
-        /// before and after it (the crash-safety finalizer, the PV, events) run in one of the
+        /// before and after it (the journal's intent, the PV, events) run in one of the
         /// [`sync_workers`](Self::sync_workers()), so a slow API server does not leave the
         /// driver idle.
         #[doc(alias = "Threadiness")]
