@@ -216,31 +216,31 @@ async fn upstream_311_the_driver_made_the_volume_and_answered_deadline_exceeded(
 }
 
 /// kubernetes-csi/external-provisioner#1469: provisioning and deletion of one claim run
-/// at once. Claims are deleted right as CreateVolume returns their volume, at growing
-/// offsets (before, while and after the PV is saved), on an API server whose watches
-/// arrive late (the sidecar acts on stale claims, as in the issue). No volume is left.
+/// at once. Each CreateVolume takes 100 ms at the driver; each claim is deleted at a
+/// growing offset after its CreateVolume arrived: while the driver works, right as it
+/// answers, while the PV is saved, after. The API server's watches arrive late, so the
+/// sidecar acts on stale claims, as in the issue. No volume is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_1469_claims_deleted_as_their_volumes_are_made() {
     let stale =
-        LoadModel::none().watch_delivery(Cost::new(Duration::from_millis(100), Duration::ZERO));
+        LoadModel::none().watch_delivery(Cost::new(Duration::from_millis(50), Duration::ZERO));
     let (sim, mock) = world(KubeSim::builder().load(stale)).await;
     let client = sim.client();
     let spec = SidecarSpec::new(sim.url(), &mock);
-    // Each CreateVolume takes 100 ms at the driver, so the deletion can be aimed.
     mock.set_delay(CsiMethod::CreateVolume, Duration::from_millis(100));
     let sidecar = Sidecar::start(&spec);
-    for (i, offset_ms) in [0_u64, 0, 2, 5, 10, 20, 40, 80].into_iter().enumerate() {
+    let offsets_ms = [0_u64, 30, 60, 90, 95, 100, 103, 106, 110, 120, 150, 200];
+    for (i, offset_ms) in offsets_ms.into_iter().enumerate() {
         let claim = format!("race-{i}");
-        let name = create_claim(&client, &claim).await;
-        tokio::time::timeout(STEP, mock.wait_until(|m| m.volume(&name).is_some()))
-            .await
-            .unwrap_or_else(|_| panic!("the volume of {claim} was not made"));
+        let calls = mock.calls(CsiMethod::CreateVolume);
+        create_claim(&client, &claim).await;
+        creates_arrived(&mock, calls + 1).await;
         tokio::time::sleep(Duration::from_millis(offset_ms)).await;
         delete_claim(&client, &claim).await;
     }
     let found = until_clean(&client, &mock, STEP).await;
     assert!(found.is_clean(), "leaked or left over: {found:?}");
-    assert!(mock.calls(CsiMethod::DeleteVolume) >= 8);
+    assert!(mock.calls(CsiMethod::DeleteVolume) >= offsets_ms.len() as u64);
     sidecar.stop().await.expect("the sidecar stops cleanly");
 }
 
