@@ -150,8 +150,9 @@ async fn upstream_311_create_volume_outlives_the_timeout_and_the_claim_is_delete
     let (sim, mock) = world(KubeSim::builder()).await;
     let client = sim.client();
     let spec = SidecarSpec::new(sim.url(), &mock).call_timeout(Duration::from_millis(300));
-    // The first call lands 1.5 s later; the retries are held 30 s (past the timeout: the
-    // caller gives up and they do nothing).
+    // The first call lands 1.5 s later (retries meanwhile are refused: an operation is
+    // pending); later ones are held 30 s (past the timeout: the caller gives up and they do
+    // nothing).
     mock.script(
         CsiMethod::CreateVolume,
         [Answer::LandsAfter(Duration::from_millis(1500))],
