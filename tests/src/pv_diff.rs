@@ -66,7 +66,8 @@ pub fn by_claim(json: &str) -> Result<BTreeMap<String, Flat>, String> {
     Ok(out)
 }
 
-/// `pv` flattened, without [`IGNORED`] fields and with [`MASKED`] values replaced.
+/// `pv` flattened, without the fields that differ between any two runs (names, uids,
+/// timestamps) and with the values that name a run masked.
 #[must_use]
 pub fn normalise(pv: &Value) -> Flat {
     let mut flat = Flat::new();
