@@ -92,7 +92,10 @@ pub enum Answer {
     /// "the create lands after its deadline". A client that gives up first (its timeout
     /// shorter than this) gets `DeadlineExceeded`, and the volume is recorded anyway when
     /// the time comes, as a backend that had already accepted the operation. Such work also
-    /// survives [`MockCsiDriver::crash`].
+    /// survives [`MockCsiDriver::crash`]. Until it lands, further CreateVolume calls for the
+    /// same name are refused with `Aborted` ("an operation is pending for the volume", the
+    /// CSI spec's answer to secondary calls): a replay never makes a second volume beside
+    /// the pending one, nor one that the pending work would make again after a delete.
     LandsAfter(Duration),
 }
 
@@ -169,6 +172,8 @@ struct State {
     next_id: u64,
     last_create: Option<CreateVolumeRequest>,
     last_delete: Option<DeleteVolumeRequest>,
+    /// The CreateVolume names with [`Answer::LandsAfter`] work not landed yet.
+    pending: HashMap<String, usize>,
 }
 
 impl State {
@@ -189,6 +194,7 @@ impl State {
             next_id: 1,
             last_create: None,
             last_delete: None,
+            pending: HashMap::new(),
         }
     }
 
@@ -319,16 +325,47 @@ impl Shared {
         R: Send + 'static,
         W: FnOnce(&mut State) -> Result<R, Status> + Send + 'static,
     {
-        let (delay, answer) = self.apply(|state| {
+        self.answer_for(method, None, work).await
+    }
+
+    /// [`answer`](Self::answer) for the volume `name` (CreateVolume's): while work of an
+    /// earlier call for that name has not landed ([`Answer::LandsAfter`]), the call is
+    /// refused with `Aborted`, "an operation is pending for the volume", as the CSI spec
+    /// has a plugin answer secondary calls (and no scripted answer is taken).
+    async fn answer_for<R, W>(
+        self: Arc<Self>,
+        method: CsiMethod,
+        name: Option<String>,
+        work: W,
+    ) -> Result<R, Status>
+    where
+        R: Send + 'static,
+        W: FnOnce(&mut State) -> Result<R, Status> + Send + 'static,
+    {
+        let taken = self.apply(|state| {
             *state.calls.entry(method).or_default() += 1;
+            if let Some(name) = &name
+                && state.pending.contains_key(name)
+            {
+                return None;
+            }
             let delay = state.delays.get(&method).copied().unwrap_or_default();
             let answer = state
                 .scripts
                 .get_mut(&method)
                 .and_then(VecDeque::pop_front)
                 .unwrap_or(Answer::Ok);
-            (delay, answer)
+            if let (Answer::LandsAfter(_), Some(name)) = (answer, &name) {
+                *state.pending.entry(name.clone()).or_default() += 1;
+            }
+            Some((delay, answer))
         });
+        let Some((delay, answer)) = taken else {
+            return Err(Status::aborted(format!(
+                "{method}: an operation is pending for volume {:?}",
+                name.unwrap_or_default()
+            )));
+        };
         let injected = |code: Code| {
             Status::new(
                 code,
@@ -341,7 +378,18 @@ impl Shared {
             let shared = Arc::clone(&self);
             tokio::spawn(async move {
                 tokio::time::sleep(after).await;
-                let _ = done.send(shared.apply(work));
+                let landed = shared.apply(|state| {
+                    if let Some(name) = &name
+                        && let Some(count) = state.pending.get_mut(name)
+                    {
+                        *count -= 1;
+                        if *count == 0 {
+                            state.pending.remove(name);
+                        }
+                    }
+                    work(state)
+                });
+                let _ = done.send(landed);
             });
             return outcome
                 .await
@@ -825,7 +873,8 @@ async fn route(
             unary(request, move |request: CreateVolumeRequest| {
                 let shared = Arc::clone(&shared);
                 shared.record_call(|state| state.last_create = Some(request.clone()));
-                shared.answer(method, move |state| {
+                let name = Some(request.name.clone());
+                shared.answer_for(method, name, move |state| {
                     state
                         .create_volume(&request)
                         .map(|volume| CreateVolumeResponse {
@@ -930,6 +979,30 @@ mod tests {
         });
         let volume = state.create_volume(&request).unwrap();
         assert_eq!(volume.accessible_topology, vec![zone("b")]);
+    }
+
+    #[tokio::test]
+    async fn a_create_for_a_name_with_pending_work_is_aborted_until_it_lands() {
+        use crate::csi::CsiDriver;
+        let (mock, _socket) = MockCsiDriver::start("x").unwrap();
+        let driver = mock.client(Duration::from_millis(100));
+        let landing = Duration::from_millis(400);
+        mock.script(CsiMethod::CreateVolume, [Answer::LandsAfter(landing)]);
+        let timed_out = driver.create_volume(create("a", 1)).await.unwrap_err();
+        assert_eq!(timed_out.code(), Code::DeadlineExceeded, "{timed_out}");
+        // A replay while the work is pending makes nothing; another name is not held.
+        let replay = driver.create_volume(create("a", 1)).await.unwrap_err();
+        assert_eq!(replay.code(), Code::Aborted, "{replay}");
+        assert!(replay.message().contains("pending"), "{replay}");
+        assert_eq!(mock.volume_count(), 0);
+        driver.create_volume(create("b", 1)).await.unwrap();
+        mock.wait_until(|mock| mock.volume("a").is_some()).await;
+        // Landed: the replay answers the same volume, and one volume of that name exists.
+        let landed = mock.volume("a").unwrap();
+        let again = driver.create_volume(create("a", 1)).await.unwrap();
+        assert_eq!(again.volume.unwrap().volume_id, landed.id);
+        assert_eq!(mock.volume_count(), 2);
+        assert_eq!(mock.calls(CsiMethod::CreateVolume), 4);
     }
 
     #[test]
