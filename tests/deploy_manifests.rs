@@ -453,3 +453,150 @@ fn shipped_crd_manifest_matches_crd_yaml() {
 fn write_shipped_crd_manifest() {
     std::fs::write(CRD_MANIFEST_PATH, cnsmetadata::crd_yaml()).unwrap();
 }
+
+/// The Role documents in `namespace` and what they grant.
+fn granted_in(docs: &[serde_json::Value], namespace: &str) -> Grants {
+    let in_namespace: Vec<serde_json::Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "Role" && d["metadata"]["namespace"] == namespace)
+        .cloned()
+        .collect();
+    granted(&in_namespace, "Role")
+}
+
+/// The CSI sidecar's deployment files: its RBAC grants exactly what the sidecar and
+/// provision-controller use (the Lease by upstream's name for the driver, the journal in a
+/// namespace of its own), every binding names the Deployment's ServiceAccount, and the
+/// sidecar shares the driver's socket and probes as a provisioner does.
+#[test]
+fn the_csi_sidecar_manifests_grant_exactly_what_the_sidecar_uses() {
+    let docs = documents(include_str!("../examples/deploy/csi-provisioner-rbac.yaml"));
+    let deployment: Deployment = serde_json::from_value(one(
+        &documents(include_str!(
+            "../examples/deploy/csi-provisioner-sidecar.yaml"
+        )),
+        "Deployment",
+    ))
+    .unwrap();
+    let pod = deployment.spec.template.spec.unwrap();
+    let driver = pod
+        .containers
+        .iter()
+        .find(|c| c.name == "csi-driver")
+        .unwrap();
+    let name = driver
+        .args
+        .iter()
+        .flatten()
+        .find_map(|a| a.strip_prefix("--drivername="))
+        .expect("the driver's name");
+    let lease = csi_provisioner::rbac::lease_name(name);
+    let namespace = deployment.metadata.namespace.clone().unwrap();
+
+    let cluster = flatten(
+        CLUSTER_PERMISSIONS
+            .iter()
+            .chain(csi_provisioner::rbac::SIDECAR_PERMISSIONS),
+        &lease,
+    );
+    assert_eq!(granted(&docs, "ClusterRole"), cluster);
+    assert_eq!(
+        granted_in(&docs, &namespace),
+        flatten(LEADER_ELECTION_PERMISSIONS, &lease),
+        "the Lease's Role, for {lease}"
+    );
+
+    let sidecar = pod
+        .containers
+        .iter()
+        .find(|c| c.name == "csi-provisioner")
+        .unwrap();
+    let env = |key: &str| {
+        sidecar
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == key)
+            .and_then(|e| e.value.clone())
+    };
+    let journal = env("JOURNAL_NAMESPACE").expect("JOURNAL_NAMESPACE");
+    assert_ne!(journal, namespace, "the journal has a namespace of its own");
+    assert_eq!(
+        granted_in(&docs, &journal),
+        flatten(JOURNAL_PERMISSIONS, &lease)
+    );
+    let namespaces: Vec<&str> = docs
+        .iter()
+        .filter(|d| d["kind"] == "Namespace")
+        .filter_map(|d| d["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(namespaces, [namespace.as_str(), journal.as_str()]);
+
+    // Every binding names the Deployment's ServiceAccount and a role in the file.
+    let account = pod.service_account_name.clone().unwrap();
+    let bindings: Vec<_> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRoleBinding" || d["kind"] == "RoleBinding")
+        .collect();
+    assert_eq!(bindings.len(), 3);
+    for binding in bindings {
+        let subjects = binding["subjects"].as_array().unwrap();
+        assert_eq!(subjects.len(), 1, "{binding}");
+        assert_eq!(subjects[0]["name"], account.as_str(), "{binding}");
+        assert_eq!(subjects[0]["namespace"], namespace.as_str(), "{binding}");
+        let kind = binding["kind"]
+            .as_str()
+            .unwrap()
+            .trim_end_matches("Binding");
+        assert!(
+            docs.iter().any(|d| d["kind"] == kind
+                && d["metadata"]["name"] == binding["roleRef"]["name"]
+                && d["metadata"]["namespace"] == binding["metadata"]["namespace"]),
+            "the role {binding} names is in the file"
+        );
+    }
+
+    // The socket: the sidecar's --csi-address is the driver's endpoint, on a shared volume.
+    let address = env("ADDRESS").expect("ADDRESS");
+    assert!(
+        sidecar
+            .args
+            .iter()
+            .flatten()
+            .any(|a| a == "--csi-address=$(ADDRESS)")
+    );
+    assert!(
+        driver
+            .args
+            .iter()
+            .flatten()
+            .any(|a| *a == format!("--endpoint=unix://{address}"))
+    );
+    let mount = |c: &Container| {
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| Path::new(&address).starts_with(&m.mount_path))
+            .map(|m| m.name.clone())
+    };
+    assert_eq!(mount(sidecar), mount(driver));
+    assert!(
+        mount(sidecar).is_some(),
+        "the socket's directory is mounted"
+    );
+    assert!(
+        sidecar
+            .args
+            .iter()
+            .flatten()
+            .any(|a| a == "--leader-election")
+    );
+    assert!(
+        sidecar
+            .args
+            .iter()
+            .flatten()
+            .any(|a| a == "--http-endpoint=:8080")
+    );
+    assert_probes(sidecar);
+}

@@ -66,7 +66,8 @@ pub fn by_claim(json: &str) -> Result<BTreeMap<String, Flat>, String> {
     Ok(out)
 }
 
-/// `pv` flattened, without [`IGNORED`] fields and with [`MASKED`] values replaced; the PV's
+/// `pv` flattened, without the fields that differ between any two runs (names, uids,
+/// timestamps) and with the values that name a run masked; the PV's
 /// own name inside any other value (a secret name templated from `${pv.name}`, the
 /// `csi.storage.k8s.io/pv/name` parameter a driver echoes into its volume context) becomes
 /// `<pv-name>`.

@@ -10,6 +10,7 @@ pub mod csi;
 mod error;
 mod guard;
 mod provisioner;
+pub mod rbac;
 pub mod start;
 mod topology;
 

@@ -640,6 +640,25 @@ async fn create_errors_map_to_what_may_still_exist() {
         CsiOptions::default(),
     )
     .await;
+    // node-1 runs the driver with a zone key, so the requirements are made and CreateVolume
+    // is what answers ResourceExhausted.
+    let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "node-1", "labels": {"zone": "a"}}}))
+    .expect("a node");
+    let csi_node: k8s_openapi::api::storage::v1::CSINode =
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "node-1"},
+            "spec": {"drivers": [{"name": DRIVER, "nodeID": "node-1", "topologyKeys": ["zone"]}]}}))
+        .expect("a CSINode");
+    let post = kube_client::api::PostParams::default();
+    kube_client::Api::all(topology.client())
+        .create(&post, &node)
+        .await
+        .expect("node created");
+    kube_client::Api::all(topology.client())
+        .create(&post, &csi_node)
+        .await
+        .expect("CSINode created");
     for node in [Some("node-1".to_owned()), None] {
         topology
             .fake
@@ -657,7 +676,8 @@ async fn create_errors_map_to_what_may_still_exist() {
             .await
             .expect_err("full");
         let want = if rescheduled { "Reschedule" } else { "Failed" };
-        assert_eq!(variant(&error), want);
+        assert_eq!(variant(&error), want, "{}", text(&error));
+        assert!(text(&error).contains("full"), "{}", text(&error));
     }
     let off = Setup::new(
         DriverCapabilities::default().accessibility_constraints(true),

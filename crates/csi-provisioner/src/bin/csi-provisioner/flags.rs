@@ -312,27 +312,6 @@ impl Flags {
     }
 }
 
-/// The Lease name upstream's sidecar uses for a driver (csi-lib-utils: '/' and every
-/// character that is not a letter, digit or '-' become '-', and a trailing '-' gets an
-/// 'X'), so that replacing upstream's sidecar keeps the same Lease and never lets both
-/// lead at once during a rolling update.
-pub(crate) fn lease_name(driver: &str) -> String {
-    let mut name: String = driver
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    if name.ends_with('-') {
-        name.push('X');
-    }
-    name
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -443,12 +422,5 @@ mod tests {
         assert!(all("--feature-gates=Topology=maybe").contains("Topology: \"maybe\""));
         let f = parse(&["--http-endpoint=8080"]);
         assert!(f.http_address().unwrap_err().contains("not host:port"));
-    }
-
-    #[test]
-    fn lease_names_are_upstreams() {
-        assert_eq!(lease_name("hostpath.csi.k8s.io"), "hostpath-csi-k8s-io");
-        assert_eq!(lease_name("example.com/my-driver"), "example-com-my-driver");
-        assert_eq!(lease_name("driver_"), "driver-X");
     }
 }

@@ -32,7 +32,7 @@ use flags::Flags;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let flags = Flags::parse();
+    let flags = Flags::parse_from(std::env::args_os().map(go_style));
     if let Err(refused) = flags.refuse_unsupported() {
         eprintln!("csi-provisioner: {refused}");
         return ExitCode::from(2);
@@ -103,7 +103,7 @@ async fn run(flags: Flags) -> Result<(), Box<dyn Error>> {
         options,
     )?;
 
-    let mut config = controller_config(&flags)
+    let mut config = controller_config(&flags)?
         .volume_namer(volume_namer)
         .leader_election(leader_election(&flags, &info.name)?);
     if let Some(address) = http {
@@ -129,9 +129,17 @@ async fn run(flags: Flags) -> Result<(), Box<dyn Error>> {
 }
 
 /// The options upstream's sidecar gives the Go library, from the flags.
-fn controller_config(flags: &Flags) -> Config {
+///
+/// The journal's namespace comes from `JOURNAL_NAMESPACE` (unset: the controller's), as
+/// for every driver on provision-controller: give it a namespace of its own, never
+/// kube-system (its Role covers every ConfigMap of that namespace).
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the binary reads the environment; the library takes a Config"
+)]
+fn controller_config(flags: &Flags) -> Result<Config, Box<dyn Error>> {
     let threads = u16::try_from(flags.worker_threads).unwrap_or(u16::MAX);
-    Config::default()
+    let config = Config::from_lookup(|key| std::env::var(key).ok())?
         .threads(NonZeroU16::new(threads).unwrap_or(Config::DEFAULT_THREADS))
         // Upstream retries forever (FailedProvisionThreshold(0), FailedDeleteThreshold(0))
         // with a per-claim exponential backoff between --retry-interval-start and -max.
@@ -144,7 +152,8 @@ fn controller_config(flags: &Flags) -> Config {
         // Upstream saves PVs in the background (CreateProvisionedPVLimiter) and puts a
         // finalizer on claims being provisioned (AddFinalizer(true)).
         .pv_save(PvSaveStrategy::background())
-        .add_finalizer(true)
+        .add_finalizer(true);
+    Ok(config)
 }
 
 /// Leader election as upstream's `--leader-election*` flags ask (off by default), on the
@@ -166,7 +175,7 @@ fn leader_election(flags: &Flags, driver: &str) -> Result<Option<LeaderElection>
     } else {
         flags.leader_election_namespace.clone()
     };
-    let election = LeaderElection::new(flags::lease_name(driver), namespace)?
+    let election = LeaderElection::new(csi_provisioner::rbac::lease_name(driver), namespace)?
         .lease_duration(flags.leader_election_lease_duration)
         .renew_deadline(flags.leader_election_renew_deadline)
         .retry_period(flags.leader_election_retry_period);
@@ -196,4 +205,41 @@ async fn kube_client(kubeconfig: &str) -> Result<(Client, kube_client::Config), 
         .map_err(|error| format!("--kubeconfig {}: {error}", path.display()))?;
     let client = provision_controller::client::from_config(config.clone())?;
     Ok((client, config))
+}
+
+/// Go's flag package accepts `-name=value` for a long flag as well as `--name=value`
+/// (upstream's manifests use both): a single dash before a name of more than one letter is
+/// read as two. `-v=5` and `-v 5` stay short flags; values (no leading dash) are untouched.
+fn go_style(arg: std::ffi::OsString) -> std::ffi::OsString {
+    let Some(text) = arg.to_str() else {
+        return arg;
+    };
+    let name = text.split('=').next().unwrap_or_default();
+    if name.starts_with('-') && !name.starts_with("--") && name.len() > 2 {
+        return format!("-{text}").into();
+    }
+    arg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Flags {
+        let args = std::iter::once("csi-provisioner")
+            .chain(args.iter().copied())
+            .map(std::ffi::OsString::from);
+        Flags::parse_from(args.map(go_style))
+    }
+
+    #[test]
+    fn single_dash_long_flags_are_read_as_go_reads_them() {
+        let flags = parse(&["-csi-address=/csi/csi.sock", "-v=5", "-leader-election"]);
+        assert_eq!(flags.csi_address, "/csi/csi.sock");
+        assert_eq!(flags.verbosity, 5);
+        assert!(flags.leader_election);
+        let flags = parse(&["--timeout", "30s", "-v", "2"]);
+        assert_eq!(flags.timeout, std::time::Duration::from_secs(30));
+        assert_eq!(flags.verbosity, 2);
+    }
 }
