@@ -67,11 +67,25 @@ pub fn by_claim(json: &str) -> Result<BTreeMap<String, Flat>, String> {
 }
 
 /// `pv` flattened, without the fields that differ between any two runs (names, uids,
-/// timestamps) and with the values that name a run masked.
+/// timestamps) and with the values that name a run masked; the PV's
+/// own name inside any other value (a secret name templated from `${pv.name}`, the
+/// `csi.storage.k8s.io/pv/name` parameter a driver echoes into its volume context) becomes
+/// `<pv-name>`.
 #[must_use]
 pub fn normalise(pv: &Value) -> Flat {
     let mut flat = Flat::new();
     flatten(pv, String::new(), &mut flat);
+    if let Some(name) = pv
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+    {
+        for value in flat.values_mut() {
+            if value.contains(name) {
+                *value = value.replace(name, "<pv-name>");
+            }
+        }
+    }
     flat.retain(|path, _| {
         !IGNORED
             .iter()
@@ -172,6 +186,24 @@ mod tests {
         assert_eq!(
             diff(&a, &c),
             ["ns/data: no PV on the right", "ns/other: no PV on the left"]
+        );
+    }
+
+    #[test]
+    fn the_pvs_own_name_inside_other_values_is_masked() {
+        let with_ref = |name: &str, secret: &str| {
+            let mut v: Value = serde_json::from_str(&pv(name, "data", "h", "ext4")).unwrap();
+            v["spec"]["csi"]["nodePublishSecretRef"] =
+                serde_json::json!({"name": secret, "namespace": name});
+            v.to_string()
+        };
+        let a = by_claim(&with_ref("pvc-1", "pub-pvc-1")).unwrap();
+        let b = by_claim(&with_ref("pvc-2", "pub-pvc-2")).unwrap();
+        assert_eq!(diff(&a, &b), Vec::<String>::new());
+        let c = by_claim(&with_ref("pvc-3", "pub-other")).unwrap();
+        assert_eq!(
+            diff(&a, &c),
+            ["ns/data: /spec/csi/nodePublishSecretRef/name: \"pub-<pv-name>\" | \"pub-other\""]
         );
     }
 
