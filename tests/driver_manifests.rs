@@ -467,3 +467,147 @@ async fn under_its_service_account_with_rbac_enforced_the_driver_is_refused_noth
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client, NAMESPACE);
     assert_eq!(forbidden(leases.get("someone-else").await.map(drop)).0, 403);
 }
+
+/// One granted verb: namespace (`""` for a ClusterRole), group, resource, verb, and the one
+/// object it is limited to (`None`: every object).
+type Grant = (String, String, String, String, Option<String>);
+
+/// What the ClusterRoles and Roles of `docs` grant, one entry per verb and name.
+fn grants(docs: &[Value]) -> std::collections::BTreeSet<Grant> {
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect()
+    };
+    let mut out = std::collections::BTreeSet::new();
+    for doc in docs {
+        let namespace = match doc["kind"].as_str() {
+            Some("ClusterRole") => String::new(),
+            Some("Role") => doc["metadata"]["namespace"].as_str().unwrap().to_owned(),
+            _ => continue,
+        };
+        for rule in doc["rules"].as_array().into_iter().flatten() {
+            let names = strings(&rule["resourceNames"]);
+            let names: Vec<Option<String>> = if names.is_empty() {
+                vec![None]
+            } else {
+                names.into_iter().map(Some).collect()
+            };
+            for group in strings(&rule["apiGroups"]) {
+                for resource in strings(&rule["resources"]) {
+                    for verb in strings(&rule["verbs"]) {
+                        for name in &names {
+                            out.insert((
+                                namespace.clone(),
+                                group.clone(),
+                                resource.clone(),
+                                verb.clone(),
+                                name.clone(),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What `permissions` grant in `namespace`.
+fn permission_grants(
+    namespace: &str,
+    permissions: &[provision_controller::rbac::Permission],
+) -> std::collections::BTreeSet<Grant> {
+    use provision_controller::rbac::Names;
+    let mut out = std::collections::BTreeSet::new();
+    for p in permissions {
+        let name = match p.names {
+            Names::Named(name) => Some(name.to_owned()),
+            Names::Any => None,
+            other => panic!("not expected in the vSphere reconciler's rules: {other:?}"),
+        };
+        for verb in p.verbs {
+            out.insert((
+                namespace.to_owned(),
+                p.group.to_owned(),
+                p.resource.to_owned(),
+                (*verb).to_owned(),
+                name.clone(),
+            ));
+        }
+    }
+    out
+}
+
+/// The vSphere binary's shipped RBAC (`examples/deploy/vsphere-rbac.yaml`) against what
+/// `provision_controller::manifests` generates for the same provisioner and namespace. The
+/// differences, each asserted so that a change to either side shows here:
+/// - names: the shipped objects are `vsphere-cns-controllers`, the generated ones are named
+///   after the provisioner (`csi.vsphere.vmware.com`); only the rules are compared;
+/// - the CnsVolumeMetadata reconciler's rules, which a provisioner alone does not need:
+///   `vsphere_controllers::rbac::METADATA_PERMISSIONS` and `CRD_PERMISSIONS` in the
+///   ClusterRole, `FEATURE_STATES_PERMISSIONS` (the feature-state ConfigMap, by name) in
+///   the namespace;
+/// - the journal: generated in a namespace of its own (`vmware-system-csi-journal`), shipped
+///   in the controller's namespace, where its Role reaches every ConfigMap, the supervisor's
+///   `csi-feature-states` included. The vSphere binary reads `JOURNAL_NAMESPACE` (through
+///   `provision_controller::Config::from_lookup`), so the shipped files can follow the
+///   generated layout; until they do, this test pins the difference.
+#[test]
+fn the_vsphere_rbac_is_the_generated_driver_rbac_plus_the_reconcilers_rules() {
+    use vsphere_controllers::rbac::{
+        CRD_PERMISSIONS, FEATURE_STATES_PERMISSIONS, METADATA_PERMISSIONS,
+    };
+    const CSI_NAMESPACE: &str = "vmware-system-csi";
+
+    let generated = Manifests::new(vsphere_cns::CSI_DRIVER, CSI_NAMESPACE, "unused").build();
+    let generated = grants(&generated.to_values());
+    let shipped: Vec<Value> =
+        serde_saphyr::from_multiple(include_str!("../examples/deploy/vsphere-rbac.yaml")).unwrap();
+    let shipped = grants(&shipped);
+    let in_namespace = |set: &std::collections::BTreeSet<Grant>, ns: &str| {
+        set.iter()
+            .filter(|g| g.0 == ns)
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+
+    // Cluster-wide: the generated ClusterRole, plus the reconciler's rules.
+    let mut expected = in_namespace(&generated, "");
+    expected.extend(permission_grants("", METADATA_PERMISSIONS));
+    expected.extend(permission_grants("", CRD_PERMISSIONS));
+    assert_eq!(in_namespace(&shipped, ""), expected, "the ClusterRole");
+    // The reconciler's additions are real additions: the provisioner alone has none of them.
+    assert!(!in_namespace(&generated, "").contains(&(
+        String::new(),
+        "cns.vmware.com".into(),
+        "cnsvolumemetadatas".into(),
+        "update".into(),
+        None
+    )));
+
+    // The controller's namespace: the generated Lease rules, the feature-state ConfigMap by
+    // name, and the generated journal rules moved over from the journal's namespace.
+    let journal_namespace = format!("{CSI_NAMESPACE}-journal");
+    let journal = in_namespace(&generated, &journal_namespace);
+    assert!(!journal.is_empty(), "the generated journal Role");
+    let mut expected = in_namespace(&generated, CSI_NAMESPACE);
+    expected.extend(permission_grants(CSI_NAMESPACE, FEATURE_STATES_PERMISSIONS));
+    expected.extend(journal.into_iter().map(|(_, group, resource, verb, name)| {
+        (CSI_NAMESPACE.to_owned(), group, resource, verb, name)
+    }));
+    assert_eq!(
+        in_namespace(&shipped, CSI_NAMESPACE),
+        expected,
+        "the Role in {CSI_NAMESPACE}"
+    );
+    // Nowhere else.
+    let namespaces: std::collections::BTreeSet<_> = shipped.iter().map(|g| g.0.clone()).collect();
+    assert_eq!(
+        namespaces,
+        [String::new(), CSI_NAMESPACE.to_owned()].into(),
+        "the shipped roles' namespaces"
+    );
+}
