@@ -132,7 +132,7 @@ impl From<&LeaderState> for Role {
 }
 
 /// Why `/readyz` answers 503.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum NotReady {
     /// The caches have not synced yet.
@@ -148,6 +148,12 @@ pub enum NotReady {
     /// the text says which and what to do.
     #[error("{0}")]
     Unmet(&'static str),
+    /// Leader election cannot go on until a person acts (the Lease's namespace does not
+    /// exist); set by a [`LeaderElector`](crate::leader::LeaderElector) given this handle
+    /// with [`report_to`](crate::leader::LeaderElector::report_to). The text names the
+    /// problem and what to do.
+    #[error("{0}")]
+    ElectionBlocked(String),
 }
 
 /// Shared, cheap-to-clone readiness state that the controller updates and the probes read.
@@ -162,6 +168,8 @@ struct HealthInner {
     role: tokio::sync::watch::Sender<Role>,
     /// Unmet conditions by name, with the text `/readyz` reports.
     unmet: Mutex<std::collections::BTreeMap<&'static str, &'static str>>,
+    /// Why leader election cannot go on, if it cannot.
+    election_blocked: Mutex<Option<String>>,
 }
 
 impl Default for HealthInner {
@@ -170,6 +178,7 @@ impl Default for HealthInner {
             caches_synced: AtomicBool::new(false),
             role: tokio::sync::watch::Sender::new(Role::Starting),
             unmet: Mutex::default(),
+            election_blocked: Mutex::default(),
         }
     }
 }
@@ -264,10 +273,38 @@ impl Health {
         };
     }
 
+    /// Records that leader election cannot go on until a person acts, with the text
+    /// `/readyz` reports (`Some`), or that it can again (`None`). A
+    /// [`LeaderElector`](crate::leader::LeaderElector) calls this when given the handle
+    /// with [`report_to`](crate::leader::LeaderElector::report_to).
+    ///
+    /// ```
+    /// use kube_controller_kit::http::{Health, NotReady, Role};
+    ///
+    /// let health = Health::new();
+    /// health.set_role(Role::Standby);
+    /// health.set_caches_synced(true);
+    /// health.set_election_blocked(Some("namespace \"storage\" does not exist".into()));
+    /// assert_eq!(
+    ///     health.readiness(),
+    ///     Err(NotReady::ElectionBlocked("namespace \"storage\" does not exist".into()))
+    /// );
+    /// health.set_election_blocked(None);
+    /// assert_eq!(health.readiness(), Ok(()));
+    /// ```
+    pub fn set_election_blocked(&self, blocked: Option<String>) {
+        *self
+            .inner
+            .election_blocked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = blocked;
+    }
+
     /// What `/readyz` reports.
     ///
     /// # Errors
-    /// [`NotReady`] naming the first unmet condition: the role, then the caches, then the
+    /// [`NotReady`] naming the first unmet condition: the role, then the caches, then a
+    /// blocked election ([`set_election_blocked`](Self::set_election_blocked)), then the
     /// conditions set with [`set_unmet`](Self::set_unmet) (by name).
     pub fn readiness(&self) -> Result<(), NotReady> {
         match self.role() {
@@ -277,6 +314,15 @@ impl Health {
                 Err(NotReady::CachesNotSynced)
             }
             Role::Leading | Role::Standby => {
+                let blocked = self
+                    .inner
+                    .election_blocked
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                if let Some(text) = blocked {
+                    return Err(NotReady::ElectionBlocked(text));
+                }
                 let conditions = self
                     .inner
                     .unmet

@@ -360,3 +360,77 @@ async fn shutdown_does_not_wait_for_a_client_that_never_finishes_its_request() {
         .expect("the server stops within the header-read timeout")
         .unwrap();
 }
+
+/// The elector reports a missing Lease namespace to the handle; `/readyz` says so until
+/// the namespace exists (real time, short timings: about a second).
+#[tokio::test]
+async fn readyz_names_a_missing_lease_namespace_until_it_exists() {
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube_client::Api;
+    use kube_client::api::PostParams;
+    use kube_controller_kit::leader::{LeaderElection, LeaderElector};
+
+    let sim = kube_sim::KubeSim::builder().start().await.unwrap();
+    let health = Health::new();
+    let shutdown = CancellationToken::new();
+    let server = HttpServer::bind(loopback(), "/metrics", Registry::default(), health.clone())
+        .await
+        .unwrap()
+        .spawn(shutdown.clone().cancelled_owned());
+    let addr = server.local_addr();
+    health.set_role(Role::Standby);
+    health.set_caches_synced(true);
+
+    let cfg = LeaderElection::new("example.com-test", "storage")
+        .unwrap()
+        .identity("a")
+        .timings(
+            Duration::from_secs(2),
+            Duration::from_secs(1),
+            Duration::from_millis(100),
+        )
+        .unwrap();
+    let mut elector = LeaderElector::new(sim.client(), cfg).unwrap();
+    elector.report_to(health.clone());
+    let candidate = tokio::spawn(async move {
+        elector.acquire(std::future::pending()).await.unwrap();
+        elector
+    });
+
+    let blocked = async {
+        loop {
+            let reply = get(addr, "/readyz").await;
+            if reply.status == 503 {
+                return reply.body;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let body = tokio::time::timeout(Duration::from_secs(5), blocked)
+        .await
+        .expect("/readyz never reported the missing namespace");
+    assert_eq!(
+        body,
+        "leader election: namespace \"storage\" does not exist; create it, or set the \
+         leader-election namespace (POD_NAMESPACE) to one that exists"
+    );
+
+    let ns: Namespace = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "storage" }
+    }))
+    .unwrap();
+    Api::<Namespace>::all(sim.client())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    let elector = tokio::time::timeout(Duration::from_secs(10), candidate)
+        .await
+        .expect("no lease within 10 s of the namespace")
+        .unwrap();
+    assert!(elector.is_leader());
+    let ready = get(addr, "/readyz").await;
+    assert_eq!((ready.status, ready.body.as_str()), (200, "ok"));
+
+    shutdown.cancel();
+    server.join().await.unwrap();
+}

@@ -540,3 +540,90 @@ async fn an_unset_namespace_is_the_clients_default_namespace() {
     let elsewhere: Api<Lease> = Api::namespaced(sim.client(), "elsewhere");
     assert!(elsewhere.get_opt(NAME).await.unwrap().is_some());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_missing_namespace_is_reported_once_shown_by_readyz_and_retried_slowly() {
+    use kube_controller_kit::http::{Health, NotReady, Role};
+
+    let (logs, _guard) = Logs::capture();
+    let sim = sim().await;
+    let cfg = LeaderElection::new(NAME, "storage")
+        .unwrap()
+        .identity("a")
+        .timings(LEASE, RENEW, RETRY)
+        .unwrap();
+    let config = kube_client::Config::new(sim.url().parse().unwrap());
+    let mut a = LeaderElector::new(for_leader_election(&config).unwrap(), cfg).unwrap();
+    let health = Health::new();
+    health.set_role(Role::Standby);
+    health.set_caches_synced(true);
+    a.report_to(health.clone());
+    let candidate = acquire_in_background(a);
+
+    // Twenty minutes: 0.2 s doubling to 4 min (5 at most with jitter) is about 15
+    // attempts, where the normal pace would make about 3000.
+    sleep(Duration::from_secs(20 * 60)).await;
+    assert!(!candidate.is_finished());
+    let attempts = lease_requests(&sim, "create");
+    assert!(
+        (10..=20).contains(&attempts),
+        "{attempts} attempts in 20 minutes"
+    );
+    let errors = logs.lines_with("ERROR");
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(
+        errors[0].contains(&format!(
+            "leader election: namespace \"storage\" does not exist, so the Lease \
+             storage/{NAME} cannot be created; create the namespace, or set the \
+             leader-election namespace (POD_NAMESPACE) to one that exists"
+        )),
+        "{}",
+        errors[0]
+    );
+    let again = logs.lines_with("still does not exist");
+    assert_eq!(again.len(), 1, "{again:#?}");
+    assert!(
+        again[0].contains("retrying every 4 minutes"),
+        "{}",
+        again[0]
+    );
+    assert!(logs.lines_with("failed to acquire lease").is_empty());
+    assert!(
+        logs.lines_with("Status {").is_empty(),
+        "no Status debug dump"
+    );
+    let Err(NotReady::ElectionBlocked(why)) = health.readiness() else {
+        panic!("{:?}", health.readiness());
+    };
+    assert_eq!(
+        why,
+        "leader election: namespace \"storage\" does not exist; create it, or set the \
+         leader-election namespace (POD_NAMESPACE) to one that exists"
+    );
+
+    let namespaces: Api<Namespace> = Api::all(sim.client());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some("storage".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    let created = Instant::now();
+    let (a, leading_since) = candidate.await.unwrap();
+    assert!(a.is_leader());
+    let waited = leading_since - created;
+    assert!(
+        waited <= Duration::from_secs(5 * 60),
+        "acquired {waited:?} after the namespace appeared"
+    );
+    assert_eq!(health.readiness(), Ok(()));
+    assert_eq!(logs.lines_with("namespace exists now").len(), 1);
+    let lease: Api<Lease> = Api::namespaced(sim.client(), "storage");
+    let holder = lease.get(NAME).await.unwrap().spec.unwrap().holder_identity;
+    assert_eq!(holder.as_deref(), Some("a"));
+}

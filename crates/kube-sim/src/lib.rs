@@ -14,6 +14,7 @@ mod load;
 mod meta;
 mod ops;
 mod patch;
+mod rbac;
 mod requests;
 mod resources;
 mod selector;

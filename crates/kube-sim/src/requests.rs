@@ -23,6 +23,11 @@ pub struct RequestRecord {
     pub name: Option<String>,
     /// The namespace from the path.
     pub namespace: Option<String>,
+    /// The user of the request's bearer token when the sim minted it
+    /// ([`KubeSim::service_account_config`](crate::KubeSim::service_account_config)), e.g.
+    /// `system:serviceaccount:storage:provisioner`; `None` for the unrestricted clients.
+    /// Set for resource requests.
+    pub user: Option<String>,
 }
 
 /// A bounded log: the oldest records are dropped beyond `limit`.
@@ -77,6 +82,7 @@ mod tests {
             subresource: None,
             name: None,
             namespace: None,
+            user: None,
         }
     }
 

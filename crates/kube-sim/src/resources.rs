@@ -148,7 +148,7 @@ pub(crate) fn builtins() -> Vec<ResourceDef> {
             false,
         ),
         // What a driver's manifests hold, so that `kubectl apply` (and its server-side dry
-        // run) accepts them: no RBAC is enforced and no pod is started.
+        // run) accepts them; RBAC is enforced only with `Builder::rbac`, and no pod is started.
         builtin(
             "",
             "v1",

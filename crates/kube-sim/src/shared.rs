@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::fault::FaultRule;
+use crate::rbac::Tokens;
 use crate::requests::{RequestLog, RequestRecord};
 use crate::resources::ResKey;
 use crate::store::State;
@@ -28,6 +29,9 @@ pub(crate) struct Shared {
     pub(crate) bookmark_interval: Duration,
     /// `host:port` the server listens on.
     pub(crate) address: String,
+    /// Whether requests with a minted token are checked against RBAC ([`Builder::rbac`](crate::Builder::rbac)).
+    pub(crate) rbac: bool,
+    tokens: Mutex<Tokens>,
 }
 
 fn relock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -53,6 +57,8 @@ impl Shared {
             log: Mutex::new(RequestLog::new(log_limit)),
             bookmark_interval,
             address,
+            rbac: false,
+            tokens: Mutex::default(),
         }
     }
 
@@ -115,6 +121,11 @@ impl Shared {
     /// Records a request.
     pub(crate) fn record(&self, record: RequestRecord) {
         relock(&self.log).push(record);
+    }
+
+    /// The minted bearer tokens.
+    pub(crate) fn tokens(&self) -> MutexGuard<'_, Tokens> {
+        relock(&self.tokens)
     }
 
     /// The request log.

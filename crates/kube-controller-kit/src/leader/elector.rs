@@ -9,12 +9,14 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::error::chain;
+use crate::http::Health;
 
 use super::forbidden::{Forbidden, ForbiddenRun, RequestFailed, SLOW_RETRY_MAX};
 use super::lease::{Outcome, Shared};
+use super::missing::{MISSING_RETRY_MAX, MissingRun, NamespaceMissing, Report};
 use super::record::{Mode, Observation};
 use super::{LeaderElection, LeaderError, LeaderState, LeadershipLost, LossReason};
 
@@ -39,6 +41,7 @@ use super::{LeaderElection, LeaderError, LeaderState, LeadershipLost, LossReason
 pub struct LeaderElector {
     shared: Arc<Shared>,
     renewer: Option<Renewer>,
+    health: Option<Health>,
 }
 
 impl std::fmt::Debug for LeaderElector {
@@ -86,7 +89,16 @@ impl LeaderElector {
                 state,
             }),
             renewer: None,
+            health: None,
         })
+    }
+
+    /// Reports to `health` what stops the election until a person acts, so that `/readyz`
+    /// says it: while the Lease's namespace does not exist,
+    /// [`Health::readiness`] answers [`NotReady::ElectionBlocked`](crate::http::NotReady::ElectionBlocked)
+    /// naming the namespace. The role stays the caller's to set.
+    pub fn report_to(&mut self, health: Health) {
+        self.health = Some(health);
     }
 
     /// The configuration.
@@ -141,6 +153,14 @@ impl LeaderElector {
     /// period up to 30 s (60 s at most with jitter): RBAC is fixed by an operator, not by
     /// retrying. The first attempt that is allowed again is logged at info.
     ///
+    /// A namespace that does not exist (the Lease's `create` answers 404 for the namespace)
+    /// is logged once at error, in one line naming the namespace and what to do, and shown
+    /// by `/readyz` when the elector [reports to](Self::report_to) a [`Health`]. The pause
+    /// between attempts then doubles from the retry period up to 4 minutes (5 at most with
+    /// jitter); reaching 4 minutes is logged once more at warn, every other attempt at
+    /// debug. Once the namespace exists the lease is acquired as usual, and that is
+    /// logged at info.
+    ///
     /// # Errors
     /// [`LeaderError::Cancelled`] when `shutdown` completes first; nothing was written then
     /// (or a write raced and will simply expire).
@@ -161,6 +181,8 @@ impl LeaderElector {
         info!(lease = %shared.lease, identity = cfg.identity.as_str(), "waiting to acquire lease");
         tokio::pin!(shutdown);
         let mut forbidden = ForbiddenRun::default();
+        let mut missing = MissingRun::default();
+        let namespace = cfg.namespace.as_str();
         loop {
             let attempt = tokio::select! {
                 biased;
@@ -170,6 +192,14 @@ impl LeaderElector {
             let still_forbidden = matches!(&attempt, Ok(Err(failed)) if failed.is_forbidden());
             if let Some(attempts) = forbidden.end_unless(still_forbidden) {
                 info!(lease = %shared.lease, attempts, "lease requests are no longer forbidden");
+            }
+            let still_missing =
+                matches!(&attempt, Ok(Err(failed)) if failed.is_namespace_missing(namespace));
+            if !still_missing && let Some(attempts) = missing.end() {
+                info!(lease = %shared.lease, namespace, attempts, "leader election: namespace exists now");
+                if let Some(health) = &self.health {
+                    health.set_election_blocked(None);
+                }
             }
             match attempt {
                 Ok(Ok(Outcome::Holding {
@@ -195,6 +225,9 @@ impl LeaderElector {
                 Ok(Err(failed)) if failed.is_forbidden() => {
                     shared.report_forbidden(&failed, &mut forbidden, Instant::now());
                 }
+                Ok(Err(_)) if still_missing => {
+                    shared.report_missing(&mut missing, self.health.as_ref());
+                }
                 Ok(Err(RequestFailed { verb, source })) => {
                     let error = chain(&source);
                     warn!(lease = %shared.lease, verb, %error, "failed to acquire lease; retrying");
@@ -205,9 +238,13 @@ impl LeaderElector {
                     "attempt to acquire lease timed out; retrying"
                 ),
             }
-            let pause = match forbidden.pause(cfg.retry_period) {
-                Some(slow) => jittered(slow).min(SLOW_RETRY_MAX.max(slow)),
-                None => jittered(cfg.retry_period),
+            let pause = match (
+                forbidden.pause(cfg.retry_period),
+                missing.pause(cfg.retry_period),
+            ) {
+                (Some(slow), _) => jittered(slow).min(SLOW_RETRY_MAX.max(slow)),
+                (None, Some(slow)) => jittered(slow).min(MISSING_RETRY_MAX.max(slow)),
+                (None, None) => jittered(cfg.retry_period),
             };
             tokio::select! {
                 biased;
@@ -398,6 +435,35 @@ impl Shared {
             warn!(lease = %self.lease, attempts, "{report}");
         } else {
             debug!(lease = %self.lease, attempts = run.attempts(), "{report}");
+        }
+    }
+}
+
+impl Shared {
+    /// Logs an attempt that found the namespace missing, as `run` says, and tells
+    /// `health` the first time.
+    fn report_missing(&self, run: &mut MissingRun, health: Option<&Health>) {
+        let report = NamespaceMissing {
+            namespace: self.cfg.namespace.as_str(),
+            lease_name: self.cfg.lease_name.as_str(),
+        };
+        match run.record(self.cfg.retry_period) {
+            Report::Start => {
+                error!(lease = %self.lease, "{report}");
+                if let Some(health) = health {
+                    health.set_election_blocked(Some(report.readiness()));
+                }
+            }
+            Report::Slowest => warn!(
+                lease = %self.lease,
+                attempts = run.attempts(),
+                "leader election: namespace {:?} still does not exist; retrying every {} minutes",
+                report.namespace,
+                run.pause(self.cfg.retry_period).unwrap_or_default().as_secs() / 60,
+            ),
+            Report::Quiet => {
+                debug!(lease = %self.lease, attempts = run.attempts(), "{report}");
+            }
         }
     }
 }

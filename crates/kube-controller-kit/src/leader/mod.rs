@@ -77,6 +77,7 @@ mod elector;
 mod forbidden;
 mod leading;
 mod lease;
+mod missing;
 mod record;
 
 pub use config::{InvalidLeaderElection, LeaderElection, LeaderElectionOption};

@@ -1,5 +1,6 @@
-//! `authorization.k8s.io/v1` self reviews: the sim has no authorization, so every
-//! `SelfSubjectAccessReview` is allowed and every `SelfSubjectRulesReview` lists `*`.
+//! `authorization.k8s.io/v1` self reviews: every `SelfSubjectAccessReview` is allowed and
+//! every `SelfSubjectRulesReview` lists `*`, with or without RBAC (`crate::rbac`, which
+//! does not answer reviews).
 //! That keeps `kubectl auth can-i` and RBAC-checking tools working.
 
 use serde_json::{Value, json};

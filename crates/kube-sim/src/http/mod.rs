@@ -129,6 +129,7 @@ async fn serve(
         subresource: None,
         name: None,
         namespace: None,
+        user: None,
     };
     let resp = match route {
         Route::Resource(rp) if auth::serves(&rp) => {
@@ -298,6 +299,66 @@ fn verb_of(method: &Method, rp: &ResourcePath, q: &HashMap<String, String>) -> A
     })
 }
 
+/// The user of the request's bearer token, when the sim minted it; `None` without a token
+/// (an unrestricted client).
+///
+/// # Errors
+/// With [`Builder::rbac`](crate::Builder::rbac) on, 401 for a token the sim did not mint
+/// (ignored with it off).
+fn user_of(shared: &Shared, headers: &HeaderMap) -> ApiResult<Option<String>> {
+    let Some(token) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return Ok(None);
+    };
+    match shared.tokens().user(token.trim()) {
+        Some(user) => Ok(Some(user.to_owned())),
+        None if shared.rbac => Err(crate::rbac::unauthorized()),
+        None => Ok(None),
+    }
+}
+
+/// With [`Builder::rbac`](crate::Builder::rbac) on: whether the stored RBAC objects let
+/// `user` make the request.
+///
+/// # Errors
+/// 403 for a request no rule grants.
+fn authorize(
+    shared: &Shared,
+    user: &str,
+    rp: &ResourcePath,
+    verb: Verb,
+    q: &HashMap<String, String>,
+) -> ApiResult<()> {
+    // A list or watch of one object by its name is authorized for that name, as
+    // kube-apiserver does; a create has no name yet.
+    let selected = q.get("fieldSelector").and_then(|s| {
+        s.split(',')
+            .find_map(|term| term.trim().strip_prefix("metadata.name="))
+    });
+    let name = match verb {
+        Verb::Create | Verb::DeleteCollection => None,
+        Verb::List | Verb::Watch => selected,
+        _ => rp.name.as_deref(),
+    };
+    let attrs = crate::rbac::Attributes {
+        user,
+        verb: verb.as_str(),
+        group: &rp.group,
+        resource: &rp.plural,
+        subresource: rp.subresource.as_deref(),
+        namespace: rp.namespace.as_deref(),
+        name,
+    };
+    if crate::rbac::allowed(&shared.state(), &attrs) {
+        Ok(())
+    } else {
+        Err(crate::rbac::forbidden(&attrs))
+    }
+}
+
 /// Parses a create or update body: JSON, or YAML when the content type says so.
 fn parse_body(headers: &HeaderMap, body: &[u8], def: &ResourceDef) -> ApiResult<Value> {
     let ct = headers
@@ -367,6 +428,12 @@ async fn resource(
     let verb = verb_of(method, &rp, q);
     if let Ok(verb) = verb {
         record.verb = verb.as_str().into();
+    }
+    record.user = user_of(shared, headers)?;
+    if shared.rbac
+        && let (Ok(verb), Some(user)) = (&verb, record.user.as_deref())
+    {
+        authorize(shared, user, &rp, *verb, q)?;
     }
     let def = resolve(shared, &rp)?;
     let verb = verb?;

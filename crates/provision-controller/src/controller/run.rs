@@ -130,6 +130,10 @@ pub(super) async fn run(
     let health = health.unwrap_or_default();
     health.set_caches_synced(false);
     health.set_role(Role::Starting);
+    if let Some(elector) = elector.as_mut() {
+        // `/readyz` then says why the election cannot go on (a namespace that is missing).
+        elector.report_to(health.clone());
+    }
     let server = HttpServer::bind_configured(
         config.metrics_address,
         config.metrics_port,
