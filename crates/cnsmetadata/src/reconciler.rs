@@ -47,7 +47,7 @@ const MAX_SETTLE_WAIT: Duration = Duration::from_secs(3600);
 /// # Errors
 /// [`ReconcileError`]; every failure has also been published as an `UpdateFailed` event.
 #[doc(alias = "Reconcile")]
-pub async fn reconcile(
+pub(crate) async fn reconcile(
     object: Arc<CnsVolumeMetadata>,
     ctx: Arc<Context>,
 ) -> Result<Action, ReconcileError> {
@@ -61,7 +61,7 @@ pub async fn reconcile(
 /// over when the object's spec or finalizers changed or its deletion started since its
 /// last failure: a deletion never inherits the delay of earlier failures.
 #[must_use]
-pub fn error_policy(
+pub(crate) fn error_policy(
     object: Arc<CnsVolumeMetadata>,
     error: &ReconcileError,
     ctx: Arc<Context>,

@@ -45,7 +45,7 @@ use crate::{
 #[non_exhaustive]
 pub enum Error {
     /// The configuration cannot be used. Not returned by [`MetadataController::run`]: an empty
-    /// cluster ID fails the objects that need it ([`ReconcileError::Config`](crate::ReconcileError::Config)).
+    /// cluster ID fails the objects that need it (its reconcile fails, naming the option).
     #[error("invalid configuration")]
     Config(#[from] ConfigError),
     /// A cache of claims or volumes stopped before it was filled.
@@ -293,7 +293,7 @@ impl MetadataController {
     /// [`Error::CacheStopped`] if a cache cannot be filled. A configuration whose PV
     /// references would get an empty ID ([`Config::validate`]) is no error here, as
     /// upstream keeps running with it: each object with PERSISTENT_VOLUME references fails
-    /// its reconcile ([`ReconcileError::Config`](crate::ReconcileError::Config), a Warning
+    /// its reconcile (a Warning
     /// event naming the option) until the ID or the feature state is right.
     ///
     /// # Assumptions
