@@ -28,11 +28,10 @@ pub use backend::{
 pub use config::{Config, ConfigError, ConfigOption, FeatureState, VSPHERE_CSI_DRIVER};
 pub use context::{REASON_UPDATE_FAILED, REASON_UPDATE_SUCCEEDED, REPORTING_CONTROLLER};
 pub use crd::{crd, crd_yaml};
-pub use reconciler::FINALIZER;
 pub use record::PUSHED_ANNOTATION;
 pub use resource::{
     CRD_NAME, CnsVolumeMetadata, CnsVolumeMetadataSpec, CnsVolumeMetadataStatus, EntityReference,
-    EntityType, VolumeStatus,
+    EntityType, FINALIZER, VolumeStatus,
 };
 pub use run::{Error, MetadataController};
 

@@ -8,6 +8,10 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+mod deletion;
+
+pub(crate) use deletion::{DeletionObserved, DeletionOutcome, deletion, unresolved};
+
 use crate::{
     config::Config,
     record::{self, Edit, PushedEntry, Settle, later},

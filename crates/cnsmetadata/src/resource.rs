@@ -27,6 +27,8 @@ pub(crate) const KIND: &str = "CnsVolumeMetadata";
 pub(crate) const PLURAL: &str = "cnsvolumemetadatas";
 /// Name of the CustomResourceDefinition (`plural.group`).
 pub const CRD_NAME: &str = "cnsvolumemetadatas.cns.vmware.com";
+/// Finalizer the reconciler puts on every object (Go: `cnsoperatortypes.CNSFinalizer`).
+pub const FINALIZER: &str = "cns.vmware.com";
 
 /// Metadata of one Kubernetes entity of a guest cluster, with the volumes it uses.
 ///

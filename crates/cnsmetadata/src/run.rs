@@ -557,7 +557,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        reconciler::FINALIZER,
+        resource::FINALIZER,
         testing::{InMemoryBackend, bound_claim, csi_volume, pvc_spec},
     };
     use k8s_openapi::{
