@@ -10,7 +10,8 @@ use tracing::{debug, info, warn};
 use crate::{
     context::{Context, ReconcileError, describe},
     plan::{
-        self, Answers, DeletionObserved, DeletionOutcome, Failed, Observed, Target, VolumePlan,
+        self, Answers, DeletionObserved, DeletionOutcome, Failed, Observed, Target, UpdatePlan,
+        VolumePlan,
     },
     record::{self, PUSHED_ANNOTATION, PushedEntry},
     resource::{CnsVolumeMetadata, EntityType, FINALIZER, VolumeStatus},
@@ -281,42 +282,7 @@ async fn update(
         }
         current = &written;
     }
-    // Stale entries go first: CNS may identify an entity by fewer fields than the record
-    // does, and must not lose the one pushed next. The same holds for settled tombstones.
-    let mut stale = Vec::with_capacity(plan.stale.len());
-    for entry in &plan.stale {
-        stale.push(push(ctx, entry, true).await);
-    }
-    let mut due = Vec::with_capacity(plan.due.len());
-    for entry in &plan.due {
-        let answer = push(ctx, entry, true).await;
-        if answer.is_ok() {
-            debug!(entity = %entry.entity_name, volume_id = %entry.volume_id, "removed again after settling");
-        }
-        due.push(answer);
-    }
-    let removed_at = ctx.now();
-    let mut pushes = Vec::with_capacity(plan.volumes.len());
-    for volume in &plan.volumes {
-        if let VolumePlan::Push(planned) = volume {
-            let entry = &planned.entry;
-            let answer = push(ctx, entry, false).await;
-            if let Err(Failed {
-                unanswered: Some(sent),
-                ..
-            }) = &answer
-            {
-                ctx.remember_unanswered(&key, entry.unanswered_since(*sent));
-            }
-            pushes.push((answer, ctx.now()));
-        }
-    }
-    let outcome = plan.conclude(Answers {
-        stale,
-        due,
-        removed_at,
-        pushes,
-    });
+    let outcome = plan.conclude(send(&plan, ctx, &key).await);
     if outcome.failed > 0 {
         let note = format!(
             "Failed to update entry in CNS for instance {}. Requeueing request.{}{}",
@@ -346,6 +312,47 @@ async fn update(
         }
         None => Action::await_change(),
     })
+}
+
+/// Sends the removals and pushes of `plan`, in its order, and collects the answers; a
+/// push without answer is remembered for `key` (in case the status write fails).
+async fn send(plan: &UpdatePlan, ctx: &Context, key: &ObjectRef<CnsVolumeMetadata>) -> Answers {
+    // Stale entries go first: CNS may identify an entity by fewer fields than the record
+    // does, and must not lose the one pushed next. The same holds for settled tombstones.
+    let mut stale = Vec::with_capacity(plan.stale.len());
+    for entry in &plan.stale {
+        stale.push(push(ctx, entry, true).await);
+    }
+    let mut due = Vec::with_capacity(plan.due.len());
+    for entry in &plan.due {
+        let answer = push(ctx, entry, true).await;
+        if answer.is_ok() {
+            debug!(entity = %entry.entity_name, volume_id = %entry.volume_id, "removed again after settling");
+        }
+        due.push(answer);
+    }
+    let removed_at = ctx.now();
+    let mut pushes = Vec::with_capacity(plan.volumes.len());
+    for volume in &plan.volumes {
+        if let VolumePlan::Push(planned) = volume {
+            let entry = &planned.entry;
+            let answer = push(ctx, entry, false).await;
+            if let Err(Failed {
+                unanswered: Some(sent),
+                ..
+            }) = &answer
+            {
+                ctx.remember_unanswered(key, entry.unanswered_since(*sent));
+            }
+            pushes.push((answer, ctx.now()));
+        }
+    }
+    Answers {
+        stale,
+        due,
+        removed_at,
+        pushes,
+    }
 }
 
 /// Removes from CNS everything the object may have put there, then lets it go.
