@@ -134,7 +134,7 @@ impl Context {
     /// Reads the time from `clock` instead of the system clock (`SystemTime::now`). The
     /// record stores when entities were removed from CNS, to remove them once more after
     /// the [settle period](Config::settle_period); tests and simulations pass a clock
-    /// that follows tokio's paused time, like `testing::tokio_clock` (feature `testing`).
+    /// that follows tokio's paused time, like `testing::tokio_clock`.
     #[must_use]
     pub(crate) fn with_clock(
         mut self,

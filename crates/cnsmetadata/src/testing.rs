@@ -4,7 +4,6 @@
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
     sync::{Arc, Mutex, MutexGuard},
-    time::SystemTime,
 };
 
 use async_trait::async_trait;
@@ -238,11 +237,12 @@ impl VolumeMetadataBackend for InMemoryBackend {
     }
 }
 
-/// A wall clock for [`Context::with_clock`](crate::Context::with_clock): the system time
-/// when it is made, then advancing with tokio's clock, so that `tokio::time::pause` and
-/// `advance` (or `#[tokio::test(start_paused = true)]`) move it too.
-pub fn tokio_clock() -> impl Fn() -> SystemTime + Send + Sync + 'static {
-    let start = SystemTime::now();
+/// A wall clock for the crate's own tests (`Context::with_clock`): the system time when it
+/// is made, then advancing with tokio's clock, so that `tokio::time::pause` and `advance`
+/// (or `#[tokio::test(start_paused = true)]`) move it too.
+#[cfg(test)]
+pub(crate) fn tokio_clock() -> impl Fn() -> std::time::SystemTime + Send + Sync + 'static {
+    let start = std::time::SystemTime::now();
     let anchor = tokio::time::Instant::now();
     move || start.checked_add(anchor.elapsed()).unwrap_or(start)
 }
