@@ -12,9 +12,6 @@ use async_trait::async_trait;
 
 use crate::resource::{EntityReference, EntityType};
 
-/// A boxed error from a backend, as `tower::BoxError`.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
-
 /// Pushes Kubernetes entity metadata of one volume to CNS (Go: `volumes.Manager`'s
 /// `UpdateVolumeMetadata`).
 ///
@@ -172,11 +169,11 @@ pub enum BackendError {
     },
     /// Any other failure: transport, session, a CNS fault.
     #[error("cns volume metadata update failed")]
-    Other(#[source] BoxError),
+    Other(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
     /// The call got no answer: it timed out, or the connection broke once the request may
     /// have been sent. CNS may still carry the update out later.
     #[error("cns volume metadata update got no answer")]
-    Unanswered(#[source] BoxError),
+    Unanswered(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
 }
 
 impl BackendError {
@@ -190,14 +187,14 @@ impl BackendError {
 
     /// A [`BackendError::Other`] wrapping `source`.
     #[must_use]
-    pub fn other(source: impl Into<BoxError>) -> Self {
+    pub fn other(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
         Self::Other(source.into())
     }
 
     /// A [`BackendError::Unanswered`] wrapping `source`: the update may still be carried
     /// out after this error.
     #[must_use]
-    pub fn unanswered(source: impl Into<BoxError>) -> Self {
+    pub fn unanswered(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
         Self::Unanswered(source.into())
     }
 

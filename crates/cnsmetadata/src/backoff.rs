@@ -30,7 +30,7 @@ use crate::resource::CnsVolumeMetadata;
 /// Unlike Go, the key is namespace **and** name (objects of the same name in two
 /// namespaces do not share a delay) and the delay is capped.
 #[derive(Debug)]
-pub struct PerObjectBackoff {
+pub(crate) struct PerObjectBackoff {
     delays: ItemExponentialLimiter,
     /// Every object with recorded failures, and the state it failed in (what triggers its
     /// reconciles; 0 when the failure was recorded without one).
@@ -48,29 +48,31 @@ fn limiter_key(key: &ObjectRef<CnsVolumeMetadata>) -> String {
 
 impl PerObjectBackoff {
     /// Default first delay: 1 s.
-    pub const DEFAULT_INITIAL: Duration = Duration::from_secs(1);
+    pub(crate) const DEFAULT_INITIAL: Duration = Duration::from_secs(1);
     /// Default cap: 5 min.
-    pub const DEFAULT_MAX: Duration = Duration::from_secs(5 * 60);
+    pub(crate) const DEFAULT_MAX: Duration = Duration::from_secs(5 * 60);
 
     /// A backoff starting at `initial`, doubling, capped at `max` (a `max` below `initial`
     /// makes every delay `max`).
     #[must_use]
-    pub fn new(initial: Duration, max: Duration) -> Self {
+    pub(crate) fn new(initial: Duration, max: Duration) -> Self {
         Self {
             delays: ItemExponentialLimiter::new(initial, max),
             states: Mutex::new(HashMap::new()),
         }
     }
 
+    #[cfg(test)]
     /// The first delay.
     #[must_use]
-    pub fn initial(&self) -> Duration {
+    pub(crate) fn initial(&self) -> Duration {
         self.delays.base()
     }
 
+    #[cfg(test)]
     /// The cap.
     #[must_use]
-    pub fn max(&self) -> Duration {
+    pub(crate) fn max(&self) -> Duration {
         self.delays.max()
     }
 
@@ -78,8 +80,9 @@ impl PerObjectBackoff {
         crate::lock(&self.states)
     }
 
+    #[cfg(test)]
     /// Records a failure of `key` and returns how long to wait before retrying it.
-    pub fn next_delay(&self, key: &ObjectRef<CnsVolumeMetadata>) -> Duration {
+    pub(crate) fn next_delay(&self, key: &ObjectRef<CnsVolumeMetadata>) -> Duration {
         let mut states = self.states();
         states.entry(key.clone()).or_insert(0);
         self.delays.when(&limiter_key(key))
@@ -100,14 +103,15 @@ impl PerObjectBackoff {
         self.delays.when(&limiter_key)
     }
 
+    #[cfg(test)]
     /// The delay the next failure of `key` would get, without recording anything.
     #[must_use]
-    pub fn peek(&self, key: &ObjectRef<CnsVolumeMetadata>) -> Duration {
+    pub(crate) fn peek(&self, key: &ObjectRef<CnsVolumeMetadata>) -> Duration {
         self.delays.peek(&limiter_key(key))
     }
 
     /// Forgets the failures of `key` (after a success, or once the object is gone).
-    pub fn reset(&self, key: &ObjectRef<CnsVolumeMetadata>) {
+    pub(crate) fn reset(&self, key: &ObjectRef<CnsVolumeMetadata>) {
         let mut states = self.states();
         states.remove(key);
         self.delays.forget(&limiter_key(key));
@@ -129,15 +133,17 @@ impl PerObjectBackoff {
         self.retain(|_| false);
     }
 
+    #[cfg(test)]
     /// Number of objects with a recorded failure.
     #[must_use]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.states().len()
     }
 
+    #[cfg(test)]
     /// Whether no object has a recorded failure.
     #[must_use]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.states().is_empty()
     }
 }

@@ -4,10 +4,6 @@ use std::{num::NonZeroU16, time::Duration};
 
 use crate::backend::ClusterFlavor;
 
-/// Environment variable with the number of workers (Go: `WORKER_THREADS_VOLUME_METADATA`).
-pub const ENV_WORKER_THREADS: &str = "WORKER_THREADS_VOLUME_METADATA";
-/// Environment variable with the cluster flavor (Go: `CLUSTER_FLAVOR`).
-pub const ENV_CLUSTER_FLAVOR: &str = "CLUSTER_FLAVOR";
 /// CSI driver whose volumes are pushed to CNS; PVs of other drivers are skipped.
 pub const VSPHERE_CSI_DRIVER: &str = "csi.vsphere.vmware.com";
 
@@ -118,14 +114,14 @@ impl ConfigOption {
     }
 
     /// What the Go driver calls the option: the environment variable
-    /// ([`ENV_WORKER_THREADS`], [`ENV_CLUSTER_FLAVOR`]), the `csi-vsphere.conf` key
+    /// ([`Config::ENV_WORKER_THREADS`], [`Config::ENV_CLUSTER_FLAVOR`]), the `csi-vsphere.conf` key
     /// (`[Global] cluster-id`, `[Global] supervisor-id`) or the feature (`TKGsHA`); `None`
     /// for an option Go does not have.
     #[must_use]
     pub fn go_name(self) -> Option<&'static str> {
         match self {
-            Self::ClusterFlavor => Some(ENV_CLUSTER_FLAVOR),
-            Self::WorkerThreads => Some(ENV_WORKER_THREADS),
+            Self::ClusterFlavor => Some(Config::ENV_CLUSTER_FLAVOR),
+            Self::WorkerThreads => Some(Config::ENV_WORKER_THREADS),
             Self::UseSupervisorIdForPv => Some("TKGsHA"),
             Self::SupervisorId => Some("[Global] supervisor-id"),
             Self::ClusterId => Some("[Global] cluster-id"),
@@ -195,10 +191,10 @@ kube_controller_kit::options! {
         /// Flavor of the cluster this process runs in. Only [`ClusterFlavor::Workload`] runs
         /// the reconciler. Default `WORKLOAD` for a `Config` built in code (building the
         /// reconciler means running it); [`Config::from_lookup`] reads
-        /// [`ENV_CLUSTER_FLAVOR`] as upstream does, unset meaning `VANILLA`.
+        /// [`Config::ENV_CLUSTER_FLAVOR`] as upstream does, unset meaning `VANILLA`.
         cluster_flavor: ClusterFlavor => |flavor: ClusterFlavor| flavor;
         /// Number of objects reconciled at once. Default 3 (environment:
-        /// [`ENV_WORKER_THREADS`]).
+        /// [`Config::ENV_WORKER_THREADS`]).
         worker_threads: NonZeroU16 => |n: NonZeroU16| n;
         /// Give entity references of PV entities the supervisor ID instead of the cluster ID
         /// (Go: the `TKGsHA` feature state, read at every reconcile). A `bool` for a fixed
@@ -249,6 +245,12 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Environment variable [`Config::from_lookup`] reads the number of workers from
+    /// (Go: `WORKER_THREADS_VOLUME_METADATA`).
+    pub const ENV_WORKER_THREADS: &str = "WORKER_THREADS_VOLUME_METADATA";
+    /// Environment variable [`Config::from_lookup`] reads the cluster flavor from (Go:
+    /// `CLUSTER_FLAVOR`).
+    pub const ENV_CLUSTER_FLAVOR: &str = "CLUSTER_FLAVOR";
     /// Default for [`Config::worker_threads`] (Go: `defaultMaxWorkerThreadsToProcessCnsVolumeMetadata`).
     pub const DEFAULT_WORKER_THREADS: NonZeroU16 = NonZeroU16::new(3).expect("3 is not zero");
     /// Largest worker count [`Config::from_lookup`] accepts: upstream HEAD takes any
@@ -277,7 +279,7 @@ impl Config {
     #[doc(alias = "getMaxWorkerThreadsToReconcileCnsVolumeMetadata")]
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let mut config = Self::default();
-        if let Some(value) = lookup(ENV_WORKER_THREADS).filter(|v| !v.is_empty()) {
+        if let Some(value) = lookup(Config::ENV_WORKER_THREADS).filter(|v| !v.is_empty()) {
             config.worker_threads = value
                 .trim()
                 .parse::<u16>()
@@ -290,7 +292,7 @@ impl Config {
                 })?;
         }
         config.cluster_flavor = ClusterFlavor::Vanilla;
-        if let Some(value) = lookup(ENV_CLUSTER_FLAVOR).filter(|v| !v.trim().is_empty()) {
+        if let Some(value) = lookup(Config::ENV_CLUSTER_FLAVOR).filter(|v| !v.trim().is_empty()) {
             config.cluster_flavor =
                 ClusterFlavor::parse(value.trim()).ok_or(ConfigError::InvalidVariable {
                     option: ConfigOption::ClusterFlavor,
@@ -304,7 +306,7 @@ impl Config {
     /// Checks options that depend on each other. [`MetadataController::run`](crate::MetadataController::run) does not call it: as
     /// upstream, the reconciler runs with an empty ID, and only an object whose
     /// PERSISTENT_VOLUME references would get it fails (its reconcile returns
-    /// [`ReconcileError::Config`](crate::ReconcileError::Config) with this error, with a
+    /// an error naming this option, with a
     /// Warning event), since the feature state it depends on may change at any time.
     ///
     /// # Errors
@@ -371,7 +373,8 @@ mod tests {
         assert_eq!(config.worker_threads.get(), 3);
         assert_eq!(config.cluster_flavor, ClusterFlavor::Vanilla, "as upstream");
         for blank in ["", " "] {
-            let config = Config::from_lookup(lookup(&[(ENV_CLUSTER_FLAVOR, blank)])).unwrap();
+            let config =
+                Config::from_lookup(lookup(&[(Config::ENV_CLUSTER_FLAVOR, blank)])).unwrap();
             assert_eq!(config.cluster_flavor, ClusterFlavor::Vanilla, "{blank:?}");
         }
         assert_eq!(Config::default().cluster_flavor, ClusterFlavor::Workload);
@@ -382,7 +385,7 @@ mod tests {
             .settle_margin(Duration::from_secs(15));
         assert_eq!(short.settle_margin, Duration::from_secs(15));
         assert_eq!(short.settle_period(), Duration::from_secs(20));
-        let empty = Config::from_lookup(lookup(&[(ENV_WORKER_THREADS, "")])).unwrap();
+        let empty = Config::from_lookup(lookup(&[(Config::ENV_WORKER_THREADS, "")])).unwrap();
         assert_eq!(empty.worker_threads.get(), 3);
     }
 
@@ -398,7 +401,8 @@ mod tests {
             ("10", 10),
             ("65535", 65535),
         ] {
-            let config = Config::from_lookup(lookup(&[(ENV_WORKER_THREADS, value)])).unwrap();
+            let config =
+                Config::from_lookup(lookup(&[(Config::ENV_WORKER_THREADS, value)])).unwrap();
             assert_eq!(config.worker_threads.get(), expected, "value {value:?}");
         }
     }
@@ -406,7 +410,8 @@ mod tests {
     #[test]
     fn bad_worker_threads_name_the_variable_and_value() {
         for value in ["0", "-1", "65536", "many", "2.5"] {
-            let error = Config::from_lookup(lookup(&[(ENV_WORKER_THREADS, value)])).unwrap_err();
+            let error =
+                Config::from_lookup(lookup(&[(Config::ENV_WORKER_THREADS, value)])).unwrap_err();
             assert_eq!(error.option(), ConfigOption::WorkerThreads);
             assert_eq!(
                 error.to_string(),
@@ -420,11 +425,14 @@ mod tests {
 
     #[test]
     fn cluster_flavor_is_read_and_checked() {
-        let config = Config::from_lookup(lookup(&[(ENV_CLUSTER_FLAVOR, "VANILLA")])).unwrap();
+        let config =
+            Config::from_lookup(lookup(&[(Config::ENV_CLUSTER_FLAVOR, "VANILLA")])).unwrap();
         assert_eq!(config.cluster_flavor, ClusterFlavor::Vanilla);
-        let config = Config::from_lookup(lookup(&[(ENV_CLUSTER_FLAVOR, "WORKLOAD")])).unwrap();
+        let config =
+            Config::from_lookup(lookup(&[(Config::ENV_CLUSTER_FLAVOR, "WORKLOAD")])).unwrap();
         assert_eq!(config.cluster_flavor, ClusterFlavor::Workload);
-        let error = Config::from_lookup(lookup(&[(ENV_CLUSTER_FLAVOR, "wcp")])).unwrap_err();
+        let error =
+            Config::from_lookup(lookup(&[(Config::ENV_CLUSTER_FLAVOR, "wcp")])).unwrap_err();
         assert_eq!(
             error,
             ConfigError::InvalidVariable {

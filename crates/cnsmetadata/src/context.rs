@@ -32,7 +32,7 @@ pub const REPORTING_CONTROLLER: &str = "cns.vmware.com";
 /// Why one reconcile of one object failed; [`error_policy`](crate::error_policy) schedules the retry.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ReconcileError {
+pub(crate) enum ReconcileError {
     /// The spec breaks validation rules.
     #[error("cnsvolumemetadata {object} is invalid")]
     InvalidSpec {
@@ -77,7 +77,7 @@ pub enum ReconcileError {
 }
 
 /// Everything `reconcile` needs: API client, caches, backend, options, retry state.
-pub struct Context {
+pub(crate) struct Context {
     pub(crate) client: Client,
     pub(crate) backend: Arc<dyn VolumeMetadataBackend>,
     pub(crate) config: Config,
@@ -104,7 +104,7 @@ impl Context {
     /// # Panics
     /// Outside a Tokio runtime: the events writer task is spawned here.
     #[must_use]
-    pub fn new(
+    pub(crate) fn new(
         client: Client,
         backend: Arc<dyn VolumeMetadataBackend>,
         config: Config,
@@ -130,12 +130,16 @@ impl Context {
         }
     }
 
+    #[cfg(test)]
     /// Reads the time from `clock` instead of the system clock (`SystemTime::now`). The
     /// record stores when entities were removed from CNS, to remove them once more after
     /// the [settle period](Config::settle_period); tests and simulations pass a clock
-    /// that follows tokio's paused time, like `testing::tokio_clock` (feature `testing`).
+    /// that follows tokio's paused time, like `testing::tokio_clock`.
     #[must_use]
-    pub fn with_clock(mut self, clock: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
+    pub(crate) fn with_clock(
+        mut self,
+        clock: impl Fn() -> SystemTime + Send + Sync + 'static,
+    ) -> Self {
         self.clock = Arc::new(clock);
         self
     }
@@ -195,7 +199,7 @@ impl Context {
 
     /// The retry delays per object.
     #[must_use]
-    pub fn backoff(&self) -> &PerObjectBackoff {
+    pub(crate) fn backoff(&self) -> &PerObjectBackoff {
         &self.backoff
     }
 
@@ -223,7 +227,7 @@ impl Context {
     /// Waits until every event published so far is written (or has failed), at most
     /// `limit`. Events are written in the background; [`MetadataController::run`](crate::MetadataController::run) flushes them
     /// when it stops, and a test that reads them after a [`reconcile`](crate::reconcile) flushes first.
-    pub async fn flush_events(&self, limit: Duration) {
+    pub(crate) async fn flush_events(&self, limit: Duration) {
         self.events.flush(limit).await;
     }
 }

@@ -14,32 +14,26 @@ mod run;
 mod sync;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+#[cfg(test)]
+mod tests;
 mod trigger;
 mod validate;
 mod write;
 
+// The public API, grouped as in the README's "Public API" table.
 pub use backend::{
-    BackendError, BoxError, ClusterFlavor, ClusterType, ContainerCluster, EntityMetadata,
+    BackendError, ClusterFlavor, ClusterType, ContainerCluster, EntityMetadata,
     VolumeMetadataBackend, VolumeMetadataUpdate,
 };
-pub use backoff::PerObjectBackoff;
-pub use config::{
-    Config, ConfigError, ConfigOption, ENV_CLUSTER_FLAVOR, ENV_WORKER_THREADS, FeatureState,
-    VSPHERE_CSI_DRIVER,
-};
-pub use context::{
-    Context, REASON_UPDATE_FAILED, REASON_UPDATE_SUCCEEDED, REPORTING_CONTROLLER, ReconcileError,
-};
+pub use config::{Config, ConfigError, ConfigOption, FeatureState, VSPHERE_CSI_DRIVER};
+pub use context::{REASON_UPDATE_FAILED, REASON_UPDATE_SUCCEEDED, REPORTING_CONTROLLER};
 pub use crd::{crd, crd_yaml};
-pub use plan::{plan_update, referred_entities};
-pub use reconciler::{FINALIZER, error_policy, reconcile};
 pub use record::PUSHED_ANNOTATION;
 pub use resource::{
-    API_VERSION, CRD_NAME, CnsVolumeMetadata, CnsVolumeMetadataSpec, CnsVolumeMetadataStatus,
-    EntityReference, EntityType, GROUP, KIND, PLURAL, VERSION, VolumeStatus,
+    CRD_NAME, CnsVolumeMetadata, CnsVolumeMetadataSpec, CnsVolumeMetadataStatus, EntityReference,
+    EntityType, FINALIZER, VolumeStatus,
 };
 pub use run::{Error, MetadataController};
-pub use validate::{InvalidSpec, Violation, validate};
 
 /// Locks `mutex`, recovering the data if a thread panicked while holding it: the crate's
 /// one way to lock. Every critical section of the crate leaves its data consistent (plain

@@ -8,8 +8,11 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+mod deletion;
+
+pub(crate) use deletion::{DeletionObserved, DeletionOutcome, deletion, unresolved};
+
 use crate::{
-    backend::{ClusterFlavor, ClusterType, ContainerCluster, EntityMetadata, VolumeMetadataUpdate},
     config::Config,
     record::{self, Edit, PushedEntry, Settle, later},
     resource::{CnsVolumeMetadataSpec, EntityReference, EntityType, VolumeStatus},
@@ -20,7 +23,10 @@ use crate::{
 /// References of a PV entity get [`Config::pv_reference_cluster_id`] (the supervisor ID or
 /// the cluster ID), as they point at a supervisor PVC; other references keep their own.
 #[must_use]
-pub fn referred_entities(spec: &CnsVolumeMetadataSpec, config: &Config) -> Vec<EntityReference> {
+pub(crate) fn referred_entities(
+    spec: &CnsVolumeMetadataSpec,
+    config: &Config,
+) -> Vec<EntityReference> {
     spec.entity_references
         .iter()
         .map(|reference| {
@@ -35,16 +41,20 @@ pub fn referred_entities(spec: &CnsVolumeMetadataSpec, config: &Config) -> Vec<E
         .collect()
 }
 
+#[cfg(test)]
 /// The update for volume `volume_id` that pairs the entity with `reference` (Go builds it
 /// inline in `updateCnsMetadata`).
 #[must_use]
-pub fn plan_update(
+pub(crate) fn plan_update(
     spec: &CnsVolumeMetadataSpec,
     volume_id: &str,
     reference: EntityReference,
     delete: bool,
     config: &Config,
-) -> VolumeMetadataUpdate {
+) -> crate::backend::VolumeMetadataUpdate {
+    use crate::backend::{
+        ClusterFlavor, ClusterType, ContainerCluster, EntityMetadata, VolumeMetadataUpdate,
+    };
     VolumeMetadataUpdate {
         volume_id: volume_id.to_owned(),
         entity_metadata: EntityMetadata {
@@ -388,7 +398,12 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::testing::{pod_spec, pv_spec, pvc_spec};
+    use crate::{
+        backend::{
+            ClusterFlavor, ClusterType, ContainerCluster, EntityMetadata, VolumeMetadataUpdate,
+        },
+        testing::{pod_spec, pv_spec, pvc_spec},
+    };
 
     fn config() -> Config {
         Config::default()

@@ -9,17 +9,18 @@ use tracing::{debug, info, warn};
 
 use crate::{
     context::{Context, ReconcileError, describe},
-    plan::{self, Answers, Failed, Observed, Resolved, Target, VolumePlan},
-    record::{self, Edit, PUSHED_ANNOTATION, PushedEntry, Settle},
-    resource::{CnsVolumeMetadata, EntityType, VolumeStatus},
+    plan::{
+        self, Answers, DeletionObserved, DeletionOutcome, Failed, Observed, Target, UpdatePlan,
+        VolumePlan,
+    },
+    record::{self, PUSHED_ANNOTATION, PushedEntry},
+    resource::{CnsVolumeMetadata, EntityType, FINALIZER, VolumeStatus},
     sync::{best_effort_entries, push, targets},
     trigger::trigger_hash,
     validate::{InvalidSpec, validate},
     write::{Written, write, write_status},
 };
 
-/// Finalizer the reconciler puts on every object (Go: `cnsoperatortypes.CNSFinalizer`).
-pub const FINALIZER: &str = "cns.vmware.com";
 /// Retry delay of a deletion that found entries recorded while it ran.
 const RECORDED_MEANWHILE_RETRY: Duration = Duration::from_secs(1);
 /// Longest requeue of an object waiting for tombstones to settle; it checks again then.
@@ -47,7 +48,7 @@ const MAX_SETTLE_WAIT: Duration = Duration::from_secs(3600);
 /// # Errors
 /// [`ReconcileError`]; every failure has also been published as an `UpdateFailed` event.
 #[doc(alias = "Reconcile")]
-pub async fn reconcile(
+pub(crate) async fn reconcile(
     object: Arc<CnsVolumeMetadata>,
     ctx: Arc<Context>,
 ) -> Result<Action, ReconcileError> {
@@ -61,7 +62,7 @@ pub async fn reconcile(
 /// over when the object's spec or finalizers changed or its deletion started since its
 /// last failure: a deletion never inherits the delay of earlier failures.
 #[must_use]
-pub fn error_policy(
+pub(crate) fn error_policy(
     object: Arc<CnsVolumeMetadata>,
     error: &ReconcileError,
     ctx: Arc<Context>,
@@ -281,42 +282,7 @@ async fn update(
         }
         current = &written;
     }
-    // Stale entries go first: CNS may identify an entity by fewer fields than the record
-    // does, and must not lose the one pushed next. The same holds for settled tombstones.
-    let mut stale = Vec::with_capacity(plan.stale.len());
-    for entry in &plan.stale {
-        stale.push(push(ctx, entry, true).await);
-    }
-    let mut due = Vec::with_capacity(plan.due.len());
-    for entry in &plan.due {
-        let answer = push(ctx, entry, true).await;
-        if answer.is_ok() {
-            debug!(entity = %entry.entity_name, volume_id = %entry.volume_id, "removed again after settling");
-        }
-        due.push(answer);
-    }
-    let removed_at = ctx.now();
-    let mut pushes = Vec::with_capacity(plan.volumes.len());
-    for volume in &plan.volumes {
-        if let VolumePlan::Push(planned) = volume {
-            let entry = &planned.entry;
-            let answer = push(ctx, entry, false).await;
-            if let Err(Failed {
-                unanswered: Some(sent),
-                ..
-            }) = &answer
-            {
-                ctx.remember_unanswered(&key, entry.unanswered_since(*sent));
-            }
-            pushes.push((answer, ctx.now()));
-        }
-    }
-    let outcome = plan.conclude(Answers {
-        stale,
-        due,
-        removed_at,
-        pushes,
-    });
+    let outcome = plan.conclude(send(&plan, ctx, &key).await);
     if outcome.failed > 0 {
         let note = format!(
             "Failed to update entry in CNS for instance {}. Requeueing request.{}{}",
@@ -348,6 +314,47 @@ async fn update(
     })
 }
 
+/// Sends the removals and pushes of `plan`, in its order, and collects the answers; a
+/// push without answer is remembered for `key` (in case the status write fails).
+async fn send(plan: &UpdatePlan, ctx: &Context, key: &ObjectRef<CnsVolumeMetadata>) -> Answers {
+    // Stale entries go first: CNS may identify an entity by fewer fields than the record
+    // does, and must not lose the one pushed next. The same holds for settled tombstones.
+    let mut stale = Vec::with_capacity(plan.stale.len());
+    for entry in &plan.stale {
+        stale.push(push(ctx, entry, true).await);
+    }
+    let mut due = Vec::with_capacity(plan.due.len());
+    for entry in &plan.due {
+        let answer = push(ctx, entry, true).await;
+        if answer.is_ok() {
+            debug!(entity = %entry.entity_name, volume_id = %entry.volume_id, "removed again after settling");
+        }
+        due.push(answer);
+    }
+    let removed_at = ctx.now();
+    let mut pushes = Vec::with_capacity(plan.volumes.len());
+    for volume in &plan.volumes {
+        if let VolumePlan::Push(planned) = volume {
+            let entry = &planned.entry;
+            let answer = push(ctx, entry, false).await;
+            if let Err(Failed {
+                unanswered: Some(sent),
+                ..
+            }) = &answer
+            {
+                ctx.remember_unanswered(key, entry.unanswered_since(*sent));
+            }
+            pushes.push((answer, ctx.now()));
+        }
+    }
+    Answers {
+        stale,
+        due,
+        removed_at,
+        pushes,
+    }
+}
+
 /// Removes from CNS everything the object may have put there, then lets it go.
 ///
 /// What is removed: every recorded entry (tombstones too); for an object without a record
@@ -370,126 +377,73 @@ async fn finish_deletion(
 ) -> Result<Action, ReconcileError> {
     let finalized = has_finalizer(object);
     let recorded = recorded(object, ctx).await;
-    if !finalized && recorded.as_ref().is_none_or(Vec::is_empty) {
-        debug!("being deleted without our finalizer or record; nothing to do");
-        return Ok(Action::await_change());
-    }
     let key = ObjectRef::from_obj(object);
     let remembered = ctx.remembered_unanswered(&key);
-    let mut removals = record::union(&recorded.clone().unwrap_or_default(), &remembered);
-    let mut guessed = Vec::new();
-    if spec_valid {
-        for target in targets(object, ctx) {
-            match (target.entry, target.resolved) {
-                (Some(entry), _) if recorded.is_none() => {
-                    removals = record::union(&removals, &[entry]);
-                }
-                (Some(entry), _) => {
-                    if !removals.iter().any(|r| r.key() == entry.key()) {
-                        guessed.push(entry);
-                    }
-                }
-                (None, Resolved::Missing(reason)) => {
-                    info!(volume = %target.volume_name, %reason, "no cns volume; nothing to remove");
-                }
-                (None, _) => {}
-            }
-        }
-    } else if recorded.is_none() {
-        guessed = best_effort_entries(object, ctx);
+    let targets = spec_valid.then(|| targets(object, ctx));
+    let best_effort = if spec_valid || recorded.is_some() {
+        Vec::new()
+    } else {
+        best_effort_entries(object, ctx)
+    };
+    let Some(plan) = plan::deletion(&DeletionObserved {
+        finalized,
+        volume_names: &object.spec.volume_names,
+        recorded: recorded.as_deref(),
+        remembered: &remembered,
+        targets: targets.as_deref(),
+        best_effort: &best_effort,
+        settle: ctx.config.settle_period(),
+    }) else {
+        debug!("being deleted without our finalizer or record; nothing to do");
+        return Ok(Action::await_change());
+    };
+    for (volume, reason) in targets.iter().flat_map(|t| plan::unresolved(t)) {
+        info!(%volume, %reason, "no cns volume; nothing to remove");
     }
-    let mut removed = Vec::new();
-    let mut failures: Vec<(PushedEntry, String)> = Vec::new();
-    for entry in &removals {
-        match push(ctx, entry, true).await {
-            Ok(()) => removed.push(entry.clone()),
-            Err(Failed { message, .. }) => failures.push((entry.clone(), message)),
-        }
+    let mut answers = Vec::with_capacity(plan.removals.len());
+    for entry in &plan.removals {
+        answers.push(push(ctx, entry, true).await);
     }
-    for entry in &guessed {
+    for entry in &plan.guessed {
         if let Err(Failed { message, .. }) = push(ctx, entry, true).await {
-            let why = if spec_valid {
-                "which its record does not list (it was never pushed)"
-            } else {
-                "whose spec is invalid"
-            };
-            let note = format!(
-                "Could not remove entity {:?} from volume {:?} while deleting {:?}, {why}: \
-                 {message}. The entry may remain on CNS.",
-                entry.entity_name,
-                entry.volume_id,
-                object.name_any()
-            );
-            ctx.publish(object, EventType::Warning, "DeleteVolumeMetadata", note)
-                .await;
+            warn_guess_left(object, ctx, entry, spec_valid, &message).await;
         }
     }
     // Removed, but a push without answer may still land: removed once more later.
-    let (now, period) = (ctx.now(), ctx.config.settle_period());
-    let mut pending = Vec::new();
-    let mut wait: Option<Duration> = None;
-    for entry in &removed {
-        if let Settle::Wait(left) = entry.landing(now, period) {
-            wait = Some(wait.map_or(left, |w| w.min(left)));
-            pending.push(entry.clone());
-        }
-    }
-    let dropped = record::without(&removed, &pending);
-    let edit = Edit {
-        drop: dropped,
-        mark: pending.clone(),
-        ..Edit::default()
-    };
-    let status: Vec<VolumeStatus> = object
-        .spec
-        .volume_names
-        .iter()
-        .map(
-            |volume| match failures.iter().find(|(e, _)| &e.volume_name == volume) {
-                Some((_, message)) => VolumeStatus::failed(volume, message.clone()),
-                None => VolumeStatus::updated(volume),
-            },
-        )
-        .collect();
-    if !failures.is_empty() {
-        let mut errors = String::new();
-        for (entry, message) in &failures {
-            let _ = write!(
-                errors,
-                " {} (volume {:?}): {message}.",
-                entry.volume_name, entry.volume_id
+    let release = match plan.conclude(answers, ctx.now()) {
+        DeletionOutcome::Release(release) => release,
+        DeletionOutcome::Hold {
+            status,
+            edit,
+            failures,
+            total,
+        } => {
+            let mut errors = String::new();
+            for (entry, message) in &failures {
+                let _ = write!(
+                    errors,
+                    " {} (volume {:?}): {message}.",
+                    entry.volume_name, entry.volume_id
+                );
+            }
+            let note = format!(
+                "Failed to delete entry in CNS for instance {}. Requeuing request.{errors}",
+                what(object)
             );
+            ctx.publish(object, EventType::Warning, "DeleteVolumeMetadata", note)
+                .await;
+            write_status(object, ctx, status, &edit).await?;
+            return Err(volumes_failed(object, failures.len(), total));
         }
-        let note = format!(
-            "Failed to delete entry in CNS for instance {}. Requeuing request.{errors}",
-            what(object)
-        );
-        ctx.publish(object, EventType::Warning, "DeleteVolumeMetadata", note)
-            .await;
-        write_status(object, ctx, status, &edit).await?;
-        return Err(volumes_failed(object, failures.len(), removals.len()));
-    }
-    let written = write(object, ctx, "remove finalizer", |o| {
-        // Entries recorded meanwhile (by another replica), or whose push may still land,
-        // keep the finalizer.
-        let fresh = record::read(o).ok().flatten().unwrap_or_default();
-        let remaining = edit.apply(&fresh);
-        if remaining.is_empty() {
-            o.metadata
-                .finalizers
-                .get_or_insert_default()
-                .retain(|f| f != FINALIZER);
-        }
-        record::store(o, remaining);
-        o.status.volume_status.clone_from(&status);
-    })
-    .await;
+    };
+    let written = write(object, ctx, "remove finalizer", |o| release.apply(o)).await;
     if finalized {
         warn_finalizer_failure(object, ctx, "remove", &written).await;
     }
     let written = written?;
-    if let Some(wait) = wait {
-        let entities: Vec<String> = pending
+    if let Some(wait) = release.wait {
+        let entities: Vec<String> = release
+            .pending
             .iter()
             .map(|e| format!("{} on {}", e.entity_name, e.volume_id))
             .collect();
@@ -509,6 +463,30 @@ async fn finish_deletion(
     ctx.forget_unanswered(&key);
     info!("metadata removed from cns; finalizer removed");
     Ok(Action::await_change())
+}
+
+/// Warns that a best-effort removal of `entry` failed: it may remain on CNS.
+async fn warn_guess_left(
+    object: &CnsVolumeMetadata,
+    ctx: &Context,
+    entry: &PushedEntry,
+    spec_valid: bool,
+    message: &str,
+) {
+    let why = if spec_valid {
+        "which its record does not list (it was never pushed)"
+    } else {
+        "whose spec is invalid"
+    };
+    let note = format!(
+        "Could not remove entity {:?} from volume {:?} while deleting {:?}, {why}: \
+         {message}. The entry may remain on CNS.",
+        entry.entity_name,
+        entry.volume_id,
+        object.name_any()
+    );
+    ctx.publish(object, EventType::Warning, "DeleteVolumeMetadata", note)
+        .await;
 }
 
 /// Publishes the `UpdateFailed` event Go records when adding or removing the finalizer

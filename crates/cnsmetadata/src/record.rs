@@ -192,7 +192,7 @@ impl PushedEntry {
     }
 
     /// The update that adds (or, with `delete`, removes) this entry on CNS; the same
-    /// update [`plan_update`](crate::plan_update) builds from the spec.
+    /// update `plan::plan_update` (the tests' reference) builds from the spec.
     pub(crate) fn update(&self, delete: bool, config: &Config) -> VolumeMetadataUpdate {
         VolumeMetadataUpdate {
             volume_id: self.volume_id.clone(),

@@ -16,17 +16,19 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 mod lenient;
 
 /// API group of the resource.
-pub const GROUP: &str = "cns.vmware.com";
+pub(crate) const GROUP: &str = "cns.vmware.com";
 /// API version of the resource.
-pub const VERSION: &str = "v1alpha1";
+pub(crate) const VERSION: &str = "v1alpha1";
 /// `apiVersion` of the resource (`group/version`).
-pub const API_VERSION: &str = "cns.vmware.com/v1alpha1";
+pub(crate) const API_VERSION: &str = "cns.vmware.com/v1alpha1";
 /// Kind of the resource.
-pub const KIND: &str = "CnsVolumeMetadata";
+pub(crate) const KIND: &str = "CnsVolumeMetadata";
 /// Plural (the REST resource name) of the resource.
-pub const PLURAL: &str = "cnsvolumemetadatas";
+pub(crate) const PLURAL: &str = "cnsvolumemetadatas";
 /// Name of the CustomResourceDefinition (`plural.group`).
 pub const CRD_NAME: &str = "cnsvolumemetadatas.cns.vmware.com";
+/// Finalizer the reconciler puts on every object (Go: `cnsoperatortypes.CNSFinalizer`).
+pub const FINALIZER: &str = "cns.vmware.com";
 
 /// Metadata of one Kubernetes entity of a guest cluster, with the volumes it uses.
 ///

@@ -1,7 +1,8 @@
-//! Wiring: caches, the trigger watch, leadership terms and the kube `Controller` (Go: `Add`
+//! Wiring: caches, the trigger watch, leadership terms and kube-runtime's `applier` (Go: `Add`
 //! and `add`).
 
 use std::{
+    convert::Infallible,
     future::Future,
     sync::{
         Arc,
@@ -10,7 +11,7 @@ use std::{
 };
 
 use futures::{
-    FutureExt, SinkExt, StreamExt,
+    FutureExt, SinkExt, Stream, StreamExt,
     future::{self, BoxFuture, Shared},
     stream,
 };
@@ -18,14 +19,15 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube_client::{Api, Client, Resource};
 use kube_controller_kit::{error::chain, leader::Leading, store::drop_managed_fields};
 use kube_runtime::{
-    Controller, WatchStreamExt,
-    controller::{self, Action, Config as ControllerConfig},
+    WatchStreamExt, applier,
+    controller::{self, Action, Config as ControllerConfig, ReconcileReason, ReconcileRequest},
     reflector::{self, ObjectRef, Store, store::Writer},
     watcher,
 };
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
-use tracing::{debug, info, warn};
+use tokio_util::task::AbortOnDropHandle;
+use tracing::{Instrument, debug, info, warn};
 
 use crate::{
     backend::{ClusterFlavor, VolumeMetadataBackend},
@@ -35,7 +37,7 @@ use crate::{
     reconciler::{error_policy, reconcile},
     related::{ClaimKey, Related},
     resource::CnsVolumeMetadata,
-    trigger::Triggers,
+    trigger::{Term, Triggers},
 };
 
 /// Why [`MetadataController::run`] stopped early.
@@ -43,7 +45,7 @@ use crate::{
 #[non_exhaustive]
 pub enum Error {
     /// The configuration cannot be used. Not returned by [`MetadataController::run`]: an empty
-    /// cluster ID fails the objects that need it ([`ReconcileError::Config`](crate::ReconcileError::Config)).
+    /// cluster ID fails the objects that need it (its reconcile fails, naming the option).
     #[error("invalid configuration")]
     Config(#[from] ConfigError),
     /// A cache of claims or volumes stopped before it was filled.
@@ -291,7 +293,7 @@ impl MetadataController {
     /// [`Error::CacheStopped`] if a cache cannot be filled. A configuration whose PV
     /// references would get an empty ID ([`Config::validate`]) is no error here, as
     /// upstream keeps running with it: each object with PERSISTENT_VOLUME references fails
-    /// its reconcile ([`ReconcileError::Config`](crate::ReconcileError::Config), a Warning
+    /// its reconcile (a Warning
     /// event naming the option) until the ID or the feature state is right.
     ///
     /// # Assumptions
@@ -455,20 +457,23 @@ async fn lead(
             "leading: reconciling every CnsVolumeMetadata object"
         );
         let term = triggers.subscribe();
-        // `Shared` makes the future `Sync`, as `graceful_shutdown_on` wants.
-        let step_down = until_not_leading(leading.clone()).boxed().shared();
-        Controller::for_stream(term.objects.map(Ok), objects.clone())
-            .reconcile_on(term.related)
-            .with_config(ControllerConfig::default().concurrency(workers))
-            .reconcile_all_on(stream::once(future::ready(())))
-            .graceful_shutdown_on(shutdown.clone())
-            .graceful_shutdown_on(step_down)
-            .run(reconcile, error_policy, ctx.clone())
-            .for_each(|result| {
-                outcome(result, &ctx);
-                future::ready(())
-            })
-            .await;
+        // The end of the queue is a graceful stop: no new reconcile starts, the running
+        // ones finish, then the applier's stream ends.
+        let stop = future::select(shutdown.clone(), until_not_leading(leading.clone()).boxed());
+        let queue = term_queue(term, objects.clone()).take_until(stop);
+        applier(
+            spawn_reconcile,
+            error_policy,
+            ctx.clone(),
+            objects.clone(),
+            queue,
+            ControllerConfig::default().concurrency(workers),
+        )
+        .for_each(|result| {
+            outcome(result, &ctx);
+            future::ready(())
+        })
+        .await;
         triggers.unsubscribe();
         // The next term reconciles every object anyway; a standby keeps no retry state.
         ctx.backoff().clear();
@@ -479,10 +484,54 @@ async fn lead(
     }
 }
 
-type ControllerResult = Result<
-    (ObjectRef<CnsVolumeMetadata>, Action),
-    controller::Error<ReconcileError, watcher::Error>,
->;
+/// The input of one term's applier: every object once (the term catches up on what
+/// happened before it), then each object the watch saw created or changed, and each
+/// object whose claim or volume changed (`Triggers`). What `Controller::for_stream`,
+/// `reconcile_on` and `reconcile_all_on` would merge, on kube-runtime's stable API.
+fn term_queue(
+    term: Term,
+    objects: Store<CnsVolumeMetadata>,
+) -> impl Stream<Item = Result<ReconcileRequest<CnsVolumeMetadata>, Infallible>> + Send + 'static {
+    let all = stream::once(async move {
+        stream::iter(objects.state().into_iter().map(|object| ReconcileRequest {
+            obj_ref: ObjectRef::from_obj(&*object),
+            reason: ReconcileReason::BulkReconcile,
+        }))
+    })
+    .flatten();
+    let changed = term.objects.map(|object| ReconcileRequest {
+        obj_ref: ObjectRef::from_obj(&object),
+        reason: ReconcileReason::ObjectUpdated,
+    });
+    let related = term.related.map(|obj_ref| ReconcileRequest {
+        obj_ref,
+        reason: ReconcileReason::Custom {
+            reason: "a claim or volume it names changed".to_owned(),
+        },
+    });
+    stream::select(all, stream::select(changed, related)).map(Ok)
+}
+
+/// Runs one reconcile in a task of its own (the workers run in parallel), aborted if the
+/// applier is dropped (no task outlives `run`'s future); a panic in it is passed on.
+fn spawn_reconcile(
+    object: Arc<CnsVolumeMetadata>,
+    ctx: Arc<Context>,
+) -> impl Future<Output = Result<Action, ReconcileError>> + Unpin + Send {
+    AbortOnDropHandle::new(tokio::spawn(reconcile(object, ctx).in_current_span())).map(|joined| {
+        match joined {
+            Ok(result) => result,
+            Err(error) => match error.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                // Aborted only when the handle is dropped, or by a runtime shutting down.
+                Err(error) => std::panic::resume_unwind(Box::new(error.to_string())),
+            },
+        }
+    })
+}
+
+type ControllerResult =
+    Result<(ObjectRef<CnsVolumeMetadata>, Action), controller::Error<ReconcileError, Infallible>>;
 
 /// Logs one controller outcome; a retry that found its object gone forgets its delay
 /// (the deletion was seen before the failure recorded it).
@@ -508,7 +557,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        reconciler::FINALIZER,
+        resource::FINALIZER,
         testing::{InMemoryBackend, bound_claim, csi_volume, pvc_spec},
     };
     use k8s_openapi::{

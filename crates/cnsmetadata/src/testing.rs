@@ -4,7 +4,6 @@
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
     sync::{Arc, Mutex, MutexGuard},
-    time::SystemTime,
 };
 
 use async_trait::async_trait;
@@ -19,7 +18,8 @@ use kube_client::api::ObjectMeta;
 
 use crate::{
     backend::{BackendError, VolumeMetadataBackend, VolumeMetadataUpdate},
-    resource::{CnsVolumeMetadataSpec, EntityReference, EntityType},
+    config::Config,
+    resource::{CnsVolumeMetadata, CnsVolumeMetadataSpec, EntityReference, EntityType},
 };
 
 /// A scripted failure of [`InMemoryBackend`].
@@ -237,13 +237,29 @@ impl VolumeMetadataBackend for InMemoryBackend {
     }
 }
 
-/// A wall clock for [`Context::with_clock`](crate::Context::with_clock): the system time
-/// when it is made, then advancing with tokio's clock, so that `tokio::time::pause` and
-/// `advance` (or `#[tokio::test(start_paused = true)]`) move it too.
-pub fn tokio_clock() -> impl Fn() -> SystemTime + Send + Sync + 'static {
-    let start = SystemTime::now();
+/// A wall clock for the crate's own tests (`Context::with_clock`): the system time when it
+/// is made, then advancing with tokio's clock, so that `tokio::time::pause` and `advance`
+/// (or `#[tokio::test(start_paused = true)]`) move it too.
+#[cfg(test)]
+pub(crate) fn tokio_clock() -> impl Fn() -> std::time::SystemTime + Send + Sync + 'static {
+    let start = std::time::SystemTime::now();
     let anchor = tokio::time::Instant::now();
     move || start.checked_add(anchor.elapsed()).unwrap_or(start)
+}
+
+/// The entity references of `spec` as the reconciler sends them to CNS, one per volume
+/// name, in order: references of a PV entity get [`Config::pv_reference_cluster_id`]
+/// (for checks that compare CNS's entries with what the objects ask for).
+#[must_use]
+pub fn referred_entities(spec: &CnsVolumeMetadataSpec, config: &Config) -> Vec<EntityReference> {
+    crate::plan::referred_entities(spec, config)
+}
+
+/// Whether the reconciler accepts the spec of `object` (one that it does not is never
+/// pushed, and a Warning event lists what is wrong with it).
+#[must_use]
+pub fn is_valid(object: &CnsVolumeMetadata) -> bool {
+    crate::validate::validate(object).is_ok()
 }
 
 /// Guest cluster ID used by the spec builders.

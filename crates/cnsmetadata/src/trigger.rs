@@ -251,7 +251,7 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{reconciler::FINALIZER, testing::pvc_spec};
+    use crate::{resource::FINALIZER, testing::pvc_spec};
     use futures::StreamExt;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 

@@ -10,7 +10,7 @@ use crate::resource::{CnsVolumeMetadata, EntityType};
 /// One broken rule. [`fmt::Display`] gives the upstream message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Violation {
+pub(crate) enum Violation {
     /// `entityname`, `entitytype` or `guestclusterid` is empty.
     MissingRequiredFields,
     /// `entitytype` is none of the three known types.
@@ -93,9 +93,9 @@ impl fmt::Display for Violation {
 /// Every rule a spec breaks; never empty.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("invalid spec: {}", join(.violations))]
-pub struct InvalidSpec {
+pub(crate) struct InvalidSpec {
     /// The broken rules, each once, in the order the checks run.
-    pub violations: Vec<Violation>,
+    pub(crate) violations: Vec<Violation>,
 }
 
 fn join(violations: &[Violation]) -> String {
@@ -114,7 +114,7 @@ fn join(violations: &[Violation]) -> String {
 /// # Errors
 /// [`InvalidSpec`] listing every violation.
 #[doc(alias = "validateReconileRequest")]
-pub fn validate(object: &CnsVolumeMetadata) -> Result<(), InvalidSpec> {
+pub(crate) fn validate(object: &CnsVolumeMetadata) -> Result<(), InvalidSpec> {
     let spec = &object.spec;
     let mut violations = Vec::new();
     let mut push = |violation: Violation| {

@@ -463,7 +463,7 @@ pub async fn connect_real(
     // The provisioner needs the flavor: a bad CLUSTER_FLAVOR stops the process. Any other
     // problem of the reconciler's variables stops the reconciler alone.
     let flavor = cnsmetadata::Config::from_lookup(|name: &str| {
-        (name == cnsmetadata::ENV_CLUSTER_FLAVOR)
+        (name == cnsmetadata::Config::ENV_CLUSTER_FLAVOR)
             .then(|| lookup(name))
             .flatten()
     })?

@@ -619,7 +619,7 @@ fn non_empty(s: &str) -> Option<String> {
 
 fn expected(spec: &CnsVolumeMetadataSpec, reference: usize) -> Option<EntityView> {
     let config = cnsmetadata::Config::default().cluster_id(names::CLUSTER_ID);
-    let reference = cnsmetadata::referred_entities(spec, &config)
+    let reference = cnsmetadata::testing::referred_entities(spec, &config)
         .into_iter()
         .nth(reference)?;
     Some(EntityView {
@@ -684,7 +684,7 @@ fn key_of(object: &str, entity: Entity) -> (String, String, Option<String>) {
 /// Every object's CNS entries equal its spec; deleted objects left no entries.
 fn metadata(snapshot: &Snapshot, records: &Records, phase: Phase, findings: &mut Findings) {
     for (name, object) in &snapshot.metadata {
-        if object.metadata.deletion_timestamp.is_some() || cnsmetadata::validate(object).is_err() {
+        if object.metadata.deletion_timestamp.is_some() || !cnsmetadata::testing::is_valid(object) {
             continue;
         }
         for (i, claim_name) in object.spec.volume_names.iter().enumerate() {

@@ -184,7 +184,7 @@ mod tests {
                 ..CnsVolumeMetadataSpec::default()
             }
         );
-        let messages: Vec<String> = crate::validate(&CnsVolumeMetadata::new("x", spec))
+        let messages: Vec<String> = crate::validate::validate(&CnsVolumeMetadata::new("x", spec))
             .unwrap_err()
             .violations
             .iter()
@@ -240,9 +240,9 @@ mod tests {
         ]);
         let objects: Vec<CnsVolumeMetadata> = serde_json::from_value(list).unwrap();
         assert_eq!(objects.len(), 3);
-        assert!(crate::validate(&objects[2]).is_err());
-        assert!(crate::validate(&objects[0]).is_ok());
+        assert!(crate::validate::validate(&objects[2]).is_err());
+        assert!(crate::validate::validate(&objects[0]).is_ok());
         assert_eq!(objects[1].spec.entity_references[0].cluster_id, "7");
-        assert!(crate::validate(&objects[1]).is_err());
+        assert!(crate::validate::validate(&objects[1]).is_err());
     }
 }

@@ -1,12 +1,12 @@
 //! `reconcile` and `error_policy` called directly against kube-sim, one step at a time.
 
-mod support;
-
 use std::{sync::Arc, time::Duration};
 
-use cnsmetadata::{
-    CnsVolumeMetadata, FINALIZER, REASON_UPDATE_FAILED, REASON_UPDATE_SUCCEEDED, ReconcileError,
-    VolumeStatus, error_policy,
+use super::support::{Direct, Harness, config, created_and_synced, harness, step, wait_for};
+use crate::{
+    CnsVolumeMetadata, FINALIZER, REASON_UPDATE_FAILED, REASON_UPDATE_SUCCEEDED, VolumeStatus,
+    context::ReconcileError,
+    reconciler::error_policy,
     testing::{Failure, pod_spec, pvc_spec},
 };
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
@@ -16,7 +16,6 @@ use kube_client::{
 };
 use kube_runtime::{controller::Action, reflector::ObjectRef};
 use kube_sim::{FaultRule, Verb};
-use support::{Direct, Harness, config, created_and_synced, harness, step, wait_for};
 
 fn key(namespace: &str, name: &str) -> ObjectRef<CnsVolumeMetadata> {
     ObjectRef::new(name).within(namespace)
@@ -265,7 +264,7 @@ async fn volumes_of_other_drivers_and_unbound_claims() {
     assert_eq!(ids, ["fcd-gc-1-vol-a"], "the nfs volume is skipped");
 
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(h.client.clone(), "team-a");
-    let unbound = cnsmetadata::testing::bound_claim("team-a", "gc-1-vol-a", "");
+    let unbound = crate::testing::bound_claim("team-a", "gc-1-vol-a", "");
     claims
         .create(&PostParams::default(), &unbound)
         .await

@@ -4,23 +4,22 @@
 //! timed out in a slow CNS window, the object was deleted, its entry removed and the
 //! finalizer dropped, then the push landed and left the entry on CNS for good).
 
-mod support;
-
 use std::time::Duration;
 
-use cnsmetadata::{
-    FINALIZER, PUSHED_ANNOTATION, ReconcileError,
+use super::support::{Direct, Harness, config, harness, step};
+use crate::{
+    FINALIZER, PUSHED_ANNOTATION,
+    context::ReconcileError,
     testing::{Failure, pvc_spec},
 };
 use kube_runtime::controller::Action;
 use kube_sim::{FaultRule, Verb};
-use support::{Direct, Harness, config, harness, step};
 
 /// Backend timeout 10 s, settle margin 20 s: a push that got no answer may land for 30 s.
 const SETTLE: Duration = Duration::from_secs(30);
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-fn settling_config() -> cnsmetadata::Config {
+fn settling_config() -> crate::Config {
     config()
         .backend_timeout(TIMEOUT)
         .settle_margin(SETTLE - TIMEOUT)

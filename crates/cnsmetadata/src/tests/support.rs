@@ -1,12 +1,14 @@
 //! Shared fixtures: a kube-sim with the CRD installed, volumes, waits and event reads.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code)]
 
 use std::{future::Future, sync::Arc, time::Duration};
 
-use cnsmetadata::{
-    CnsVolumeMetadata, CnsVolumeMetadataSpec, Config, Context, FINALIZER, ReconcileError,
-    VSPHERE_CSI_DRIVER, crd, reconcile,
+use crate::{
+    CnsVolumeMetadata, CnsVolumeMetadataSpec, Config, FINALIZER, VSPHERE_CSI_DRIVER,
+    context::{Context, ReconcileError},
+    crd,
+    reconciler::reconcile,
     testing::{InMemoryBackend, bound_claim, csi_volume, tokio_clock},
 };
 use futures::StreamExt;

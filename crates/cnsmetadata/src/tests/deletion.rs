@@ -1,21 +1,20 @@
 //! Deletion and spec edits never strand an object or leave CNS entries behind: the record
 //! of pushed entities, invalid specs, unbound claims, missing volumes, stripped finalizers.
 
-mod support;
-
 use std::{sync::Arc, time::Duration};
 
-use cnsmetadata::VolumeMetadataBackend as _;
-use cnsmetadata::{
+use super::support::{Direct, Harness, config, created_and_synced, harness, step, wait_for};
+use crate::VolumeMetadataBackend as _;
+use crate::{
     CnsVolumeMetadata, EntityReference, EntityType, FINALIZER, PUSHED_ANNOTATION,
-    REASON_UPDATE_FAILED, ReconcileError, VolumeMetadataUpdate, VolumeStatus, error_policy,
-    reconcile,
+    REASON_UPDATE_FAILED, VolumeMetadataUpdate, VolumeStatus,
+    context::ReconcileError,
+    reconciler::{error_policy, reconcile},
     testing::{Failure, bound_claim, pod_spec, pvc_spec},
 };
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube_client::{Api, api::PostParams};
 use kube_runtime::{controller::Action, reflector::ObjectRef};
-use support::{Direct, Harness, config, created_and_synced, harness, step, wait_for};
 
 /// The CNS volume IDs of the live entries (not tombstones) in the object's record, sorted.
 fn recorded_volumes(object: &CnsVolumeMetadata) -> Vec<String> {
@@ -107,7 +106,7 @@ async fn invalid_object_without_a_record_is_released_after_a_best_effort_removal
     h.vsphere_volume("tenant", "gc-1-vol-a").await;
     let d = h.direct(config()).await;
     // Finalized by an older version that kept no record, then made invalid.
-    let legacy = |name: &str, change: fn(&mut cnsmetadata::CnsVolumeMetadataSpec)| {
+    let legacy = |name: &str, change: fn(&mut crate::CnsVolumeMetadataSpec)| {
         let mut spec = pvc_spec();
         change(&mut spec);
         let mut object = CnsVolumeMetadata::new(name, spec);
@@ -347,7 +346,7 @@ async fn a_volume_the_record_lacks_never_holds_the_deletion() {
         "tenant",
         "gc-1-vol-a",
         "pv-other",
-        cnsmetadata::VSPHERE_CSI_DRIVER,
+        crate::VSPHERE_CSI_DRIVER,
         "fcd-other",
     )
     .await;
@@ -490,8 +489,7 @@ async fn pv_references_recorded_keep_the_cluster_id_they_were_sent_with() {
     let h = harness().await;
     h.vsphere_volume("tenant", "gc-1-vol-a").await;
     let d = h.direct(config()).await;
-    let synced =
-        created_and_synced(&h, &d, "tenant", "gc-1-pv", cnsmetadata::testing::pv_spec()).await;
+    let synced = created_and_synced(&h, &d, "tenant", "gc-1-pv", crate::testing::pv_spec()).await;
     let text = &synced.metadata.annotations.as_ref().unwrap()[PUSHED_ANNOTATION];
     let entries: Vec<serde_json::Value> = serde_json::from_str(text).unwrap();
     let reference: EntityReference =
@@ -536,7 +534,7 @@ fn entity(name: &str) -> (String, String) {
 /// Backend timeout 10 s, settle margin 20 s: removals are sent again after 30 s.
 const SETTLE: Duration = Duration::from_secs(30);
 
-fn settling_config() -> cnsmetadata::Config {
+fn settling_config() -> crate::Config {
     config()
         .backend_timeout(Duration::from_secs(10))
         .settle_margin(Duration::from_secs(20))

@@ -5,13 +5,11 @@
 //! cache after replica 0 had deleted it and removed its entity, and pushed it again, for
 //! good).
 
-mod support;
-
 use std::sync::Arc;
 
-use cnsmetadata::{reconcile, testing::pvc_spec};
+use super::support::{config, created_and_synced, harness, step};
+use crate::{reconciler::reconcile, testing::pvc_spec};
 use kube_runtime::controller::Action;
-use support::{config, created_and_synced, harness, step};
 
 #[tokio::test]
 async fn a_stale_copy_of_a_deleted_object_pushes_nothing() {
@@ -52,7 +50,7 @@ async fn a_stale_copy_of_an_edited_object_pushes_the_spec_the_api_server_has() {
     })
     .await;
     step(&h, &d, "tenant", "gc-1-data").await.unwrap();
-    let labels = |h: &support::Harness| {
+    let labels = |h: &super::support::Harness| {
         let entities = h.backend.entities();
         assert_eq!(entities.len(), 1, "{entities:?}");
         entities[0].entity_metadata.labels["app"].clone()

@@ -1,7 +1,5 @@
 //! `run` end to end against kube-sim: watch, predicate, finalizer, backend, status, events.
 
-mod support;
-
 use std::{
     collections::BTreeMap,
     sync::{
@@ -11,14 +9,14 @@ use std::{
     time::Duration,
 };
 
-use cnsmetadata::{
+use super::support::{Harness, config, harness, wait_for};
+use crate::{
     ClusterFlavor, ClusterType, ContainerCluster, EntityMetadata, EntityReference, EntityType,
     FINALIZER, MetadataController, REASON_UPDATE_FAILED, REASON_UPDATE_SUCCEEDED,
     VolumeMetadataUpdate, VolumeStatus,
     testing::{pod_spec, pv_spec, pvc_spec},
 };
 use kube_client::Api;
-use support::{Harness, config, harness, wait_for};
 use tokio::sync::{Semaphore, oneshot, watch};
 
 fn container_cluster(distribution: &str) -> ContainerCluster {
@@ -34,10 +32,10 @@ fn container_cluster(distribution: &str) -> ContainerCluster {
 /// Starts the reconciler in a task owned by the test; returns the shutdown trigger and the handle.
 fn start(
     h: &Harness,
-    config: cnsmetadata::Config,
+    config: crate::Config,
 ) -> (
     oneshot::Sender<()>,
-    tokio::task::JoinHandle<Result<(), cnsmetadata::Error>>,
+    tokio::task::JoinHandle<Result<(), crate::Error>>,
 ) {
     let (stop, stopped) = oneshot::channel::<()>();
     let shutdown = async move {
@@ -53,7 +51,7 @@ fn start(
 
 async fn stop(
     stop: oneshot::Sender<()>,
-    handle: tokio::task::JoinHandle<Result<(), cnsmetadata::Error>>,
+    handle: tokio::task::JoinHandle<Result<(), crate::Error>>,
 ) {
     stop.send(()).unwrap();
     let result = tokio::time::timeout(Duration::from_secs(10), handle).await;
@@ -304,11 +302,11 @@ async fn an_empty_cluster_id_fails_only_its_objects_until_tkgs_ha_is_switched_on
 /// trigger and the handle.
 fn start_standby(
     h: &Harness,
-    backend: Arc<dyn cnsmetadata::VolumeMetadataBackend>,
+    backend: Arc<dyn crate::VolumeMetadataBackend>,
 ) -> (
     watch::Sender<bool>,
     oneshot::Sender<()>,
-    tokio::task::JoinHandle<Result<(), cnsmetadata::Error>>,
+    tokio::task::JoinHandle<Result<(), crate::Error>>,
 ) {
     let (elected, leading) = watch::channel(false);
     let (stop, stopped) = oneshot::channel::<()>();
@@ -346,7 +344,7 @@ async fn settle() {
     tokio::time::sleep(Duration::from_millis(400)).await;
 }
 
-async fn synced(h: &Harness, name: &str) -> cnsmetadata::CnsVolumeMetadata {
+async fn synced(h: &Harness, name: &str) -> crate::CnsVolumeMetadata {
     wait_for("the status of the object", || async {
         let object = h.get("tenant", name).await?;
         (!object.status.volume_status.is_empty()).then_some(object)
@@ -423,17 +421,17 @@ async fn reconciles_run_only_while_leading() {
 /// A backend whose calls wait for a permit; counts the calls that started.
 #[derive(Clone)]
 struct GatedBackend {
-    inner: cnsmetadata::testing::InMemoryBackend,
+    inner: crate::testing::InMemoryBackend,
     gate: Arc<Semaphore>,
     started: Arc<AtomicUsize>,
 }
 
 #[async_trait::async_trait]
-impl cnsmetadata::VolumeMetadataBackend for GatedBackend {
+impl crate::VolumeMetadataBackend for GatedBackend {
     async fn update_volume_metadata(
         &self,
         update: &VolumeMetadataUpdate,
-    ) -> Result<(), cnsmetadata::BackendError> {
+    ) -> Result<(), crate::BackendError> {
         self.started.fetch_add(1, Ordering::SeqCst);
         self.gate.acquire().await.expect("gate open").forget();
         self.inner.update_volume_metadata(update).await
@@ -526,7 +524,7 @@ async fn malformed_objects_get_an_event_and_do_not_hold_up_the_others() {
     let h = harness().await;
     h.vsphere_volume("tenant", "gc-1-vol-a").await;
     // Objects a real API server would reject with the CRD's schema.
-    let resource = ApiResource::erase::<cnsmetadata::CnsVolumeMetadata>(&());
+    let resource = ApiResource::erase::<crate::CnsVolumeMetadata>(&());
     let raw: Api<DynamicObject> = Api::namespaced_with(h.client.clone(), "tenant", &resource);
     let malformed = [
         (
