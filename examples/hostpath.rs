@@ -179,7 +179,7 @@ async fn demo(args: Args) -> anyhow::Result<()> {
         .run(async {
             tokio::select! {
                 _ = stopped => {}
-                signal = signal => eprintln!("{signal}: stopping"),
+                () = signal => eprintln!("shutdown signal: stopping"),
             }
         });
     let controller = tokio::spawn(controller);

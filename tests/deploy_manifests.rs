@@ -9,9 +9,11 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, Probe, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use provision_controller::LeaderElection;
-use provision_controller::rbac::{
-    CLUSTER_PERMISSIONS, JOURNAL_PERMISSIONS, LEADER_ELECTION_PERMISSIONS, Names, Permission,
-};
+use provision_controller::rbac::{Names, Permission};
+
+const CLUSTER_PERMISSIONS: &[Permission] = Permission::CLUSTER;
+const LEADER_ELECTION_PERMISSIONS: &[Permission] = Permission::LEADER_ELECTION;
+const JOURNAL_PERMISSIONS: &[Permission] = Permission::JOURNAL;
 
 /// One granted verb: group, resource, verb, and the one object it is limited to (`None`:
 /// every object).

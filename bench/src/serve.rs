@@ -50,8 +50,8 @@ pub(crate) async fn run(args: &Args) -> anyhow::Result<()> {
     ProvisionController::new(client, name, driver)
         .config(config)
         .run(async {
-            let signal = signal.await;
-            eprintln!("{signal}: stopping");
+            signal.await;
+            eprintln!("shutdown signal: stopping");
         })
         .await?;
     Ok(())

@@ -20,6 +20,13 @@ mod trigger;
 mod validate;
 mod write;
 
+// The crates whose types this crate's API names (the objects and their serde impls, the
+// client, the feature-state watch), so a caller names the very versions the reconciler uses.
+pub use k8s_openapi;
+pub use kube_client;
+pub use serde;
+pub use tokio;
+
 // The public API, grouped as in the README's "Public API" table.
 pub use backend::{
     BackendError, ClusterFlavor, ClusterType, ContainerCluster, EntityMetadata,
@@ -28,6 +35,9 @@ pub use backend::{
 pub use config::{Config, ConfigError, ConfigOption, FeatureState, VSPHERE_CSI_DRIVER};
 pub use context::{REASON_UPDATE_FAILED, REASON_UPDATE_SUCCEEDED, REPORTING_CONTROLLER};
 pub use crd::{crd, crd_yaml};
+/// Whether this replica leads, as it changes: what [`MetadataController::leading`] follows
+/// (from kube-controller-kit, shared with provision-controller's `Health::leading`).
+pub use kube_controller_kit::leader::Leading;
 pub use record::PUSHED_ANNOTATION;
 pub use resource::{
     CRD_NAME, CnsVolumeMetadata, CnsVolumeMetadataSpec, CnsVolumeMetadataStatus, EntityReference,

@@ -188,14 +188,13 @@ async fn watch_objects(
 /// # Example
 /// ```no_run
 /// # async fn doc(backend: impl cnsmetadata::VolumeMetadataBackend) -> Result<(), Box<dyn std::error::Error>> {
-/// use cnsmetadata::{Config, MetadataController};
-/// use kube_controller_kit::leader::Leading;
-/// use tokio::sync::watch;
+/// use cnsmetadata::{Config, Leading, MetadataController};
+/// use cnsmetadata::tokio::sync::watch;
 ///
 /// let client = kube_client::Client::try_default().await?;
 /// // Whoever elects owns the sender: `send(true)` on acquiring the lease, `send(false)`
-/// // on losing it. (With a kube-controller-kit elector or health handle, pass its
-/// // `leading()` instead.)
+/// // on losing it. (Under provision-controller's election, pass its `Health::leading()`
+/// // instead.)
 /// let (elected, follower) = watch::channel(false);
 /// let controller = MetadataController::new(client, backend)
 ///     .config(Config::default().cluster_id("domain-c8"))
@@ -244,8 +243,8 @@ impl MetadataController {
     }
 
     /// Reconciles only while `leading` says this replica is the leader: follow the
-    /// election of another controller ([`Health::leading`](kube_controller_kit::http::Health::leading))
-    /// or of an elector of your own ([`LeaderElector::leading`](kube_controller_kit::leader::LeaderElector::leading)).
+    /// election of another controller (provision-controller's `Health::leading`), or a
+    /// watch your own election sends to ([`Leading::from`]).
     /// Default [`Leading::always`]: a single replica.
     #[must_use]
     pub fn leading(mut self, leading: Leading) -> Self {

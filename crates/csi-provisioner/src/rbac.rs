@@ -2,10 +2,10 @@
 //! rules, and the name of its Lease.
 //!
 //! The sidecar needs provision-controller's
-//! [`CLUSTER_PERMISSIONS`](provision_controller::rbac::CLUSTER_PERMISSIONS),
-//! [`LEADER_ELECTION_PERMISSIONS`](provision_controller::rbac::LEADER_ELECTION_PERMISSIONS)
+//! [`Permission::CLUSTER`],
+//! [`Permission::LEADER_ELECTION`]
 //! (with `--leader-election`, on the Lease [`lease_name`] names) and
-//! [`JOURNAL_PERMISSIONS`](provision_controller::rbac::JOURNAL_PERMISSIONS) (in the
+//! [`Permission::JOURNAL`] (in the
 //! journal's namespace), plus [`SIDECAR_PERMISSIONS`] cluster-wide.
 //! `examples/deploy/csi-provisioner-rbac.yaml` grants exactly these (the repository's
 //! `tests/deploy_manifests.rs` keeps the two equal).

@@ -15,16 +15,27 @@ pub const ANN_PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
 /// On a PV: the CSI driver a migrated in-tree volume now belongs to (Go: `annMigratedTo`).
 #[doc(alias = "annMigratedTo")]
 pub(crate) const ANN_MIGRATED_TO: &str = "pv.kubernetes.io/migrated-to";
-/// On a claim: the provisioner asked to provision it (Go: `annStorageProvisioner`).
+/// On a claim: the provisioner asked to provision it (Go: `annStorageProvisioner`); public
+/// with the feature `testing` (Kubernetes sets it, a driver has no use for it).
 #[doc(alias = "annStorageProvisioner")]
-pub const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
+#[cfg(any(test, feature = "testing"))]
+pub const ANN_STORAGE_PROVISIONER: &str = STORAGE_PROVISIONER;
+#[cfg(not(any(test, feature = "testing")))]
+pub(crate) const ANN_STORAGE_PROVISIONER: &str = STORAGE_PROVISIONER;
+const STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
 /// On a claim: the beta form of [`ANN_STORAGE_PROVISIONER`], read when that one is absent.
 #[doc(alias = "annBetaStorageProvisioner")]
 pub(crate) const ANN_BETA_STORAGE_PROVISIONER: &str =
     "volume.beta.kubernetes.io/storage-provisioner";
-/// On a claim: the node the scheduler chose (Go: `annSelectedNode`).
+/// On a claim: the node the scheduler chose (Go: `annSelectedNode`); public with the
+/// feature `testing` (a driver reads it as
+/// [`ProvisionOptions::selected_node_name`](crate::ProvisionOptions::selected_node_name)).
 #[doc(alias = "annSelectedNode")]
-pub const ANN_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+#[cfg(any(test, feature = "testing"))]
+pub const ANN_SELECTED_NODE: &str = SELECTED_NODE;
+#[cfg(not(any(test, feature = "testing")))]
+pub(crate) const ANN_SELECTED_NODE: &str = SELECTED_NODE;
+const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 /// On a claim: the Kubernetes 1.11 form of [`ANN_SELECTED_NODE`] (Go: `annAlphaSelectedNode`).
 #[doc(alias = "annAlphaSelectedNode")]
 pub(crate) const ANN_ALPHA_SELECTED_NODE: &str = "volume.alpha.kubernetes.io/selected-node";

@@ -31,12 +31,11 @@ use k8s_openapi::api::{
 use kube_client::Client;
 use prometheus_client::registry::Registry;
 
-use kube_controller_kit::http::{Health, MetricsSource};
+use kube_controller_kit::http::{Health as KitHealth, MetricsSource};
 
 use crate::{
     cache::SharedCache,
     config::Config,
-    error::Result,
     metrics::ControllerMetrics,
     provisioner::{AssetLookup, DeletionGuard, LateAssets, Provisioner, Qualifier},
 };
@@ -91,7 +90,7 @@ pub struct ProvisionController {
     classes: Option<SharedCache<StorageClass>>,
     leader_client: Option<Client>,
     metrics_source: Option<MetricsSource>,
-    health: Option<Health>,
+    health: Option<KitHealth>,
 }
 
 impl ProvisionController {
@@ -241,11 +240,12 @@ impl ProvisionController {
         self
     }
 
-    /// Drives `health` (caches synced, role) instead of a fresh [`Health`]: for callers
-    /// that serve probes on a server of their own (with [`Config::metrics_port`] 0).
+    /// Drives `health` (caches synced, role) instead of a fresh one, so another part of
+    /// the process follows this controller's election ([`Health::leading`](crate::Health::leading))
+    /// or holds `/readyz` back ([`Health::set_unmet`](crate::Health::set_unmet)).
     #[must_use]
-    pub fn health(mut self, health: Health) -> Self {
-        self.health = Some(health);
+    pub fn health(mut self, health: crate::Health) -> Self {
+        self.health = Some(health.into_inner());
         self
     }
 
@@ -272,7 +272,10 @@ impl ProvisionController {
     /// When `run` returns, no task it started is running, and the lease is released
     /// (after a shutdown) or no longer renewed (after a loss).
     #[doc(alias = "Run")]
-    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), crate::Error> {
         run::run(self, shutdown).await
     }
 }

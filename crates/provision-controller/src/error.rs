@@ -116,7 +116,7 @@ pub enum ConfigOption {
     /// [`Config::pv_save`](crate::Config::pv_save()).
     PvSave,
     /// One option of [`Config::leader_election`](crate::Config::leader_election()).
-    LeaderElection(kube_controller_kit::leader::LeaderElectionOption),
+    LeaderElection(crate::LeaderElectionOption),
     /// [`Config::additional_provisioner_names`](crate::Config::additional_provisioner_names()).
     AdditionalProvisionerNames,
     /// [`Config::add_finalizer`](crate::Config::add_finalizer()).
@@ -146,7 +146,7 @@ impl ConfigOption {
     /// leader election as `"leader_election.renew_deadline"`.
     #[must_use]
     pub fn name(self) -> &'static str {
-        use kube_controller_kit::leader::LeaderElectionOption as Le;
+        use crate::LeaderElectionOption as Le;
         match self {
             Self::ResyncPeriod => "resync_period",
             Self::Threads => "threads",
@@ -209,8 +209,8 @@ impl std::fmt::Display for ConfigOption {
     }
 }
 
-impl From<kube_controller_kit::leader::LeaderElectionOption> for ConfigOption {
-    fn from(option: kube_controller_kit::leader::LeaderElectionOption) -> Self {
+impl From<crate::LeaderElectionOption> for ConfigOption {
+    fn from(option: crate::LeaderElectionOption) -> Self {
         Self::LeaderElection(option)
     }
 }
@@ -246,13 +246,17 @@ impl ConfigError {
     }
 }
 
-impl From<kube_controller_kit::leader::InvalidLeaderElection> for ConfigError {
-    fn from(error: kube_controller_kit::leader::InvalidLeaderElection) -> Self {
+impl From<crate::InvalidLeaderElection> for ConfigError {
+    fn from(error: crate::InvalidLeaderElection) -> Self {
         Self::invalid(error.option.into(), error.reason)
     }
 }
 
 /// Why [`ProvisionController::run`](crate::ProvisionController::run) failed.
+///
+/// The causes below the configuration are boxed: they come from the crates the controller
+/// is built on, whose types are not part of this crate's API. Print the whole chain with
+/// [`error_chain`](crate::error_chain).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -264,22 +268,44 @@ pub enum Error {
     Task {
         /// Which task ("claim worker", "volume worker", ...).
         task: &'static str,
-        /// The join error.
+        /// Why it ended (a panic's message, or the cancellation).
         #[source]
-        source: tokio::task::JoinError,
+        source: BoxError,
     },
     /// This replica lost the leader lease (another replica took it over, or renewing
-    /// failed for the renew deadline). The workers were stopped; the caller may restart
-    /// the controller to stand by again, or exit so the pod restarts.
+    /// failed for the renew deadline); the error names the Lease and why. The workers were
+    /// stopped; the caller may restart the controller to stand by again, or exit so the
+    /// pod restarts.
     #[error(transparent)]
-    LeadershipLost(#[from] kube_controller_kit::leader::LeadershipLost),
+    LeadershipLost(BoxError),
     /// Leader election could not start (its client or configuration).
     #[error("leader election failed")]
-    LeaderElection(#[source] kube_controller_kit::leader::LeaderError),
+    LeaderElection(#[source] BoxError),
     /// The metrics and probe server could not start.
     #[error("metrics and probe server failed")]
-    Http(#[from] kube_controller_kit::http::HttpError),
+    Http(#[source] BoxError),
+}
+
+impl Error {
+    pub(crate) fn task(task: &'static str, source: tokio::task::JoinError) -> Self {
+        Self::Task {
+            task,
+            source: source.into(),
+        }
+    }
+
+    pub(crate) fn leadership_lost(lost: kube_controller_kit::leader::LeadershipLost) -> Self {
+        Self::LeadershipLost(lost.into())
+    }
+
+    pub(crate) fn leader_election(error: kube_controller_kit::leader::LeaderError) -> Self {
+        Self::LeaderElection(error.into())
+    }
+
+    pub(crate) fn http(error: kube_controller_kit::http::HttpError) -> Self {
+        Self::Http(error.into())
+    }
 }
 
 /// `Result` with this crate's [`Error`].
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;

@@ -43,9 +43,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::LeaderElection;
-use crate::rbac::{
-    CLUSTER_PERMISSIONS, JOURNAL_PERMISSIONS, LEADER_ELECTION_PERMISSIONS, Names, Permission,
-};
+use crate::rbac::{Names, Permission};
 
 /// The label that selects the driver's pods.
 const APP_LABEL: &str = "app.kubernetes.io/name";
@@ -71,7 +69,7 @@ pub struct ManifestSet {
     pub namespaces: Vec<Namespace>,
     /// The identity the driver's pods run as.
     pub service_account: ServiceAccount,
-    /// Claims, volumes, classes and events, cluster-wide ([`CLUSTER_PERMISSIONS`]).
+    /// Claims, volumes, classes and events, cluster-wide ([`Permission::CLUSTER`]).
     pub cluster_role: ClusterRole,
     /// Binds [`cluster_role`](Self::cluster_role) to the ServiceAccount.
     pub cluster_role_binding: ClusterRoleBinding,
@@ -180,13 +178,13 @@ impl Manifests {
         if self.leader_election {
             roles.push(Role {
                 metadata: meta(Some(&self.namespace), format!("{name}-leader-election")),
-                rules: Some(rules(LEADER_ELECTION_PERMISSIONS, &name)),
+                rules: Some(rules(Permission::LEADER_ELECTION, &name)),
             });
         }
         if self.crash_safe_provisioning {
             roles.push(Role {
                 metadata: meta(Some(&journal_namespace), format!("{name}-journal")),
-                rules: Some(rules(JOURNAL_PERMISSIONS, &name)),
+                rules: Some(rules(Permission::JOURNAL, &name)),
             });
         }
         let role_bindings = roles
@@ -205,7 +203,7 @@ impl Manifests {
             },
             cluster_role: ClusterRole {
                 metadata: meta(None, name.clone()),
-                rules: Some(rules(CLUSTER_PERMISSIONS, &name)),
+                rules: Some(rules(Permission::CLUSTER, &name)),
                 aggregation_rule: None,
             },
             cluster_role_binding: ClusterRoleBinding {
@@ -372,7 +370,7 @@ impl ManifestSet {
     /// # Panics
     /// Never: k8s-openapi objects always serialize.
     #[must_use]
-    pub fn to_values(&self) -> Vec<serde_json::Value> {
+    pub(crate) fn to_values(&self) -> Vec<serde_json::Value> {
         fn value<T: serde::Serialize>(object: &T) -> serde_json::Value {
             serde_json::to_value(object).expect("a k8s-openapi object serializes")
         }

@@ -61,50 +61,53 @@ impl Permission {
     }
 }
 
-/// Cluster-wide permissions (a ClusterRole).
-///
-/// - claims: `list`/`watch` (cache), `get`+`update` (reschedule: remove the selected
-///   node); the controller writes nothing else on claims;
-/// - volumes: `list`/`watch` (cache), `create` (save), `get`+`delete` (delete),
-///   `patch` (protection finalizer);
-/// - storage classes: `list`/`watch` (cache); no nodes: the selected node is passed by
-///   name, never read (Go v13);
-/// - events: `create`, then `patch` to count a repeated event in its series, on
-///   `events.k8s.io` (kube-controller-kit's `EventWriter`; no core events).
-pub const CLUSTER_PERMISSIONS: &[Permission] = &[
-    Permission::new(
-        "",
-        "persistentvolumeclaims",
-        &["get", "list", "watch", "update"],
-    ),
-    Permission::new(
-        "",
-        "persistentvolumes",
-        &["get", "list", "watch", "create", "delete", "patch"],
-    ),
-    Permission::new("storage.k8s.io", "storageclasses", &["list", "watch"]),
-    Permission::new("events.k8s.io", "events", &["create", "patch"]),
-];
+/// The controller's permissions, in three sets: each is one RBAC object's rules.
+impl Permission {
+    /// Cluster-wide permissions (a ClusterRole).
+    ///
+    /// - claims: `list`/`watch` (cache), `get`+`update` (reschedule: remove the selected
+    ///   node); the controller writes nothing else on claims;
+    /// - volumes: `list`/`watch` (cache), `create` (save), `get`+`delete` (delete),
+    ///   `patch` (protection finalizer);
+    /// - storage classes: `list`/`watch` (cache); no nodes: the selected node is passed by
+    ///   name, never read (Go v13);
+    /// - events: `create`, then `patch` to count a repeated event in its series, on
+    ///   `events.k8s.io` (kube-controller-kit's `EventWriter`; no core events).
+    pub const CLUSTER: &'static [Permission] = &[
+        Self::new(
+            "",
+            "persistentvolumeclaims",
+            &["get", "list", "watch", "update"],
+        ),
+        Self::new(
+            "",
+            "persistentvolumes",
+            &["get", "list", "watch", "create", "delete", "patch"],
+        ),
+        Self::new("storage.k8s.io", "storageclasses", &["list", "watch"]),
+        Self::new("events.k8s.io", "events", &["create", "patch"]),
+    ];
 
-/// Permissions in the leader-election namespace (a Role): `create` the Lease (any name:
-/// RBAC cannot limit a create by name), and `get` and `update` (acquire, renew, release)
-/// only the Lease of this controller ([`Names::LeaseName`]).
-pub const LEADER_ELECTION_PERMISSIONS: &[Permission] = &[
-    Permission::new("coordination.k8s.io", "leases", &["create"]),
-    Permission::new("coordination.k8s.io", "leases", &["get", "update"]).only(Names::LeaseName),
-];
+    /// Permissions in the leader-election namespace (a Role): `create` the Lease (any name:
+    /// RBAC cannot limit a create by name), and `get` and `update` (acquire, renew, release)
+    /// only the Lease of this controller ([`Names::LeaseName`]).
+    pub const LEADER_ELECTION: &'static [Permission] = &[
+        Self::new("coordination.k8s.io", "leases", &["create"]),
+        Self::new("coordination.k8s.io", "leases", &["get", "update"]).only(Names::LeaseName),
+    ];
 
-/// Permissions in the controller's namespace (the Lease's, a Role) for the provisioning
-/// journal of crash-safe provisioning: ConfigMaps named
-/// `<lease name>-journal-<seq>`, which RBAC cannot list by a name pattern, so the rule
-/// covers the namespace's ConfigMaps: `list` (load the journal), `get` (read one again
-/// after a conflict), `create`, `update` and `delete` (write it). Not needed with
-/// [`Config::crash_safe_provisioning`](crate::Config::crash_safe_provisioning) off.
-pub const JOURNAL_PERMISSIONS: &[Permission] = &[Permission::new(
-    "",
-    "configmaps",
-    &["get", "list", "create", "update", "delete"],
-)];
+    /// Permissions in the controller's namespace (the Lease's, a Role) for the provisioning
+    /// journal of crash-safe provisioning: ConfigMaps named
+    /// `<lease name>-journal-<seq>`, which RBAC cannot list by a name pattern, so the rule
+    /// covers the namespace's ConfigMaps: `list` (load the journal), `get` (read one again
+    /// after a conflict), `create`, `update` and `delete` (write it). Not needed with
+    /// [`Config::crash_safe_provisioning`](crate::Config::crash_safe_provisioning) off.
+    pub const JOURNAL: &'static [Permission] = &[Permission::new(
+        "",
+        "configmaps",
+        &["get", "list", "create", "update", "delete"],
+    )];
+}
 
 #[cfg(test)]
 mod tests {
@@ -112,14 +115,14 @@ mod tests {
 
     #[test]
     fn only_create_of_a_lease_is_not_limited_to_the_lease_name() {
-        let unlimited: Vec<&str> = LEADER_ELECTION_PERMISSIONS
+        let unlimited: Vec<&str> = Permission::LEADER_ELECTION
             .iter()
             .filter(|p| p.names == Names::Any)
             .flat_map(|p| p.verbs.iter().copied())
             .collect();
         assert_eq!(unlimited, ["create"]);
         assert!(
-            CLUSTER_PERMISSIONS.iter().all(|p| p.names == Names::Any),
+            Permission::CLUSTER.iter().all(|p| p.names == Names::Any),
             "cluster-wide rules name no object"
         );
     }

@@ -8,7 +8,7 @@ use anyhow::{Context as _, anyhow};
 use kube_client::Client;
 use kube_client::config::{KubeConfigOptions, Kubeconfig};
 use kube_controller_kit::error::chain;
-use kube_controller_kit::http::Health;
+use provision_controller::Health;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use vsphere_cns::{CnsClient, CnsMetadataBackend, CnsProvisioner, MoRef, VsphereConfig};

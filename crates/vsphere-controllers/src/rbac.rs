@@ -6,9 +6,14 @@
 //! these (the repository's `tests/deploy_manifests.rs` keeps them equal); the demo's own
 //! calls need no rule.
 
-pub use provision_controller::rbac::{
-    JOURNAL_PERMISSIONS, LEADER_ELECTION_PERMISSIONS, Names, Permission,
-};
+pub use provision_controller::rbac::{Names, Permission};
+
+/// The provision controller's permissions in the leader-election namespace
+/// ([`Permission::LEADER_ELECTION`]).
+pub const LEADER_ELECTION_PERMISSIONS: &[Permission] = Permission::LEADER_ELECTION;
+
+/// The provision controller's permissions for its journal ([`Permission::JOURNAL`]).
+pub const JOURNAL_PERMISSIONS: &[Permission] = Permission::JOURNAL;
 
 /// What the `CnsVolumeMetadata` reconciler ([`cnsmetadata::MetadataController`]) calls,
 /// cluster-wide:
@@ -57,11 +62,11 @@ pub const FEATURE_STATES_PERMISSIONS: &[Permission] =
 
 /// The cluster-wide permissions of the whole process (a ClusterRole): the union of the
 /// provision controller's
-/// [`CLUSTER_PERMISSIONS`](provision_controller::rbac::CLUSTER_PERMISSIONS),
+/// [`Permission::CLUSTER`],
 /// [`METADATA_PERMISSIONS`] and [`CRD_PERMISSIONS`], one rule per group, resource and
 /// object names where one rule's verbs include the other's (else both rules are kept).
 pub fn cluster_permissions() -> Vec<Permission> {
-    let all = provision_controller::rbac::CLUSTER_PERMISSIONS
+    let all = Permission::CLUSTER
         .iter()
         .chain(METADATA_PERMISSIONS)
         .chain(CRD_PERMISSIONS);
@@ -117,7 +122,7 @@ mod tests {
     #[test]
     fn the_process_is_granted_the_union_of_both_controllers_permissions() {
         let union = grants(
-            provision_controller::rbac::CLUSTER_PERMISSIONS
+            Permission::CLUSTER
                 .iter()
                 .chain(METADATA_PERMISSIONS)
                 .chain(CRD_PERMISSIONS),

@@ -14,8 +14,8 @@ use kube_client::Client;
 use kube_client::api::{Api, PostParams};
 use kube_controller_kit::backoff::{ItemExponentialLimiter, RateLimiter};
 use kube_controller_kit::error::chain;
-use kube_controller_kit::http::Health;
 use kube_runtime::{WatchStreamExt, watcher};
+use provision_controller::Health;
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 

@@ -19,7 +19,6 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube_client::api::PostParams;
 use kube_client::{Api, Client};
-use kube_controller_kit::http::NotReady;
 use kube_sim::{FaultRule, KubeSim, Verb};
 use vsphere_cns::simulator::{CnsSimulator, DEFAULT_PASSWORD, DEFAULT_USER};
 use vsphere_cns::{ClusterFlavor, CnsClient, CnsMetadataBackend, CnsProvisioner};
@@ -235,7 +234,7 @@ async fn without_permission_one_line_names_the_manifest_and_the_tries_back_off()
         &settings(Ok(cnsmetadata::Config::default())),
     );
     wait_until("/readyz names the CRD", Duration::from_secs(10), || async {
-        running.health().readiness() == Err(NotReady::Unmet(CRD_NOT_READY))
+        running.health().readiness() == Err(CRD_NOT_READY.to_owned())
     })
     .await;
     // Tries at 0 s, 1 s, 3 s and 7 s (delays 1, 2, 4 s): within 5 to 7 s, three.
@@ -430,7 +429,7 @@ async fn a_missing_feature_state_configmap_is_one_error_line_and_no_push() {
     wait_until(
         "/readyz names the ConfigMap",
         Duration::from_secs(10),
-        || async { running.health().readiness() == Err(NotReady::Unmet(FEATURE_STATES_NOT_READY)) },
+        || async { running.health().readiness() == Err(FEATURE_STATES_NOT_READY.to_owned()) },
     )
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use kube_client::client::ClientBuilder;
-use kube_controller_kit::http::{Health, Role};
+use provision_controller::Health;
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -198,13 +198,13 @@ impl Replica {
         if let State::Up { health, led, .. } = &mut self.state
             && let Some(health) = health.get()
         {
-            if health.role() == Role::Leading {
+            if health.is_leading() {
                 *led = true;
             } else if *led {
                 *led = false;
                 return Ok(Some(format!(
                     "replica {index} stopped leading ({:?})",
-                    health.role()
+                    health.readiness()
                 )));
             }
         }

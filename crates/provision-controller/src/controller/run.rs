@@ -117,7 +117,7 @@ pub(super) async fn run(
         Some(election) => {
             let election = election.clone().resolved_for(&name);
             let client = leader_client.unwrap_or_else(|| client.clone());
-            Some(LeaderElector::new(client, election).map_err(Error::LeaderElection)?)
+            Some(LeaderElector::new(client, election).map_err(Error::leader_election)?)
         }
         None => None,
     };
@@ -141,7 +141,8 @@ pub(super) async fn run(
         source,
         health.clone(),
     )
-    .await?
+    .await
+    .map_err(Error::http)?
     .map(|server| {
         let stop = CancellationToken::new();
         (server.spawn(stop.clone().cancelled_owned()), stop)
@@ -246,7 +247,7 @@ pub(super) async fn run(
                 tracing::info!("shutdown requested while standing by");
                 return bg.finish(&ctx, Ok(())).await;
             }
-            Err(err) => return bg.finish(&ctx, Err(Error::LeaderElection(err))).await,
+            Err(err) => return bg.finish(&ctx, Err(Error::leader_election(err))).await,
         }
     }
 
@@ -324,7 +325,7 @@ pub(super) async fn run(
             "lost the lease: workers stopped"
         );
         drop(elector);
-        let result = result.and(Err(Error::LeadershipLost(lost)));
+        let result = result.and(Err(Error::leadership_lost(lost)));
         return bg.finish(&ctx, result).await;
     }
 
@@ -386,7 +387,7 @@ pub(super) async fn run(
     // A lease lost while draining belongs to someone else now: nothing to release, and the
     // operations that were cut short make this an error, as any other loss.
     if let Some(lost) = lost_while_draining {
-        result = result.and(Err(Error::LeadershipLost(lost)));
+        result = result.and(Err(Error::leadership_lost(lost)));
     } else if let Some(mut elector) = elector
         && let Err(error) = elector.release().await
     {
@@ -451,7 +452,7 @@ async fn drain(set: &mut JoinSet<()>, task: &'static str) -> Result<()> {
             && !source.is_cancelled()
             && result.is_ok()
         {
-            result = Err(Error::Task { task, source });
+            result = Err(Error::task(task, source));
         }
     }
     result

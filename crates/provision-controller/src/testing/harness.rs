@@ -106,7 +106,7 @@ pub struct DriverTest {
     name: String,
     limit: Duration,
     stop: Option<oneshot::Sender<()>>,
-    controller: Mutex<Option<JoinHandle<crate::Result<()>>>>,
+    controller: Mutex<Option<JoinHandle<crate::error::Result<()>>>>,
 }
 
 impl std::fmt::Debug for DriverTest {

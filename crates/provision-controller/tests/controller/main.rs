@@ -76,7 +76,7 @@ pub(crate) struct Env {
     pub(crate) client: Client,
     pub(crate) fake: FakeProvisioner,
     stop: Option<oneshot::Sender<()>>,
-    run: Option<JoinHandle<provision_controller::Result<()>>>,
+    run: Option<JoinHandle<Result<(), provision_controller::Error>>>,
 }
 
 impl Env {

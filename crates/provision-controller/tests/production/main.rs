@@ -93,7 +93,7 @@ pub(crate) struct Replica {
     pub(crate) fake: FakeProvisioner,
     pub(crate) metrics: Option<SocketAddr>,
     stop: Option<oneshot::Sender<()>>,
-    run: Option<JoinHandle<provision_controller::Result<()>>>,
+    run: Option<JoinHandle<Result<(), provision_controller::Error>>>,
 }
 
 impl Replica {
@@ -140,7 +140,7 @@ impl Replica {
     }
 
     /// Graceful shutdown: returns what `run` returned.
-    pub(crate) async fn stop(mut self) -> provision_controller::Result<()> {
+    pub(crate) async fn stop(mut self) -> Result<(), provision_controller::Error> {
         let _ = self.stop.take().unwrap().send(());
         tokio::time::timeout(Duration::from_secs(15), self.run.take().unwrap())
             .await
@@ -149,7 +149,7 @@ impl Replica {
     }
 
     /// Waits for `run` to return on its own (e.g. after losing the lease).
-    pub(crate) async fn finished(mut self) -> provision_controller::Result<()> {
+    pub(crate) async fn finished(mut self) -> Result<(), provision_controller::Error> {
         tokio::time::timeout(Duration::from_secs(15), self.run.take().unwrap())
             .await
             .expect("run returns")
