@@ -122,7 +122,7 @@ async fn run(args: Vec<String>) -> Result<(), Box<dyn std::error::Error>> {
         [] => {}
         // `my-driver --print-manifests | kubectl apply -f -`
         ["--print-manifests"] => {
-            print!("{}", manifests.build().to_yaml());
+            print!("{}", manifests.to_yaml());
             return Ok(());
         }
         // Deletes the journal (run it once `kubectl delete -f` removed the rest).
@@ -234,7 +234,7 @@ mod tests {
 
     #[test]
     fn the_manifests_grant_the_journal_a_namespace_of_its_own() {
-        let yaml = Manifests::new(NAME, NAMESPACE, IMAGE).build().to_yaml();
+        let yaml = Manifests::new(NAME, NAMESPACE, IMAGE).to_yaml();
         assert!(yaml.contains("name: my-driver-journal"), "{yaml}");
     }
 

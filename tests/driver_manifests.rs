@@ -8,7 +8,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use provision_controller::manifests::{ManifestSet, Manifests};
+use provision_controller::manifests::Manifests;
 use provision_controller::testing::{DriverTest, FakeProvisioner, pvc};
 use provision_controller::{Config, LeaderElection, ProvisionController};
 use serde_json::Value;
@@ -19,7 +19,7 @@ const NAME: &str = "example.com/my-driver";
 const NAMESPACE: &str = "my-driver";
 
 /// The objects in apply order, as JSON values (read back from the YAML a binary prints).
-fn values(set: &ManifestSet) -> Vec<Value> {
+fn values(set: &Manifests) -> Vec<Value> {
     serde_saphyr::from_multiple(&set.to_yaml()).unwrap()
 }
 
@@ -63,7 +63,7 @@ async fn a_server_side_dry_run_accepts_every_printed_object() {
         return;
     }
     let sim = kube_sim::KubeSim::start().await.unwrap();
-    let set = manifests().build();
+    let set = manifests();
     // Objects of a namespace that does not exist yet are refused even in a dry run (as a
     // real server's NamespaceLifecycle does): the namespaces go first, for real.
     let namespaces: String = values(&set)
@@ -112,7 +112,7 @@ fn allowed(
 
 #[tokio::test]
 async fn the_roles_grant_every_lease_and_journal_call_and_no_other_configmap() {
-    let set = manifests().build();
+    let set = manifests();
     let docs = values(&set);
     // Every Role is bound to the driver's ServiceAccount.
     for binding in docs.iter().filter(|d| d["kind"] == "RoleBinding") {
@@ -225,7 +225,7 @@ async fn under_its_service_account_with_rbac_enforced_the_driver_is_refused_noth
         .unwrap();
     let admin = sim.client();
     let pp = PostParams::default();
-    let set = manifests().build();
+    let set = manifests();
     for namespace in &set.namespaces {
         Api::<Namespace>::all(admin.clone())
             .create(&pp, namespace)
@@ -565,7 +565,7 @@ fn the_vsphere_rbac_is_the_generated_driver_rbac_plus_the_reconcilers_rules() {
     };
     const CSI_NAMESPACE: &str = "vmware-system-csi";
 
-    let generated = Manifests::new(vsphere_cns::CSI_DRIVER, CSI_NAMESPACE, "unused").build();
+    let generated = Manifests::new(vsphere_cns::CSI_DRIVER, CSI_NAMESPACE, "unused");
     let generated = grants(&values(&generated));
     let shipped: Vec<Value> =
         serde_saphyr::from_multiple(include_str!("../examples/deploy/vsphere-rbac.yaml")).unwrap();

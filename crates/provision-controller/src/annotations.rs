@@ -6,8 +6,11 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 
-/// On the controller's journal ConfigMaps: the name of its Lease (see docs/production.md).
-pub use crate::journal::JOURNAL_LABEL;
+/// On the controller's journal ConfigMaps: the name of its Lease; public with the feature
+/// `testing` (an operator selects them by its text, which docs/production.md gives, and
+/// removes them with [`Uninstall`](crate::Uninstall)).
+#[cfg(any(test, feature = "testing"))]
+pub const JOURNAL_LABEL: &str = crate::journal::JOURNAL_LABEL;
 
 /// On a PV: the provisioner that created it (Go: `annDynamicallyProvisioned`).
 #[doc(alias = "annDynamicallyProvisioned")]

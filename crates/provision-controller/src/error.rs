@@ -1,7 +1,7 @@
 //! Error types: what a [`Provisioner`](crate::Provisioner) returns, and why `run` failed.
 
-/// A boxed error from a driver, as `tower::BoxError`.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+/// A boxed error: a driver's, or a cause from a crate below this one (as `tower::BoxError`).
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Why [`Provisioner::provision`](crate::Provisioner::provision) did not return a volume.
 ///

@@ -29,7 +29,8 @@ use crate::{LeaderElection, annotations::FINALIZER_PV};
 
 /// The label every journal object carries, with the lease name (or, when that is no valid
 /// label value, a hash of it) as value. The domain is the project's own.
-pub const JOURNAL_LABEL: &str = "provisioning-journal.rust-storage-controllers.github.io/lease";
+pub(crate) const JOURNAL_LABEL: &str =
+    "provisioning-journal.rust-storage-controllers.github.io/lease";
 
 /// The most bytes of data (keys and values) one journal object holds: well under the API
 /// server's 1 MiB limit of a ConfigMap, so an object stays below 512 KiB.

@@ -4,7 +4,7 @@
 //!
 //! | what | items |
 //! |---|---|
-//! | a driver implements | [`Provisioner`] (`provision`, `delete`, `supports_block`), with [`ProvisionOptions`], [`ProvisionError`], [`DeleteError`], [`BoxError`] |
+//! | a driver implements | [`Provisioner`] (`provision`, `delete`, `supports_block`), with [`ProvisionOptions`], [`ProvisionError`], [`DeleteError`] |
 //! | a driver may opt into | [`Qualifier`], [`DeletionGuard`], [`AssetLookup`], [`LateAssets`] (handed to the builder) |
 //! | the binary runs | [`client`] (`infer`, `check`, `from_config`, `for_leader_election`, [`ClientError`](client::ClientError)), [`ProvisionController`] (`new`, builder methods, `run(shutdown)`), [`Config`], [`LeaderElection`], [`shutdown_signal`]; [`Error`] from `run`, printed with [`error_chain`] |
 //! | options with more than one form | [`FailureBackoff`] and [`PvSaveStrategy`] (a caller's [`RateLimiter`]), [`VolumeNamer`], [`SharedCache`]; [`ConfigError`] names a bad option ([`ConfigOption`], [`LeaderElectionOption`], from [`InvalidLeaderElection`]) |
@@ -54,7 +54,7 @@ pub use tokio;
 pub use cache::SharedCache;
 pub use config::{Config, VolumeNamer};
 pub use controller::ProvisionController;
-pub use error::{BoxError, ConfigError, ConfigOption, DeleteError, Error, ProvisionError};
+pub use error::{ConfigError, ConfigOption, DeleteError, Error, ProvisionError};
 pub use health::Health;
 pub use journal::{JournalRecord, Uninstall, UninstallReport};
 /// An error and its causes as one line (`what failed: why: ...`), each message once, with

@@ -14,8 +14,7 @@
 //!     "my-driver",
 //!     "registry.example.com/my-driver:1.0.0",
 //! )
-//! .metrics_port(8080)
-//! .build();
+//! .metrics_port(8080);
 //! assert_eq!(manifests.service_account.metadata.name.as_deref(), Some("example.com-my-driver"));
 //! let yaml = manifests.to_yaml();
 //! assert!(yaml.contains("kind: Deployment"));
@@ -48,9 +47,9 @@ use crate::rbac::{Names, Permission};
 /// The label that selects the driver's pods.
 const APP_LABEL: &str = "app.kubernetes.io/name";
 
-/// What to generate the manifests of a driver from ([`Manifests::build`]).
+/// What the manifests are generated from: [`Manifests::new`]'s arguments and options.
 #[derive(Clone, Debug)]
-pub struct Manifests {
+struct Options {
     provisioner_name: String,
     namespace: String,
     image: String,
@@ -59,11 +58,11 @@ pub struct Manifests {
     metrics_port: u16,
 }
 
-/// The objects of a driver, in the order they are applied; each is public, to be changed
+/// The objects of a driver, in the order they are applied: built by [`new`](Self::new)
+/// and the option methods (each builds them anew), then each is public, to be changed
 /// before [`to_yaml`](Self::to_yaml).
 #[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct ManifestSet {
+pub struct Manifests {
     /// The driver's namespace and the journal's (none for `default` and `kube-*`
     /// namespaces, which exist already and are never the driver's to delete).
     pub namespaces: Vec<Namespace>,
@@ -80,69 +79,19 @@ pub struct ManifestSet {
     pub role_bindings: Vec<RoleBinding>,
     /// The driver's pods.
     pub deployment: Deployment,
+    options: Options,
 }
 
-impl Manifests {
-    /// The manifests of the driver `provisioner_name` (the name StorageClasses give), run
-    /// in `namespace` from `image`: leader election on (two replicas), crash-safe
-    /// provisioning on, metrics and probes off (port 0), as [`Config`](crate::Config)'s
-    /// defaults.
-    #[must_use]
-    pub fn new(
-        provisioner_name: impl Into<String>,
-        namespace: impl Into<String>,
-        image: impl Into<String>,
-    ) -> Self {
-        Self {
-            provisioner_name: provisioner_name.into(),
-            namespace: namespace.into(),
-            image: image.into(),
-            leader_election: true,
-            crash_safe_provisioning: true,
-            metrics_port: 0,
-        }
-    }
-
-    /// With leader election (default): two replicas and the Lease's Role; without: one
-    /// replica, replaced by stopping it first (`Recreate`), so two never run at once.
-    #[must_use]
-    pub fn leader_election(mut self, on: bool) -> Self {
-        self.leader_election = on;
-        self
-    }
-
-    /// With crash-safe provisioning (default): the journal's namespace and Role.
-    #[must_use]
-    pub fn crash_safe_provisioning(mut self, on: bool) -> Self {
-        self.crash_safe_provisioning = on;
-        self
-    }
-
-    /// The port of the metrics and probe server ([`Config::metrics_port`](crate::Config)),
-    /// passed to the pod as `METRICS_PORT`; other than 0, the pod gets the port, probes on
-    /// `/healthz` and `/readyz`, and Prometheus scrape annotations.
-    #[must_use]
-    pub fn metrics_port(mut self, port: u16) -> Self {
-        self.metrics_port = port;
-        self
-    }
-
-    /// The name of every object: the provisioner name with `/` replaced by `-`, as its
-    /// Lease's ([`LeaderElection::lease_name_for`]).
-    #[must_use]
-    pub fn name(&self) -> String {
+impl Options {
+    fn name(&self) -> String {
         LeaderElection::lease_name_for(&self.provisioner_name)
     }
 
-    /// The journal's namespace: `<namespace>-journal`.
-    #[must_use]
-    pub fn journal_namespace(&self) -> String {
+    fn journal_namespace(&self) -> String {
         format!("{}-journal", self.namespace)
     }
 
-    /// The objects.
-    #[must_use]
-    pub fn build(&self) -> ManifestSet {
+    fn build(self) -> Manifests {
         let name = self.name();
         let meta = |namespace: Option<&str>, name: String| ObjectMeta {
             name: Some(name),
@@ -195,7 +144,7 @@ impl Manifests {
                 subjects: Some(vec![subject.clone()]),
             })
             .collect();
-        ManifestSet {
+        Manifests {
             namespaces,
             service_account: ServiceAccount {
                 metadata: meta(Some(&self.namespace), name.clone()),
@@ -214,6 +163,7 @@ impl Manifests {
             roles,
             role_bindings,
             deployment: self.deployment(meta(Some(&self.namespace), name.clone())),
+            options: self,
         }
     }
 
@@ -363,7 +313,76 @@ impl Manifests {
     }
 }
 
-impl ManifestSet {
+impl Manifests {
+    /// The manifests of the driver `provisioner_name` (the name StorageClasses give), run
+    /// in `namespace` from `image`: leader election on (two replicas), crash-safe
+    /// provisioning on, metrics and probes off (port 0), as [`Config`](crate::Config)'s
+    /// defaults.
+    #[must_use]
+    pub fn new(
+        provisioner_name: impl Into<String>,
+        namespace: impl Into<String>,
+        image: impl Into<String>,
+    ) -> Self {
+        Options {
+            provisioner_name: provisioner_name.into(),
+            namespace: namespace.into(),
+            image: image.into(),
+            leader_election: true,
+            crash_safe_provisioning: true,
+            metrics_port: 0,
+        }
+        .build()
+    }
+
+    /// With leader election (default): two replicas and the Lease's Role; without: one
+    /// replica, replaced by stopping it first (`Recreate`), so two never run at once.
+    /// Builds the objects anew.
+    #[must_use]
+    pub fn leader_election(self, on: bool) -> Self {
+        Options {
+            leader_election: on,
+            ..self.options
+        }
+        .build()
+    }
+
+    /// With crash-safe provisioning (default): the journal's namespace and Role. Builds the
+    /// objects anew.
+    #[must_use]
+    pub fn crash_safe_provisioning(self, on: bool) -> Self {
+        Options {
+            crash_safe_provisioning: on,
+            ..self.options
+        }
+        .build()
+    }
+
+    /// The port of the metrics and probe server ([`Config::metrics_port`](crate::Config)),
+    /// passed to the pod as `METRICS_PORT`; other than 0, the pod gets the port, probes on
+    /// `/healthz` and `/readyz`, and Prometheus scrape annotations. Builds the objects anew.
+    #[must_use]
+    pub fn metrics_port(self, port: u16) -> Self {
+        Options {
+            metrics_port: port,
+            ..self.options
+        }
+        .build()
+    }
+
+    /// The name of every object: the provisioner name with `/` replaced by `-`, as its
+    /// Lease's ([`LeaderElection::lease_name_for`]).
+    #[must_use]
+    pub fn name(&self) -> String {
+        self.options.name()
+    }
+
+    /// The journal's namespace: `<namespace>-journal`.
+    #[must_use]
+    pub fn journal_namespace(&self) -> String {
+        self.options.journal_namespace()
+    }
+
     /// Every object as JSON, with `apiVersion` and `kind`, in the order to apply them
     /// (namespaces first, the Deployment last); delete them in the reverse order.
     ///
@@ -425,7 +444,7 @@ fn rules(permissions: &[Permission], lease: &str) -> Vec<PolicyRule> {
 mod tests {
     use super::*;
 
-    fn kinds(set: &ManifestSet) -> Vec<String> {
+    fn kinds(set: &Manifests) -> Vec<String> {
         set.to_values()
             .iter()
             .map(|v| format!("{}/{}", v["kind"].as_str().unwrap(), v["metadata"]["name"]))
@@ -434,7 +453,7 @@ mod tests {
 
     #[test]
     fn every_object_is_named_after_the_provisioner_and_applied_in_order() {
-        let set = Manifests::new("example.com/my-driver", "my-driver", "img:1").build();
+        let set = Manifests::new("example.com/my-driver", "my-driver", "img:1");
         assert_eq!(
             kinds(&set),
             [
@@ -475,8 +494,7 @@ mod tests {
         let set = Manifests::new("d", "kube-system", "img")
             .leader_election(false)
             .crash_safe_provisioning(false)
-            .metrics_port(9090)
-            .build();
+            .metrics_port(9090);
         assert!(set.namespaces.is_empty(), "kube-system exists already");
         assert!(set.roles.is_empty() && set.role_bindings.is_empty());
         let spec = set.deployment.spec;
@@ -497,9 +515,7 @@ mod tests {
 
     #[test]
     fn the_yaml_reads_back_as_the_same_objects() {
-        let set = Manifests::new("example.com/my-driver", "my-driver", "img:1")
-            .metrics_port(8080)
-            .build();
+        let set = Manifests::new("example.com/my-driver", "my-driver", "img:1").metrics_port(8080);
         let yaml = set.to_yaml();
         let back: Vec<serde_json::Value> = serde_saphyr::from_multiple(&yaml).unwrap();
         assert_eq!(back, set.to_values());

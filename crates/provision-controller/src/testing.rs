@@ -325,7 +325,7 @@ impl FakeProvisioner {
             }
             step
         };
-        let err = |msg: &str| -> crate::BoxError { msg.into() };
+        let err = |msg: &str| -> crate::error::BoxError { msg.into() };
         match step {
             ProvisionStep::Succeed => Ok(Some(volume_for(options))),
             ProvisionStep::InBackground => Err(ProvisionError::InBackground(err(
