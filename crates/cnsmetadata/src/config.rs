@@ -178,52 +178,139 @@ impl ConfigError {
     }
 }
 
-kube_controller_kit::options! {
-    /// Options of [`MetadataController::run`](crate::MetadataController::run); every option has a documented default.
+/// Options of [`MetadataController::run`](crate::MetadataController::run); every option has a documented default.
+///
+/// Each option is a public field, read as `config.worker_threads`, and a builder
+/// method of the same name, `.worker_threads(n)`. The library never reads the
+/// environment: binaries call [`Config::from_lookup`] with `std::env::var`, tests
+/// with a map.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Config {
+    /// Flavor of the cluster this process runs in. Only [`ClusterFlavor::Workload`] runs
+    /// the reconciler. Default `WORKLOAD` for a `Config` built in code (building the
+    /// reconciler means running it); [`Config::from_lookup`] reads
+    /// [`Config::ENV_CLUSTER_FLAVOR`] as upstream does, unset meaning `VANILLA`.
+    pub cluster_flavor: ClusterFlavor,
+    /// Number of objects reconciled at once. Default 3 (environment:
+    /// [`Config::ENV_WORKER_THREADS`]).
+    pub worker_threads: NonZeroU16,
+    /// Give entity references of PV entities the supervisor ID instead of the cluster ID
+    /// (Go: the `TKGsHA` feature state, read at every reconcile). A `bool` for a fixed
+    /// state, or a [`FeatureState::follow`] of a channel for one that changes while the
+    /// reconciler runs. Default off.
+    pub use_supervisor_id_for_pv: FeatureState,
+    /// The supervisor ID (`[Global] supervisor-id` of `csi-vsphere.conf`). Default empty.
+    pub supervisor_id: String,
+    /// The cluster ID (`[Global] cluster-id` of `csi-vsphere.conf`). Default empty.
+    pub cluster_id: String,
+    /// The vCenter user sent in each update's container cluster. Default empty.
+    pub vsphere_user: String,
+    /// CSI driver whose volumes are pushed to CNS. Default `csi.vsphere.vmware.com`.
+    pub csi_driver: String,
+    /// Upper bound of one backend call; a call that takes longer fails that volume.
+    /// Default 120 s.
+    pub backend_timeout: Duration,
+    /// Margin added to the [backend timeout](Self::backend_timeout()) to give the
+    /// [settle period](Self::settle_period) of removed entries. Default 60 s.
     ///
-    /// Each option is a public field, read as `config.worker_threads`, and a builder
-    /// method of the same name, `.worker_threads(n)`. The library never reads the
-    /// environment: binaries call [`Config::from_lookup`] with `std::env::var`, tests
-    /// with a map.
-    #[derive(Clone, Debug)]
-    #[non_exhaustive]
-    pub struct Config {
-        /// Flavor of the cluster this process runs in. Only [`ClusterFlavor::Workload`] runs
-        /// the reconciler. Default `WORKLOAD` for a `Config` built in code (building the
-        /// reconciler means running it); [`Config::from_lookup`] reads
-        /// [`Config::ENV_CLUSTER_FLAVOR`] as upstream does, unset meaning `VANILLA`.
-        cluster_flavor: ClusterFlavor => |flavor: ClusterFlavor| flavor;
-        /// Number of objects reconciled at once. Default 3 (environment:
-        /// [`Config::ENV_WORKER_THREADS`]).
-        worker_threads: NonZeroU16 => |n: NonZeroU16| n;
-        /// Give entity references of PV entities the supervisor ID instead of the cluster ID
-        /// (Go: the `TKGsHA` feature state, read at every reconcile). A `bool` for a fixed
-        /// state, or a [`FeatureState::follow`] of a channel for one that changes while the
-        /// reconciler runs. Default off.
-        use_supervisor_id_for_pv: FeatureState => |on: impl Into<FeatureState>| on.into();
-        /// The supervisor ID (`[Global] supervisor-id` of `csi-vsphere.conf`). Default empty.
-        supervisor_id: String => |id: impl Into<String>| id.into();
-        /// The cluster ID (`[Global] cluster-id` of `csi-vsphere.conf`). Default empty.
-        cluster_id: String => |id: impl Into<String>| id.into();
-        /// The vCenter user sent in each update's container cluster. Default empty.
-        vsphere_user: String => |user: impl Into<String>| user.into();
-        /// CSI driver whose volumes are pushed to CNS. Default `csi.vsphere.vmware.com`.
-        csi_driver: String => |driver: impl Into<String>| driver.into();
-        /// Upper bound of one backend call; a call that takes longer fails that volume.
-        /// Default 120 s.
-        backend_timeout: Duration => |timeout: Duration| timeout;
-        /// Margin added to the [backend timeout](Self::backend_timeout()) to give the
-        /// [settle period](Self::settle_period) of removed entries. Default 60 s.
-        ///
-        /// An update sent to CNS may still take effect after the call timed out, or after the
-        /// replica that sent it lost its lease. So when a spec edit removes an entity from CNS,
-        /// the record keeps it as a tombstone with the time of its removal; once the settle
-        /// period has passed, the removal is sent once more (undoing an update that landed
-        /// late) and the tombstone goes. Make the margin at least the leader election lease
-        /// duration (15 s by default); a longer one only keeps tombstones longer.
-        settle_margin: Duration => |margin: Duration| margin;
-        /// Reporting instance of published events (usually the pod name). Default none.
-        reporting_instance: Option<String> => |instance: impl Into<String>| Some(instance.into());
+    /// An update sent to CNS may still take effect after the call timed out, or after the
+    /// replica that sent it lost its lease. So when a spec edit removes an entity from CNS,
+    /// the record keeps it as a tombstone with the time of its removal; once the settle
+    /// period has passed, the removal is sent once more (undoing an update that landed
+    /// late) and the tombstone goes. Make the margin at least the leader election lease
+    /// duration (15 s by default); a longer one only keeps tombstones longer.
+    pub settle_margin: Duration,
+    /// Reporting instance of published events (usually the pod name). Default none.
+    pub reporting_instance: Option<String>,
+}
+
+// Each option's builder method, with the field's docs.
+impl Config {
+    /// Flavor of the cluster this process runs in. Only [`ClusterFlavor::Workload`] runs
+    /// the reconciler. Default `WORKLOAD` for a `Config` built in code (building the
+    /// reconciler means running it); [`Config::from_lookup`] reads
+    /// [`Config::ENV_CLUSTER_FLAVOR`] as upstream does, unset meaning `VANILLA`.
+    #[must_use]
+    pub fn cluster_flavor(mut self, flavor: ClusterFlavor) -> Self {
+        self.cluster_flavor = flavor;
+        self
+    }
+
+    /// Number of objects reconciled at once. Default 3 (environment:
+    /// [`Config::ENV_WORKER_THREADS`]).
+    #[must_use]
+    pub fn worker_threads(mut self, n: NonZeroU16) -> Self {
+        self.worker_threads = n;
+        self
+    }
+
+    /// Give entity references of PV entities the supervisor ID instead of the cluster ID
+    /// (Go: the `TKGsHA` feature state, read at every reconcile). A `bool` for a fixed
+    /// state, or a [`FeatureState::follow`] of a channel for one that changes while the
+    /// reconciler runs. Default off.
+    #[must_use]
+    pub fn use_supervisor_id_for_pv(mut self, on: impl Into<FeatureState>) -> Self {
+        self.use_supervisor_id_for_pv = on.into();
+        self
+    }
+
+    /// The supervisor ID (`[Global] supervisor-id` of `csi-vsphere.conf`). Default empty.
+    #[must_use]
+    pub fn supervisor_id(mut self, id: impl Into<String>) -> Self {
+        self.supervisor_id = id.into();
+        self
+    }
+
+    /// The cluster ID (`[Global] cluster-id` of `csi-vsphere.conf`). Default empty.
+    #[must_use]
+    pub fn cluster_id(mut self, id: impl Into<String>) -> Self {
+        self.cluster_id = id.into();
+        self
+    }
+
+    /// The vCenter user sent in each update's container cluster. Default empty.
+    #[must_use]
+    pub fn vsphere_user(mut self, user: impl Into<String>) -> Self {
+        self.vsphere_user = user.into();
+        self
+    }
+
+    /// CSI driver whose volumes are pushed to CNS. Default `csi.vsphere.vmware.com`.
+    #[must_use]
+    pub fn csi_driver(mut self, driver: impl Into<String>) -> Self {
+        self.csi_driver = driver.into();
+        self
+    }
+
+    /// Upper bound of one backend call; a call that takes longer fails that volume.
+    /// Default 120 s.
+    #[must_use]
+    pub fn backend_timeout(mut self, timeout: Duration) -> Self {
+        self.backend_timeout = timeout;
+        self
+    }
+
+    /// Margin added to the [backend timeout](Self::backend_timeout()) to give the
+    /// [settle period](Self::settle_period) of removed entries. Default 60 s.
+    ///
+    /// An update sent to CNS may still take effect after the call timed out, or after the
+    /// replica that sent it lost its lease. So when a spec edit removes an entity from CNS,
+    /// the record keeps it as a tombstone with the time of its removal; once the settle
+    /// period has passed, the removal is sent once more (undoing an update that landed
+    /// late) and the tombstone goes. Make the margin at least the leader election lease
+    /// duration (15 s by default); a longer one only keeps tombstones longer.
+    #[must_use]
+    pub fn settle_margin(mut self, margin: Duration) -> Self {
+        self.settle_margin = margin;
+        self
+    }
+
+    /// Reporting instance of published events (usually the pod name). Default none.
+    #[must_use]
+    pub fn reporting_instance(mut self, instance: impl Into<String>) -> Self {
+        self.reporting_instance = Some(instance.into());
+        self
     }
 }
 

@@ -208,178 +208,465 @@ impl Config {
     }
 }
 
-kube_controller_kit::options! {
-    /// Options for [`ProvisionController`](crate::ProvisionController); every option
-    /// has a documented default (the Go one).
+/// Options for [`ProvisionController`](crate::ProvisionController); every option
+/// has a documented default (the Go one).
+///
+/// Each option is a public field, read as `config.resync_period`, and a builder
+/// method of the same name, `.resync_period(Duration::from_secs(60))`. Setting
+/// never fails: the types carry the invariants. Checks across options are in
+/// [`Config::validate`], which `run` calls first.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Config {
+    /// How often every claim and volume is processed again even without a change
+    /// (Go `ResyncPeriod`). Default 15 minutes.
+    #[doc(alias = "ResyncPeriod")]
+    pub resync_period: Duration,
+    /// How many driver calls run at once: `provision` calls of the claim flow, and as
+    /// many `delete` calls of the volume flow (Go `Threadiness`, its number of claim
+    /// workers and of volume workers). Default 4.
     ///
-    /// Each option is a public field, read as `config.resync_period`, and a builder
-    /// method of the same name, `.resync_period(Duration::from_secs(60))`. Setting
-    /// never fails: the types carry the invariants. Checks across options are in
-    /// [`Config::validate`], which `run` calls first.
-    #[derive(Clone, Debug)]
-    #[non_exhaustive]
-    pub struct Config {
-        /// How often every claim and volume is processed again even without a change
-        /// (Go `ResyncPeriod`). Default 15 minutes.
-        #[doc(alias = "ResyncPeriod")]
-        resync_period: Duration;
-        /// How many driver calls run at once: `provision` calls of the claim flow, and as
-        /// many `delete` calls of the volume flow (Go `Threadiness`, its number of claim
-        /// workers and of volume workers). Default 4.
-        ///
-        /// Unlike Go's workers, a slot is held only for the driver call itself: the API writes
-        /// before and after it (the journal's intent, the PV, events) run in one of the
-        /// [`sync_workers`](Self::sync_workers()), so a slow API server does not leave the
-        /// driver idle.
-        #[doc(alias = "Threadiness")]
-        threads: NonZeroU16;
-        /// How many claims, and how many volumes, are synced at once (each key by one worker
-        /// at a time). A sync waits for one of the [`threads`](Self::threads()) slots only
-        /// around its driver call; the rest of it is API round trips, so this bounds the
-        /// requests the controller has in flight. Used as at least `threads`. Default
-        /// [`Config::DEFAULT_SYNC_WORKERS`] (128: a claim's sync waits for its journal intent
-        /// and its PV save, about 100 ms on a loaded API server, so 128 keep up with 1,000
-        /// claims/s); no Go counterpart (Go syncs `Threadiness` keys at once).
-        sync_workers: NonZeroU16;
-        /// How many requests the claim and volume syncs keep in flight to the API server at
-        /// most; watches and the leader election's lease renewals are not counted, the
-        /// crash-safety journal's group writes have 2 slots of their own (each lets a whole
-        /// group of claims go on, so it does not queue behind their PV writes), and event
-        /// writes an eighth of this bound (at least one) of their own (no claim waits for an event, so an
-        /// event never takes a PV create's slot). `None` leaves it unbounded (every sync worker may
-        /// have a request in flight). Default [`Config::DEFAULT_MAX_REQUESTS_IN_FLIGHT`] (16).
-        /// No Go counterpart (client-go bounds a client by QPS and burst instead).
-        max_requests_in_flight: Option<NonZeroUsize>;
-        /// Whether the bound of [`max_requests_in_flight`](Self::max_requests_in_flight())
-        /// adapts to the API server ([`InFlightLimit::adaptive`]): after 429 and 503 answers
-        /// (API Priority and Fairness rejecting requests, an overloaded server) the
-        /// controller keeps fewer in flight (down to one); once they stop, the bound grows
-        /// back to the maximum. Slow answers alone never shrink it (a busy server still
-        /// serves them, and APF already shares it among its clients). `false` keeps it
-        /// fixed. Default `true`. No Go counterpart.
-        ///
-        /// [`InFlightLimit::adaptive`]: kube_controller_kit::client::InFlightLimit::adaptive
-        adapt_requests_in_flight: bool;
-        /// Delay of failed claims and volumes (Go `ExponentialBackOffOnError`, `RateLimiter`).
-        /// Default [`FailureBackoff::Exponential`].
-        failure_backoff: FailureBackoff;
-        /// Attempts at a claim before giving up until its next change or resync; 0 retries
-        /// forever (Go `FailedProvisionThreshold`). Default 15.
-        ///
-        /// A claim whose provisioning runs in the background is never given up (see the
-        /// crate docs: this avoids leaking its volume).
-        #[doc(alias = "FailedProvisionThreshold")]
-        failed_provision_threshold: u32;
-        /// Attempts at deleting a volume before giving up until its next change or resync;
-        /// 0 retries forever (Go `FailedDeleteThreshold`). Default 15.
-        #[doc(alias = "FailedDeleteThreshold")]
-        failed_delete_threshold: u32;
-        /// How provisioned PVs are saved. Default [`PvSaveStrategy::Blocking`], 5 tries 10 s apart.
-        pv_save: PvSaveStrategy;
-        /// Leader election, or `None` to run without (Go `LeaderElection`, default on with
-        /// [`LeaderElection::default`]: the client's namespace (the service account's in a
-        /// pod; [`Config::from_lookup`] takes `POD_NAMESPACE` instead when set), 15 s / 10 s /
-        /// 2 s, the lease named after the provisioner, identity `<hostname>_<random>`).
-        #[doc(alias = "LeaderElectionNamespace")]
-        #[doc(alias = "LeaseDuration")]
-        #[doc(alias = "RenewDeadline")]
-        #[doc(alias = "RetryPeriod")]
-        leader_election: Option<LeaderElection>;
-        /// Further names this controller answers to in claims' storage-provisioner annotation
-        /// and classes' provisioner field (Go `AdditionalProvisionerNames`). Default none.
-        #[doc(alias = "AdditionalProvisionerNames")]
-        additional_provisioner_names: Vec<String>;
-        /// Put [`FINALIZER_PV`](crate::annotations::FINALIZER_PV) on provisioned PVs with reclaim
-        /// policy Delete, so they stay until their asset is deleted (Go `AddFinalizer`). Default off.
-        #[doc(alias = "AddFinalizer")]
-        add_finalizer: bool;
-        /// Limit of each API and backend call while provisioning (Go `ProvisionTimeout`).
-        /// Default none.
-        #[doc(alias = "ProvisionTimeout")]
-        provision_timeout: Option<Duration>;
-        /// Limit of each API and backend call while deleting (Go `DeletionTimeout`). Default none.
-        #[doc(alias = "DeletionTimeout")]
-        deletion_timeout: Option<Duration>;
-        /// The PV name for a claim (Go `VolumeNameHook`). Default `pvc-<claim uid>`.
-        #[doc(alias = "VolumeNameHook")]
-        volume_namer: VolumeNamer;
-        /// Address the metrics and probe server binds (Go `MetricsAddress`). Default `0.0.0.0`,
-        /// every interface, so the kubelet can probe the pod IP; restrict who may connect with
-        /// a NetworkPolicy (see docs/production.md), or bind `127.0.0.1` when nothing outside
-        /// the pod scrapes or probes it. The server closes connections that do not send
-        /// their request headers within 10 s and serves at most 64 connections at once.
-        #[doc(alias = "MetricsAddress")]
-        metrics_address: IpAddr;
-        /// Port of the metrics server, 0 = off (Go `MetricsPort`). Default 0.
-        #[doc(alias = "MetricsPort")]
-        metrics_port: u16;
-        /// Path of the metrics endpoint (Go `MetricsPath`). Default `/metrics`.
-        #[doc(alias = "MetricsPath")]
-        metrics_path: String;
-        /// On shutdown, how long the operations in flight may take to finish before they are
-        /// abandoned (and, when leading, the lease is released). Default
-        /// [`Config::DEFAULT_SHUTDOWN_GRACE`] (30 s); keep it below the pod's
-        /// `terminationGracePeriodSeconds`. Go has no such bound: it exits at once.
-        shutdown_grace: Duration;
-        /// Crash-safe provisioning. Default on.
-        ///
-        /// Before the driver is asked for an asset, the controller records the claim in its
-        /// provisioning journal (ConfigMaps in its own namespace, the Lease's), and waits until that record is durable; the record is settled once a
-        /// PV records the asset, or removed once the driver answered that none exists. A
-        /// controller that restarts at any point therefore finds every claim whose asset may
-        /// exist without a PV, and finishes it, saving a PV for the asset also when the claim
-        /// was deleted or bound elsewhere meanwhile (that PV is then released and reclaimed as
-        /// usual). Go leaks the asset (kubernetes-csi/external-provisioner#486). A PV that
-        /// cannot be saved keeps its asset: the claim is provisioned and saved again (Go deletes
-        /// the asset, which can destroy one that another replica's PV names). With
-        /// a [`LateAssets::window`](crate::LateAssets::window) the record
-        /// stays until the window has passed and the driver made its last sweep. Users' claims
-        /// and PVs carry nothing of it. Requires `configmaps` access in the controller's
-        /// namespace (see [`rbac`](crate::rbac)) and a driver whose `provision` is idempotent
-        /// by `pv_name` (see [`Provisioner`](crate::Provisioner)).
-        ///
-        /// Turning it off writes no journal (Go's behaviour), and a PV that cannot be saved has
-        /// its asset deleted (after a read right before each attempt shows no PV of its name);
-        /// a journal left from before is not read.
-        crash_safe_provisioning: bool;
-        /// The namespace of the provisioning journal's ConfigMaps; `None` (the default): the
-        /// controller's namespace, the Lease's.
-        ///
-        /// The journal's RBAC role covers every ConfigMap of its namespace (its objects'
-        /// names are not known in advance: they are numbered as the journal grows, and it
-        /// lists them by label), so a namespace that holds other ConfigMaps (a driver's
-        /// configuration, a feature-state map) would let the controller read and rewrite
-        /// them. A namespace of the journal's own keeps them out of reach: the manifests of
-        /// [`manifests`](crate::manifests) create `<namespace>-journal`.
-        /// [`Config::from_lookup`] takes `JOURNAL_NAMESPACE` when set. No Go counterpart.
-        journal_namespace: Option<String>;
-        /// How long an intent waits for company before the journal write that makes it durable
-        /// (every claim that reaches that point meanwhile shares the write), unless 8 intents
-        /// (or half the [`sync_workers`](Self::sync_workers()), when fewer) wait already:
-        /// then they are written at once. Zero (the default) writes an intent as soon as no
-        /// write of its journal object is in flight: the intents that arrive during a write
-        /// share the next one, so the groups grow with the load and a lone claim never
-        /// waits for company. Settles and removals wait ten times as long, at least 1 s.
-        /// Longer: fewer writes, later driver calls. Default
-        /// [`Config::DEFAULT_JOURNAL_COMMIT_DELAY`] (zero). No Go counterpart.
-        journal_commit_delay: Duration;
-        /// How many entries the journal holds at most: an intent that would exceed it waits
-        /// until settles and removals make room (provisioning is held back, nothing is
-        /// dropped). Default [`Config::DEFAULT_JOURNAL_CAPACITY`]. No Go counterpart.
-        journal_capacity: NonZeroUsize;
-        /// A claim whose journal intent is older than this gets a `ProvisioningHeld` Warning
-        /// event (once per controller process), so that a provisioning the driver keeps
-        /// answering with `InBackground` or `NoChange` is visible on the claim. Default
-        /// [`Config::DEFAULT_PROVISIONING_HELD_WARNING`] (10 minutes). No Go counterpart.
-        provisioning_held_warning: Duration;
-        /// How long a claim the driver called infeasible
-        /// ([`ProvisionError::Infeasible`](crate::ProvisionError::Infeasible)) waits before it
-        /// is provisioned again; re-creating its class ends the wait at once (Go
-        /// `RetryIntervalMax`, which Go uses only for this). The wait is not counted as a
-        /// failure. Default [`Config::DEFAULT_INFEASIBLE_RETRY_DELAY`] (5 minutes); zero
-        /// retries with the normal backoff.
-        #[doc(alias = "RetryIntervalMax")]
-        infeasible_retry_delay: Duration;
+    /// Unlike Go's workers, a slot is held only for the driver call itself: the API writes
+    /// before and after it (the journal's intent, the PV, events) run in one of the
+    /// [`sync_workers`](Self::sync_workers()), so a slow API server does not leave the
+    /// driver idle.
+    #[doc(alias = "Threadiness")]
+    pub threads: NonZeroU16,
+    /// How many claims, and how many volumes, are synced at once (each key by one worker
+    /// at a time). A sync waits for one of the [`threads`](Self::threads()) slots only
+    /// around its driver call; the rest of it is API round trips, so this bounds the
+    /// requests the controller has in flight. Used as at least `threads`. Default
+    /// [`Config::DEFAULT_SYNC_WORKERS`] (128: a claim's sync waits for its journal intent
+    /// and its PV save, about 100 ms on a loaded API server, so 128 keep up with 1,000
+    /// claims/s); no Go counterpart (Go syncs `Threadiness` keys at once).
+    pub sync_workers: NonZeroU16,
+    /// How many requests the claim and volume syncs keep in flight to the API server at
+    /// most; watches and the leader election's lease renewals are not counted, the
+    /// crash-safety journal's group writes have 2 slots of their own (each lets a whole
+    /// group of claims go on, so it does not queue behind their PV writes), and event
+    /// writes an eighth of this bound (at least one) of their own (no claim waits for an event, so an
+    /// event never takes a PV create's slot). `None` leaves it unbounded (every sync worker may
+    /// have a request in flight). Default [`Config::DEFAULT_MAX_REQUESTS_IN_FLIGHT`] (16).
+    /// No Go counterpart (client-go bounds a client by QPS and burst instead).
+    pub max_requests_in_flight: Option<NonZeroUsize>,
+    /// Whether the bound of [`max_requests_in_flight`](Self::max_requests_in_flight())
+    /// adapts to the API server ([`InFlightLimit::adaptive`]): after 429 and 503 answers
+    /// (API Priority and Fairness rejecting requests, an overloaded server) the
+    /// controller keeps fewer in flight (down to one); once they stop, the bound grows
+    /// back to the maximum. Slow answers alone never shrink it (a busy server still
+    /// serves them, and APF already shares it among its clients). `false` keeps it
+    /// fixed. Default `true`. No Go counterpart.
+    ///
+    /// [`InFlightLimit::adaptive`]: kube_controller_kit::client::InFlightLimit::adaptive
+    pub adapt_requests_in_flight: bool,
+    /// Delay of failed claims and volumes (Go `ExponentialBackOffOnError`, `RateLimiter`).
+    /// Default [`FailureBackoff::Exponential`].
+    pub failure_backoff: FailureBackoff,
+    /// Attempts at a claim before giving up until its next change or resync; 0 retries
+    /// forever (Go `FailedProvisionThreshold`). Default 15.
+    ///
+    /// A claim whose provisioning runs in the background is never given up (see the
+    /// crate docs: this avoids leaking its volume).
+    #[doc(alias = "FailedProvisionThreshold")]
+    pub failed_provision_threshold: u32,
+    /// Attempts at deleting a volume before giving up until its next change or resync;
+    /// 0 retries forever (Go `FailedDeleteThreshold`). Default 15.
+    #[doc(alias = "FailedDeleteThreshold")]
+    pub failed_delete_threshold: u32,
+    /// How provisioned PVs are saved. Default [`PvSaveStrategy::Blocking`], 5 tries 10 s apart.
+    pub pv_save: PvSaveStrategy,
+    /// Leader election, or `None` to run without (Go `LeaderElection`, default on with
+    /// [`LeaderElection::default`]: the client's namespace (the service account's in a
+    /// pod; [`Config::from_lookup`] takes `POD_NAMESPACE` instead when set), 15 s / 10 s /
+    /// 2 s, the lease named after the provisioner, identity `<hostname>_<random>`).
+    #[doc(alias = "LeaderElectionNamespace")]
+    #[doc(alias = "LeaseDuration")]
+    #[doc(alias = "RenewDeadline")]
+    #[doc(alias = "RetryPeriod")]
+    pub leader_election: Option<LeaderElection>,
+    /// Further names this controller answers to in claims' storage-provisioner annotation
+    /// and classes' provisioner field (Go `AdditionalProvisionerNames`). Default none.
+    #[doc(alias = "AdditionalProvisionerNames")]
+    pub additional_provisioner_names: Vec<String>,
+    /// Put [`FINALIZER_PV`](crate::annotations::FINALIZER_PV) on provisioned PVs with reclaim
+    /// policy Delete, so they stay until their asset is deleted (Go `AddFinalizer`). Default off.
+    #[doc(alias = "AddFinalizer")]
+    pub add_finalizer: bool,
+    /// Limit of each API and backend call while provisioning (Go `ProvisionTimeout`).
+    /// Default none.
+    #[doc(alias = "ProvisionTimeout")]
+    pub provision_timeout: Option<Duration>,
+    /// Limit of each API and backend call while deleting (Go `DeletionTimeout`). Default none.
+    #[doc(alias = "DeletionTimeout")]
+    pub deletion_timeout: Option<Duration>,
+    /// The PV name for a claim (Go `VolumeNameHook`). Default `pvc-<claim uid>`.
+    #[doc(alias = "VolumeNameHook")]
+    pub volume_namer: VolumeNamer,
+    /// Address the metrics and probe server binds (Go `MetricsAddress`). Default `0.0.0.0`,
+    /// every interface, so the kubelet can probe the pod IP; restrict who may connect with
+    /// a NetworkPolicy (see docs/production.md), or bind `127.0.0.1` when nothing outside
+    /// the pod scrapes or probes it. The server closes connections that do not send
+    /// their request headers within 10 s and serves at most 64 connections at once.
+    #[doc(alias = "MetricsAddress")]
+    pub metrics_address: IpAddr,
+    /// Port of the metrics server, 0 = off (Go `MetricsPort`). Default 0.
+    #[doc(alias = "MetricsPort")]
+    pub metrics_port: u16,
+    /// Path of the metrics endpoint (Go `MetricsPath`). Default `/metrics`.
+    #[doc(alias = "MetricsPath")]
+    pub metrics_path: String,
+    /// On shutdown, how long the operations in flight may take to finish before they are
+    /// abandoned (and, when leading, the lease is released). Default
+    /// [`Config::DEFAULT_SHUTDOWN_GRACE`] (30 s); keep it below the pod's
+    /// `terminationGracePeriodSeconds`. Go has no such bound: it exits at once.
+    pub shutdown_grace: Duration,
+    /// Crash-safe provisioning. Default on.
+    ///
+    /// Before the driver is asked for an asset, the controller records the claim in its
+    /// provisioning journal (ConfigMaps in its own namespace, the Lease's), and waits until that record is durable; the record is settled once a
+    /// PV records the asset, or removed once the driver answered that none exists. A
+    /// controller that restarts at any point therefore finds every claim whose asset may
+    /// exist without a PV, and finishes it, saving a PV for the asset also when the claim
+    /// was deleted or bound elsewhere meanwhile (that PV is then released and reclaimed as
+    /// usual). Go leaks the asset (kubernetes-csi/external-provisioner#486). A PV that
+    /// cannot be saved keeps its asset: the claim is provisioned and saved again (Go deletes
+    /// the asset, which can destroy one that another replica's PV names). With
+    /// a [`LateAssets::window`](crate::LateAssets::window) the record
+    /// stays until the window has passed and the driver made its last sweep. Users' claims
+    /// and PVs carry nothing of it. Requires `configmaps` access in the controller's
+    /// namespace (see [`rbac`](crate::rbac)) and a driver whose `provision` is idempotent
+    /// by `pv_name` (see [`Provisioner`](crate::Provisioner)).
+    ///
+    /// Turning it off writes no journal (Go's behaviour), and a PV that cannot be saved has
+    /// its asset deleted (after a read right before each attempt shows no PV of its name);
+    /// a journal left from before is not read.
+    pub crash_safe_provisioning: bool,
+    /// The namespace of the provisioning journal's ConfigMaps; `None` (the default): the
+    /// controller's namespace, the Lease's.
+    ///
+    /// The journal's RBAC role covers every ConfigMap of its namespace (its objects'
+    /// names are not known in advance: they are numbered as the journal grows, and it
+    /// lists them by label), so a namespace that holds other ConfigMaps (a driver's
+    /// configuration, a feature-state map) would let the controller read and rewrite
+    /// them. A namespace of the journal's own keeps them out of reach: the manifests of
+    /// [`manifests`](crate::manifests) create `<namespace>-journal`.
+    /// [`Config::from_lookup`] takes `JOURNAL_NAMESPACE` when set. No Go counterpart.
+    pub journal_namespace: Option<String>,
+    /// How long an intent waits for company before the journal write that makes it durable
+    /// (every claim that reaches that point meanwhile shares the write), unless 8 intents
+    /// (or half the [`sync_workers`](Self::sync_workers()), when fewer) wait already:
+    /// then they are written at once. Zero (the default) writes an intent as soon as no
+    /// write of its journal object is in flight: the intents that arrive during a write
+    /// share the next one, so the groups grow with the load and a lone claim never
+    /// waits for company. Settles and removals wait ten times as long, at least 1 s.
+    /// Longer: fewer writes, later driver calls. Default
+    /// [`Config::DEFAULT_JOURNAL_COMMIT_DELAY`] (zero). No Go counterpart.
+    pub journal_commit_delay: Duration,
+    /// How many entries the journal holds at most: an intent that would exceed it waits
+    /// until settles and removals make room (provisioning is held back, nothing is
+    /// dropped). Default [`Config::DEFAULT_JOURNAL_CAPACITY`]. No Go counterpart.
+    pub journal_capacity: NonZeroUsize,
+    /// A claim whose journal intent is older than this gets a `ProvisioningHeld` Warning
+    /// event (once per controller process), so that a provisioning the driver keeps
+    /// answering with `InBackground` or `NoChange` is visible on the claim. Default
+    /// [`Config::DEFAULT_PROVISIONING_HELD_WARNING`] (10 minutes). No Go counterpart.
+    pub provisioning_held_warning: Duration,
+    /// How long a claim the driver called infeasible
+    /// ([`ProvisionError::Infeasible`](crate::ProvisionError::Infeasible)) waits before it
+    /// is provisioned again; re-creating its class ends the wait at once (Go
+    /// `RetryIntervalMax`, which Go uses only for this). The wait is not counted as a
+    /// failure. Default [`Config::DEFAULT_INFEASIBLE_RETRY_DELAY`] (5 minutes); zero
+    /// retries with the normal backoff.
+    #[doc(alias = "RetryIntervalMax")]
+    pub infeasible_retry_delay: Duration,
+}
+
+// Each option's builder method, with the field's docs.
+impl Config {
+    /// How often every claim and volume is processed again even without a change
+    /// (Go `ResyncPeriod`). Default 15 minutes.
+    #[doc(alias = "ResyncPeriod")]
+    #[must_use]
+    pub fn resync_period(mut self, value: Duration) -> Self {
+        self.resync_period = value;
+        self
+    }
+
+    /// How many driver calls run at once: `provision` calls of the claim flow, and as
+    /// many `delete` calls of the volume flow (Go `Threadiness`, its number of claim
+    /// workers and of volume workers). Default 4.
+    ///
+    /// Unlike Go's workers, a slot is held only for the driver call itself: the API writes
+    /// before and after it (the journal's intent, the PV, events) run in one of the
+    /// [`sync_workers`](Self::sync_workers()), so a slow API server does not leave the
+    /// driver idle.
+    #[doc(alias = "Threadiness")]
+    #[must_use]
+    pub fn threads(mut self, value: NonZeroU16) -> Self {
+        self.threads = value;
+        self
+    }
+
+    /// How many claims, and how many volumes, are synced at once (each key by one worker
+    /// at a time). A sync waits for one of the [`threads`](Self::threads()) slots only
+    /// around its driver call; the rest of it is API round trips, so this bounds the
+    /// requests the controller has in flight. Used as at least `threads`. Default
+    /// [`Config::DEFAULT_SYNC_WORKERS`] (128: a claim's sync waits for its journal intent
+    /// and its PV save, about 100 ms on a loaded API server, so 128 keep up with 1,000
+    /// claims/s); no Go counterpart (Go syncs `Threadiness` keys at once).
+    #[must_use]
+    pub fn sync_workers(mut self, value: NonZeroU16) -> Self {
+        self.sync_workers = value;
+        self
+    }
+
+    /// How many requests the claim and volume syncs keep in flight to the API server at
+    /// most; watches and the leader election's lease renewals are not counted, the
+    /// crash-safety journal's group writes have 2 slots of their own (each lets a whole
+    /// group of claims go on, so it does not queue behind their PV writes), and event
+    /// writes an eighth of this bound (at least one) of their own (no claim waits for an event, so an
+    /// event never takes a PV create's slot). `None` leaves it unbounded (every sync worker may
+    /// have a request in flight). Default [`Config::DEFAULT_MAX_REQUESTS_IN_FLIGHT`] (16).
+    /// No Go counterpart (client-go bounds a client by QPS and burst instead).
+    #[must_use]
+    pub fn max_requests_in_flight(mut self, value: Option<NonZeroUsize>) -> Self {
+        self.max_requests_in_flight = value;
+        self
+    }
+
+    /// Whether the bound of [`max_requests_in_flight`](Self::max_requests_in_flight())
+    /// adapts to the API server ([`InFlightLimit::adaptive`]): after 429 and 503 answers
+    /// (API Priority and Fairness rejecting requests, an overloaded server) the
+    /// controller keeps fewer in flight (down to one); once they stop, the bound grows
+    /// back to the maximum. Slow answers alone never shrink it (a busy server still
+    /// serves them, and APF already shares it among its clients). `false` keeps it
+    /// fixed. Default `true`. No Go counterpart.
+    ///
+    /// [`InFlightLimit::adaptive`]: kube_controller_kit::client::InFlightLimit::adaptive
+    #[must_use]
+    pub fn adapt_requests_in_flight(mut self, value: bool) -> Self {
+        self.adapt_requests_in_flight = value;
+        self
+    }
+
+    /// Delay of failed claims and volumes (Go `ExponentialBackOffOnError`, `RateLimiter`).
+    /// Default [`FailureBackoff::Exponential`].
+    #[must_use]
+    pub fn failure_backoff(mut self, value: FailureBackoff) -> Self {
+        self.failure_backoff = value;
+        self
+    }
+
+    /// Attempts at a claim before giving up until its next change or resync; 0 retries
+    /// forever (Go `FailedProvisionThreshold`). Default 15.
+    ///
+    /// A claim whose provisioning runs in the background is never given up (see the
+    /// crate docs: this avoids leaking its volume).
+    #[doc(alias = "FailedProvisionThreshold")]
+    #[must_use]
+    pub fn failed_provision_threshold(mut self, value: u32) -> Self {
+        self.failed_provision_threshold = value;
+        self
+    }
+
+    /// Attempts at deleting a volume before giving up until its next change or resync;
+    /// 0 retries forever (Go `FailedDeleteThreshold`). Default 15.
+    #[doc(alias = "FailedDeleteThreshold")]
+    #[must_use]
+    pub fn failed_delete_threshold(mut self, value: u32) -> Self {
+        self.failed_delete_threshold = value;
+        self
+    }
+
+    /// How provisioned PVs are saved. Default [`PvSaveStrategy::Blocking`], 5 tries 10 s apart.
+    #[must_use]
+    pub fn pv_save(mut self, value: PvSaveStrategy) -> Self {
+        self.pv_save = value;
+        self
+    }
+
+    /// Leader election, or `None` to run without (Go `LeaderElection`, default on with
+    /// [`LeaderElection::default`]: the client's namespace (the service account's in a
+    /// pod; [`Config::from_lookup`] takes `POD_NAMESPACE` instead when set), 15 s / 10 s /
+    /// 2 s, the lease named after the provisioner, identity `<hostname>_<random>`).
+    #[doc(alias = "LeaderElectionNamespace")]
+    #[doc(alias = "LeaseDuration")]
+    #[doc(alias = "RenewDeadline")]
+    #[doc(alias = "RetryPeriod")]
+    #[must_use]
+    pub fn leader_election(mut self, value: Option<LeaderElection>) -> Self {
+        self.leader_election = value;
+        self
+    }
+
+    /// Further names this controller answers to in claims' storage-provisioner annotation
+    /// and classes' provisioner field (Go `AdditionalProvisionerNames`). Default none.
+    #[doc(alias = "AdditionalProvisionerNames")]
+    #[must_use]
+    pub fn additional_provisioner_names(mut self, value: Vec<String>) -> Self {
+        self.additional_provisioner_names = value;
+        self
+    }
+
+    /// Put [`FINALIZER_PV`](crate::annotations::FINALIZER_PV) on provisioned PVs with reclaim
+    /// policy Delete, so they stay until their asset is deleted (Go `AddFinalizer`). Default off.
+    #[doc(alias = "AddFinalizer")]
+    #[must_use]
+    pub fn add_finalizer(mut self, value: bool) -> Self {
+        self.add_finalizer = value;
+        self
+    }
+
+    /// Limit of each API and backend call while provisioning (Go `ProvisionTimeout`).
+    /// Default none.
+    #[doc(alias = "ProvisionTimeout")]
+    #[must_use]
+    pub fn provision_timeout(mut self, value: Option<Duration>) -> Self {
+        self.provision_timeout = value;
+        self
+    }
+
+    /// Limit of each API and backend call while deleting (Go `DeletionTimeout`). Default none.
+    #[doc(alias = "DeletionTimeout")]
+    #[must_use]
+    pub fn deletion_timeout(mut self, value: Option<Duration>) -> Self {
+        self.deletion_timeout = value;
+        self
+    }
+
+    /// The PV name for a claim (Go `VolumeNameHook`). Default `pvc-<claim uid>`.
+    #[doc(alias = "VolumeNameHook")]
+    #[must_use]
+    pub fn volume_namer(mut self, value: VolumeNamer) -> Self {
+        self.volume_namer = value;
+        self
+    }
+
+    /// Address the metrics and probe server binds (Go `MetricsAddress`). Default `0.0.0.0`,
+    /// every interface, so the kubelet can probe the pod IP; restrict who may connect with
+    /// a NetworkPolicy (see docs/production.md), or bind `127.0.0.1` when nothing outside
+    /// the pod scrapes or probes it. The server closes connections that do not send
+    /// their request headers within 10 s and serves at most 64 connections at once.
+    #[doc(alias = "MetricsAddress")]
+    #[must_use]
+    pub fn metrics_address(mut self, value: IpAddr) -> Self {
+        self.metrics_address = value;
+        self
+    }
+
+    /// Port of the metrics server, 0 = off (Go `MetricsPort`). Default 0.
+    #[doc(alias = "MetricsPort")]
+    #[must_use]
+    pub fn metrics_port(mut self, value: u16) -> Self {
+        self.metrics_port = value;
+        self
+    }
+
+    /// Path of the metrics endpoint (Go `MetricsPath`). Default `/metrics`.
+    #[doc(alias = "MetricsPath")]
+    #[must_use]
+    pub fn metrics_path(mut self, value: String) -> Self {
+        self.metrics_path = value;
+        self
+    }
+
+    /// On shutdown, how long the operations in flight may take to finish before they are
+    /// abandoned (and, when leading, the lease is released). Default
+    /// [`Config::DEFAULT_SHUTDOWN_GRACE`] (30 s); keep it below the pod's
+    /// `terminationGracePeriodSeconds`. Go has no such bound: it exits at once.
+    #[must_use]
+    pub fn shutdown_grace(mut self, value: Duration) -> Self {
+        self.shutdown_grace = value;
+        self
+    }
+
+    /// Crash-safe provisioning. Default on.
+    ///
+    /// Before the driver is asked for an asset, the controller records the claim in its
+    /// provisioning journal (ConfigMaps in its own namespace, the Lease's), and waits until that record is durable; the record is settled once a
+    /// PV records the asset, or removed once the driver answered that none exists. A
+    /// controller that restarts at any point therefore finds every claim whose asset may
+    /// exist without a PV, and finishes it, saving a PV for the asset also when the claim
+    /// was deleted or bound elsewhere meanwhile (that PV is then released and reclaimed as
+    /// usual). Go leaks the asset (kubernetes-csi/external-provisioner#486). A PV that
+    /// cannot be saved keeps its asset: the claim is provisioned and saved again (Go deletes
+    /// the asset, which can destroy one that another replica's PV names). With
+    /// a [`LateAssets::window`](crate::LateAssets::window) the record
+    /// stays until the window has passed and the driver made its last sweep. Users' claims
+    /// and PVs carry nothing of it. Requires `configmaps` access in the controller's
+    /// namespace (see [`rbac`](crate::rbac)) and a driver whose `provision` is idempotent
+    /// by `pv_name` (see [`Provisioner`](crate::Provisioner)).
+    ///
+    /// Turning it off writes no journal (Go's behaviour), and a PV that cannot be saved has
+    /// its asset deleted (after a read right before each attempt shows no PV of its name);
+    /// a journal left from before is not read.
+    #[must_use]
+    pub fn crash_safe_provisioning(mut self, value: bool) -> Self {
+        self.crash_safe_provisioning = value;
+        self
+    }
+
+    /// The namespace of the provisioning journal's ConfigMaps; `None` (the default): the
+    /// controller's namespace, the Lease's.
+    ///
+    /// The journal's RBAC role covers every ConfigMap of its namespace (its objects'
+    /// names are not known in advance: they are numbered as the journal grows, and it
+    /// lists them by label), so a namespace that holds other ConfigMaps (a driver's
+    /// configuration, a feature-state map) would let the controller read and rewrite
+    /// them. A namespace of the journal's own keeps them out of reach: the manifests of
+    /// [`manifests`](crate::manifests) create `<namespace>-journal`.
+    /// [`Config::from_lookup`] takes `JOURNAL_NAMESPACE` when set. No Go counterpart.
+    #[must_use]
+    pub fn journal_namespace(mut self, value: Option<String>) -> Self {
+        self.journal_namespace = value;
+        self
+    }
+
+    /// How long an intent waits for company before the journal write that makes it durable
+    /// (every claim that reaches that point meanwhile shares the write), unless 8 intents
+    /// (or half the [`sync_workers`](Self::sync_workers()), when fewer) wait already:
+    /// then they are written at once. Zero (the default) writes an intent as soon as no
+    /// write of its journal object is in flight: the intents that arrive during a write
+    /// share the next one, so the groups grow with the load and a lone claim never
+    /// waits for company. Settles and removals wait ten times as long, at least 1 s.
+    /// Longer: fewer writes, later driver calls. Default
+    /// [`Config::DEFAULT_JOURNAL_COMMIT_DELAY`] (zero). No Go counterpart.
+    #[must_use]
+    pub fn journal_commit_delay(mut self, value: Duration) -> Self {
+        self.journal_commit_delay = value;
+        self
+    }
+
+    /// How many entries the journal holds at most: an intent that would exceed it waits
+    /// until settles and removals make room (provisioning is held back, nothing is
+    /// dropped). Default [`Config::DEFAULT_JOURNAL_CAPACITY`]. No Go counterpart.
+    #[must_use]
+    pub fn journal_capacity(mut self, value: NonZeroUsize) -> Self {
+        self.journal_capacity = value;
+        self
+    }
+
+    /// A claim whose journal intent is older than this gets a `ProvisioningHeld` Warning
+    /// event (once per controller process), so that a provisioning the driver keeps
+    /// answering with `InBackground` or `NoChange` is visible on the claim. Default
+    /// [`Config::DEFAULT_PROVISIONING_HELD_WARNING`] (10 minutes). No Go counterpart.
+    #[must_use]
+    pub fn provisioning_held_warning(mut self, value: Duration) -> Self {
+        self.provisioning_held_warning = value;
+        self
+    }
+
+    /// How long a claim the driver called infeasible
+    /// ([`ProvisionError::Infeasible`](crate::ProvisionError::Infeasible)) waits before it
+    /// is provisioned again; re-creating its class ends the wait at once (Go
+    /// `RetryIntervalMax`, which Go uses only for this). The wait is not counted as a
+    /// failure. Default [`Config::DEFAULT_INFEASIBLE_RETRY_DELAY`] (5 minutes); zero
+    /// retries with the normal backoff.
+    #[doc(alias = "RetryIntervalMax")]
+    #[must_use]
+    pub fn infeasible_retry_delay(mut self, value: Duration) -> Self {
+        self.infeasible_retry_delay = value;
+        self
     }
 }
 
@@ -427,7 +714,6 @@ mod tests {
 
     #[test]
     fn validation_names_the_invalid_option() {
-        use kube_controller_kit::leader::LeaderElectionOption as Le;
         let cases: Vec<(&str, Config, Option<ConfigOption>)> = vec![
             ("defaults are valid", Config::default(), None),
             (
@@ -438,17 +724,17 @@ mod tests {
             (
                 "renew deadline not shorter than lease",
                 Config::default().leader_election(election(10, 10, 2)),
-                Some(ConfigOption::LeaderElection(Le::RenewDeadline)),
+                Some(ConfigOption::RenewDeadline),
             ),
             (
                 "renew deadline not above the jittered retry period",
                 Config::default().leader_election(election(15, 10, 10)),
-                Some(ConfigOption::LeaderElection(Le::RenewDeadline)),
+                Some(ConfigOption::RenewDeadline),
             ),
             (
                 "zero retry period",
                 Config::default().leader_election(election(15, 10, 0)),
-                Some(ConfigOption::LeaderElection(Le::RetryPeriod)),
+                Some(ConfigOption::RetryPeriod),
             ),
             (
                 "empty namespace: the client's",
@@ -458,7 +744,7 @@ mod tests {
             (
                 "namespace with whitespace",
                 Config::default().leader_election(Some(LeaderElection::default().namespace(" n"))),
-                Some(ConfigOption::LeaderElection(Le::Namespace)),
+                Some(ConfigOption::LeaseNamespace),
             ),
             (
                 "election off skips its checks",

@@ -115,8 +115,21 @@ pub enum ConfigOption {
     FailedDeleteThreshold,
     /// [`Config::pv_save`](crate::Config::pv_save()).
     PvSave,
-    /// One option of [`Config::leader_election`](crate::Config::leader_election()).
-    LeaderElection(crate::LeaderElectionOption),
+    /// [`Config::leader_election`](crate::Config::leader_election()) as a whole.
+    LeaderElection,
+    /// [`LeaderElection::lease_name`](crate::LeaderElection::lease_name()).
+    LeaseName,
+    /// [`LeaderElection::namespace`](crate::LeaderElection::namespace()) (Go
+    /// `LeaderElectionNamespace`).
+    LeaseNamespace,
+    /// [`LeaderElection::identity`](crate::LeaderElection::identity()).
+    LeaseIdentity,
+    /// [`LeaderElection::lease_duration`](crate::LeaderElection::lease_duration()).
+    LeaseDuration,
+    /// [`LeaderElection::renew_deadline`](crate::LeaderElection::renew_deadline()).
+    RenewDeadline,
+    /// [`LeaderElection::retry_period`](crate::LeaderElection::retry_period()).
+    RetryPeriod,
     /// [`Config::additional_provisioner_names`](crate::Config::additional_provisioner_names()).
     AdditionalProvisionerNames,
     /// [`Config::add_finalizer`](crate::Config::add_finalizer()).
@@ -146,7 +159,6 @@ impl ConfigOption {
     /// leader election as `"leader_election.renew_deadline"`.
     #[must_use]
     pub fn name(self) -> &'static str {
-        use crate::LeaderElectionOption as Le;
         match self {
             Self::ResyncPeriod => "resync_period",
             Self::Threads => "threads",
@@ -155,13 +167,13 @@ impl ConfigOption {
             Self::FailedProvisionThreshold => "failed_provision_threshold",
             Self::FailedDeleteThreshold => "failed_delete_threshold",
             Self::PvSave => "pv_save",
-            Self::LeaderElection(Le::LeaseName) => "leader_election.lease_name",
-            Self::LeaderElection(Le::Namespace) => "leader_election.namespace",
-            Self::LeaderElection(Le::Identity) => "leader_election.identity",
-            Self::LeaderElection(Le::LeaseDuration) => "leader_election.lease_duration",
-            Self::LeaderElection(Le::RenewDeadline) => "leader_election.renew_deadline",
-            Self::LeaderElection(Le::RetryPeriod) => "leader_election.retry_period",
-            Self::LeaderElection(_) => "leader_election",
+            Self::LeaderElection => "leader_election",
+            Self::LeaseName => "leader_election.lease_name",
+            Self::LeaseNamespace => "leader_election.namespace",
+            Self::LeaseIdentity => "leader_election.identity",
+            Self::LeaseDuration => "leader_election.lease_duration",
+            Self::RenewDeadline => "leader_election.renew_deadline",
+            Self::RetryPeriod => "leader_election.retry_period",
             Self::AdditionalProvisionerNames => "additional_provisioner_names",
             Self::AddFinalizer => "add_finalizer",
             Self::ProvisionTimeout => "provision_timeout",
@@ -188,7 +200,13 @@ impl ConfigOption {
             Self::FailedProvisionThreshold => Some("FailedProvisionThreshold"),
             Self::FailedDeleteThreshold => Some("FailedDeleteThreshold"),
             Self::PvSave => Some("CreateProvisionedPVBackoff"),
-            Self::LeaderElection(option) => option.go_name(),
+            Self::LeaderElection => Some("LeaderElection"),
+            Self::LeaseName => None,
+            Self::LeaseNamespace => Some("LeaderElectionNamespace"),
+            Self::LeaseIdentity => Some("Identity"),
+            Self::LeaseDuration => Some("LeaseDuration"),
+            Self::RenewDeadline => Some("RenewDeadline"),
+            Self::RetryPeriod => Some("RetryPeriod"),
             Self::AdditionalProvisionerNames => Some("AdditionalProvisionerNames"),
             Self::AddFinalizer => Some("AddFinalizer"),
             Self::ProvisionTimeout => Some("ProvisionTimeout"),
@@ -206,12 +224,6 @@ impl ConfigOption {
 impl std::fmt::Display for ConfigOption {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         kube_controller_kit::write_option_name(f, self.name(), self.go_name())
-    }
-}
-
-impl From<crate::LeaderElectionOption> for ConfigOption {
-    fn from(option: crate::LeaderElectionOption) -> Self {
-        Self::LeaderElection(option)
     }
 }
 
@@ -246,13 +258,8 @@ impl ConfigError {
     }
 }
 
-impl From<crate::InvalidLeaderElection> for ConfigError {
-    fn from(error: crate::InvalidLeaderElection) -> Self {
-        Self::invalid(error.option.into(), error.reason)
-    }
-}
-
-/// Why [`ProvisionController::run`](crate::ProvisionController::run) failed.
+/// Why the controller could not run: [`ProvisionController::run`](crate::ProvisionController::run)'s
+/// errors, and those of the [`client`](crate::client) functions a binary calls before it.
 ///
 /// The causes below the configuration are boxed: they come from the crates the controller
 /// is built on, whose types are not part of this crate's API. Print the whole chain with
@@ -284,6 +291,11 @@ pub enum Error {
     /// The metrics and probe server could not start.
     #[error("metrics and probe server failed")]
     Http(#[source] BoxError),
+    /// The Kubernetes client could not be built, or the API server did not answer
+    /// [`client::check`](crate::client::check): no configuration found, TLS material or
+    /// credentials unusable, the server unreachable or refusing them (the text says which).
+    #[error(transparent)]
+    Client(BoxError),
 }
 
 impl Error {

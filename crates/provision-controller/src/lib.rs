@@ -6,8 +6,8 @@
 //! |---|---|
 //! | a driver implements | [`Provisioner`] (`provision`, `delete`, `supports_block`), with [`ProvisionOptions`], [`ProvisionError`], [`DeleteError`] |
 //! | a driver may opt into | [`Qualifier`], [`DeletionGuard`], [`AssetLookup`], [`LateAssets`] (handed to the builder) |
-//! | the binary runs | [`client`] (`infer`, `check`, `from_config`, `for_leader_election`, [`ClientError`](client::ClientError)), [`ProvisionController`] (`new`, builder methods, `run(shutdown)`), [`Config`], [`LeaderElection`], [`shutdown_signal`]; [`Error`] from `run`, printed with [`error_chain`] |
-//! | options with more than one form | [`FailureBackoff`] and [`PvSaveStrategy`] (a caller's [`RateLimiter`]), [`VolumeNamer`], [`SharedCache`]; [`ConfigError`] names a bad option ([`ConfigOption`], [`LeaderElectionOption`], from [`InvalidLeaderElection`]) |
+//! | the binary runs | [`client`] (`infer`, `check`, `from_config`, `for_leader_election`), [`ProvisionController`] (`new`, builder methods, `run(shutdown)`), [`Config`], [`LeaderElection`], [`shutdown_signal`]; [`Error`] from `run`, printed with [`error_chain`] |
+//! | options with more than one form | [`FailureBackoff`] and [`PvSaveStrategy`] (a caller's [`RateLimiter`]), [`VolumeNamer`], [`SharedCache`]; [`ConfigError`] names a bad option ([`ConfigOption`]) |
 //! | one election for several controllers | [`Health`] (`/readyz` and the role, shared), [`Leading`] (what another controller follows) |
 //! | operators | [`manifests`] (the objects a driver needs in a cluster, as YAML), [`rbac`] (the permissions), [`annotations`] (the names on objects), [`Uninstall`] / [`UninstallReport`] / [`JournalRecord`] |
 //! | tests (feature `testing`) | `testing::DriverTest`, `testing::conformance`, `testing::FakeProvisioner`, object builders |
@@ -27,6 +27,7 @@ mod cache;
 pub mod client;
 mod config;
 mod controller;
+mod election;
 mod error;
 mod events;
 mod health;
@@ -54,6 +55,7 @@ pub use tokio;
 pub use cache::SharedCache;
 pub use config::{Config, VolumeNamer};
 pub use controller::ProvisionController;
+pub use election::LeaderElection;
 pub use error::{ConfigError, ConfigOption, DeleteError, Error, ProvisionError};
 pub use health::Health;
 pub use journal::{JournalRecord, Uninstall, UninstallReport};
@@ -61,10 +63,7 @@ pub use journal::{JournalRecord, Uninstall, UninstallReport};
 /// the API server's answers and connection failures in words: what a binary prints (see
 /// kube-controller-kit's `error::chain`).
 pub use kube_controller_kit::error::chain as error_chain;
-pub use kube_controller_kit::{
-    backoff::RateLimiter,
-    leader::{InvalidLeaderElection, LeaderElection, LeaderElectionOption, Leading},
-};
+pub use kube_controller_kit::{backoff::RateLimiter, leader::Leading};
 pub use provisioner::{
     AssetLookup, DeletionGuard, LateAssets, ProvisionOptions, Provisioner, Qualifier,
 };

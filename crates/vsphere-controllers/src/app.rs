@@ -318,10 +318,10 @@ async fn run_reconciler(
 }
 
 impl Running {
-    /// The provision controller's health as its probes serve it: whether its caches
-    /// synced, and its role ([`Health::role`]: starting, standing by, leading, stopping).
-    /// The role turns from leading to stopping the moment the lease is lost, before
-    /// [`run_until`](Self::run_until) returns.
+    /// The provision controller's health as its probes serve it
+    /// ([`Health::readiness`]: starting, caches not synced, stopping, an unmet condition)
+    /// and whether it leads ([`Health::is_leading`]). It stops leading the moment the
+    /// lease is lost, before [`run_until`](Self::run_until) returns.
     pub fn health(&self) -> &Health {
         &self.health
     }

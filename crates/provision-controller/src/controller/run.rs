@@ -115,7 +115,7 @@ pub(super) async fn run(
 
     let mut elector = match &config.leader_election {
         Some(election) => {
-            let election = election.clone().resolved_for(&name);
+            let election = election.clone().resolved_for(&name).to_kit();
             let client = leader_client.unwrap_or_else(|| client.clone());
             Some(LeaderElector::new(client, election).map_err(Error::leader_election)?)
         }
