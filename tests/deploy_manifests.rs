@@ -89,8 +89,9 @@ fn one(docs: &[serde_json::Value], kind: &str) -> serde_json::Value {
     found[0].clone()
 }
 
-/// The service account every binding names, and that it is the one in `docs`.
-fn bound_account(docs: &[serde_json::Value]) -> (String, String) {
+/// The service account every binding names, and that it is the one in `docs`: a
+/// ClusterRoleBinding and `role_bindings` RoleBindings, each naming a role in the file.
+fn bound_account(docs: &[serde_json::Value], role_bindings: usize) -> (String, String) {
     let account = &docs.iter().find(|d| d["kind"] == "ServiceAccount").unwrap()["metadata"];
     let account = (
         account["name"].as_str().unwrap().to_owned(),
@@ -100,7 +101,11 @@ fn bound_account(docs: &[serde_json::Value]) -> (String, String) {
         .iter()
         .filter(|d| d["kind"] == "ClusterRoleBinding" || d["kind"] == "RoleBinding")
         .collect();
-    assert_eq!(bindings.len(), 2, "a ClusterRoleBinding and a RoleBinding");
+    assert_eq!(
+        bindings.len(),
+        1 + role_bindings,
+        "a ClusterRoleBinding and {role_bindings} RoleBinding(s)"
+    );
     for binding in bindings {
         let subjects = binding["subjects"].as_array().unwrap();
         assert_eq!(subjects.len(), 1, "{binding}");
@@ -145,7 +150,7 @@ fn the_example_rbac_grants_exactly_what_the_controller_uses() {
             &lease
         )
     );
-    let (account, namespace) = bound_account(&docs);
+    let (account, namespace) = bound_account(&docs, 1);
     assert_eq!(
         (account.as_str(), namespace.as_str()),
         ("example-provisioner", "example-provisioner")
@@ -269,7 +274,18 @@ fn the_vsphere_rbac_grants_exactly_what_both_controllers_use() {
         .chain(rbac::JOURNAL_PERMISSIONS)
         .chain(rbac::FEATURE_STATES_PERMISSIONS);
     assert_eq!(granted(&docs, "Role"), flatten(namespaced, &lease));
-    bound_account(&docs);
+    // The journal in a namespace of its own, the Lease and the feature-state ConfigMap in
+    // the controller's.
+    let (_, namespace) = bound_account(&docs, 2);
+    let home = rbac::LEADER_ELECTION_PERMISSIONS
+        .iter()
+        .chain(rbac::FEATURE_STATES_PERMISSIONS);
+    assert_eq!(granted_in(&docs, &namespace), flatten(home, &lease));
+    let journal = format!("{namespace}-journal");
+    assert_eq!(
+        granted_in(&docs, &journal),
+        flatten(rbac::JOURNAL_PERMISSIONS, &lease)
+    );
 }
 
 fn http_path(probe: &Option<Probe>) -> Option<(&str, String)> {
@@ -306,7 +322,7 @@ fn the_example_deployment_probes_readyz_and_outlasts_the_stop() {
     // The Deployment runs in the namespace of the RBAC's service account (where its Role
     // grants the Lease and the journal), and tells the controller so.
     let rbac = documents(include_str!("../examples/deploy/provisioner-rbac.yaml"));
-    let (account, namespace) = bound_account(&rbac);
+    let (account, namespace) = bound_account(&rbac, 1);
     assert_eq!(
         deployment.metadata.namespace.as_deref(),
         Some(namespace.as_str())
@@ -338,7 +354,7 @@ fn the_example_deployment_probes_readyz_and_outlasts_the_stop() {
 #[test]
 fn the_vsphere_deployment_runs_two_replicas_with_probes_and_the_secret_config() {
     let rbac = documents(include_str!("../examples/deploy/vsphere-rbac.yaml"));
-    let (account, namespace) = bound_account(&rbac);
+    let (account, namespace) = bound_account(&rbac, 2);
     let docs = documents(include_str!("../examples/deploy/vsphere-deployment.yaml"));
     let deployment: Deployment = serde_json::from_value(one(&docs, "Deployment")).unwrap();
     let secret: Secret = serde_json::from_value(one(&docs, "Secret")).unwrap();
@@ -375,6 +391,21 @@ fn the_vsphere_deployment_runs_two_replicas_with_probes_and_the_secret_config() 
     };
     let pod_namespace = env("POD_NAMESPACE").value_from.unwrap().field_ref.unwrap();
     assert_eq!(pod_namespace.field_path, "metadata.namespace");
+    // The journal where the RBAC grants it: a namespace of its own, created by the file.
+    let journal = env("JOURNAL_NAMESPACE").value.unwrap();
+    assert_ne!(journal, namespace, "the journal has a namespace of its own");
+    assert_eq!(
+        granted_in(&rbac, &journal),
+        flatten(
+            vsphere_controllers::rbac::JOURNAL_PERMISSIONS,
+            &LeaderElection::lease_name_for(vsphere_cns::CSI_DRIVER)
+        )
+    );
+    assert!(
+        rbac.iter()
+            .any(|d| d["kind"] == "Namespace" && d["metadata"]["name"] == journal.as_str()),
+        "the RBAC file creates the journal's namespace"
+    );
 
     // The Secret holds a csi-vsphere.conf that parses, mounted read-only where the binary
     // looks by default, readable by owner and group (fsGroup) only.

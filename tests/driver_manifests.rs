@@ -553,11 +553,10 @@ fn permission_grants(
 ///   `vsphere_controllers::rbac::METADATA_PERMISSIONS` and `CRD_PERMISSIONS` in the
 ///   ClusterRole, `FEATURE_STATES_PERMISSIONS` (the feature-state ConfigMap, by name) in
 ///   the namespace;
-/// - the journal: generated in a namespace of its own (`vmware-system-csi-journal`), shipped
-///   in the controller's namespace, where its Role reaches every ConfigMap, the supervisor's
-///   `csi-feature-states` included. The vSphere binary reads `JOURNAL_NAMESPACE` (through
-///   `provision_controller::Config::from_lookup`), so the shipped files can follow the
-///   generated layout; until they do, this test pins the difference.
+/// - the journal is where the generated manifests put it, in a namespace of its own
+///   (`vmware-system-csi-journal`, `JOURNAL_NAMESPACE` in the shipped Deployment), so its
+///   Role reaches no ConfigMap of the controller's namespace (the supervisor's
+///   `csi-feature-states` is listed and watched by name only).
 #[test]
 fn the_vsphere_rbac_is_the_generated_driver_rbac_plus_the_reconcilers_rules() {
     use vsphere_controllers::rbac::{
@@ -591,16 +590,18 @@ fn the_vsphere_rbac_is_the_generated_driver_rbac_plus_the_reconcilers_rules() {
         None
     )));
 
-    // The controller's namespace: the generated Lease rules, the feature-state ConfigMap by
-    // name, and the generated journal rules moved over from the journal's namespace.
+    // The controller's namespace: the generated Lease rules and the feature-state ConfigMap
+    // by name; the journal's namespace: the generated journal rules, unchanged.
     let journal_namespace = format!("{CSI_NAMESPACE}-journal");
     let journal = in_namespace(&generated, &journal_namespace);
     assert!(!journal.is_empty(), "the generated journal Role");
+    assert_eq!(
+        in_namespace(&shipped, &journal_namespace),
+        journal,
+        "the Role in {journal_namespace}"
+    );
     let mut expected = in_namespace(&generated, CSI_NAMESPACE);
     expected.extend(permission_grants(CSI_NAMESPACE, FEATURE_STATES_PERMISSIONS));
-    expected.extend(journal.into_iter().map(|(_, group, resource, verb, name)| {
-        (CSI_NAMESPACE.to_owned(), group, resource, verb, name)
-    }));
     assert_eq!(
         in_namespace(&shipped, CSI_NAMESPACE),
         expected,
@@ -610,7 +611,7 @@ fn the_vsphere_rbac_is_the_generated_driver_rbac_plus_the_reconcilers_rules() {
     let namespaces: std::collections::BTreeSet<_> = shipped.iter().map(|g| g.0.clone()).collect();
     assert_eq!(
         namespaces,
-        [String::new(), CSI_NAMESPACE.to_owned()].into(),
+        [String::new(), CSI_NAMESPACE.to_owned(), journal_namespace].into(),
         "the shipped roles' namespaces"
     );
 }

@@ -102,6 +102,10 @@ struct UninstallArgs {
     /// The controller's Lease name; default the provisioner name with '/' replaced by '-'.
     #[arg(long, value_name = "NAME")]
     lease_name: Option<String>,
+    /// The namespace of the controller's journal; default `JOURNAL_NAMESPACE`, else the
+    /// controller's namespace.
+    #[arg(long, value_name = "NAMESPACE")]
+    journal_namespace: Option<String>,
 }
 
 impl Cli {
@@ -145,6 +149,7 @@ impl Cli {
                 provisioner_name: self.provisioner_name,
                 namespace: u.namespace,
                 lease_name: u.lease_name,
+                journal_namespace: u.journal_namespace,
                 remove_pv_finalizers: u.remove_pv_finalizers,
             };
             return crate::uninstall(&options, env, out).await.map(drop);

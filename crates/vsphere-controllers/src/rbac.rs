@@ -1,8 +1,9 @@
 //! The API permissions the vSphere application uses, for writing its RBAC rules: a
 //! ClusterRole of [`cluster_permissions`] (the provision controller's rules and the
-//! `CnsVolumeMetadata` reconciler's), and a Role, in the Deployment's namespace, of
-//! [`LEADER_ELECTION_PERMISSIONS`], [`JOURNAL_PERMISSIONS`] and
-//! [`FEATURE_STATES_PERMISSIONS`]. `examples/deploy/vsphere-rbac.yaml` grants exactly
+//! `CnsVolumeMetadata` reconciler's), a Role in the Deployment's namespace of
+//! [`LEADER_ELECTION_PERMISSIONS`] and [`FEATURE_STATES_PERMISSIONS`], and a Role of
+//! [`JOURNAL_PERMISSIONS`] in the journal's namespace of its own (`JOURNAL_NAMESPACE`,
+//! `vmware-system-csi-journal` in the example deployment). `examples/deploy/vsphere-rbac.yaml` grants exactly
 //! these (the repository's `tests/deploy_manifests.rs` keeps them equal); the demo's own
 //! calls need no rule.
 

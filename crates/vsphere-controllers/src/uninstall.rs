@@ -29,6 +29,10 @@ pub struct UninstallOptions {
     /// The controller's Lease name (`--lease-name`); else the one it uses, the provisioner
     /// name with `/` replaced by `-`.
     pub lease_name: Option<String>,
+    /// The namespace of the controller's journal (`--journal-namespace`); else
+    /// `JOURNAL_NAMESPACE`, as the controller itself takes it, else the controller's
+    /// namespace.
+    pub journal_namespace: Option<String>,
     /// Also remove [`FINALIZER_PV`] from the PVs this provisioner made
     /// (`--remove-pv-finalizers`); see
     /// [`Uninstall::remove_pv_finalizers`].
@@ -37,7 +41,7 @@ pub struct UninstallOptions {
 
 /// Removes what the provision controller of `options.provisioner_name` leaves in the
 /// cluster once every replica is stopped: its provisioning journal (ConfigMaps in its
-/// namespace) and, with [`UninstallOptions::remove_pv_finalizers`], the PV finalizer on its
+/// journal's namespace) and, with [`UninstallOptions::remove_pv_finalizers`], the PV finalizer on its
 /// PVs. Writes a readable report to `out`: the objects deleted, the provisionings that were
 /// in flight (each a volume to check for in vCenter, as it may exist without a PV), the
 /// finalizers removed. Running it again continues an uninstall that stopped, and after a
@@ -45,10 +49,11 @@ pub struct UninstallOptions {
 ///
 /// It refuses to run while the controller's Lease is held and not expired (a running
 /// controller writes its journal again): stop every replica first (scale the Deployment to
-/// 0). `env` reads one environment variable (`KUBECONFIG`, `POD_NAMESPACE`).
+/// 0). `env` reads one environment variable (`KUBECONFIG`, `POD_NAMESPACE`,
+/// `JOURNAL_NAMESPACE`).
 ///
-/// The credentials used need, in the controller's namespace, `get` on its Lease and
-/// `list` and `delete` on ConfigMaps, and, for `remove_pv_finalizers`, `list` and `patch`
+/// The credentials used need, in the controller's namespace, `get` on its Lease, in the
+/// journal's namespace `list` and `delete` on ConfigMaps, and, for `remove_pv_finalizers`, `list` and `patch`
 /// on PersistentVolumes.
 ///
 /// # Errors
@@ -77,6 +82,13 @@ pub async fn uninstall(
         .map(|ns| ns.trim().to_owned())
         .filter(|ns| !ns.is_empty())
         .unwrap_or_else(|| client.default_namespace().to_owned());
+    let journal_namespace = options
+        .journal_namespace
+        .clone()
+        .or_else(|| env("JOURNAL_NAMESPACE"))
+        .map(|ns| ns.trim().to_owned())
+        .filter(|ns| !ns.is_empty())
+        .unwrap_or_else(|| namespace.clone());
     let lease_name = options
         .lease_name
         .clone()
@@ -86,12 +98,13 @@ pub async fn uninstall(
     not_running(&client, &namespace, &lease_name).await?;
     writeln!(
         out,
-        "uninstalling the provisioner {:?}: the journal of its Lease {lease}",
+        "uninstalling the provisioner {:?}: the journal of its Lease {lease} (ConfigMaps in namespace {journal_namespace})",
         options.provisioner_name
     )
     .map_err(anyhow::Error::from)?;
     let report = Uninstall::new(client, options.provisioner_name.clone())
         .namespace(namespace.clone())
+        .journal_namespace(journal_namespace.clone())
         .lease_name(lease_name)
         .remove_pv_finalizers(options.remove_pv_finalizers)
         .run()
@@ -103,8 +116,13 @@ pub async fn uninstall(
                 chain(&error)
             )
         })?;
-    write_report(&report, &namespace, options.remove_pv_finalizers, out)
-        .map_err(anyhow::Error::from)?;
+    write_report(
+        &report,
+        &journal_namespace,
+        options.remove_pv_finalizers,
+        out,
+    )
+    .map_err(anyhow::Error::from)?;
     Ok(report)
 }
 

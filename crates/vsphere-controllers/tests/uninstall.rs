@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
@@ -25,8 +25,27 @@ const DRIVER: &str = vsphere_cns::CSI_DRIVER;
 /// `pvc-static` of [`DRIVER`] with the PV finalizer. Returns the sim and the
 /// in-flight PV name.
 async fn stopped_mid_provision() -> (KubeSim, String) {
+    stopped_mid_provision_with(None).await
+}
+
+/// [`stopped_mid_provision`] with the journal in namespace `journal` (created first).
+async fn stopped_mid_provision_with(journal: Option<&str>) -> (KubeSim, String) {
     let sim = KubeSim::builder().pv_binder(true).start().await.unwrap();
     let client = sim.client();
+    if let Some(name) = journal {
+        let namespace = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+            .unwrap();
+    }
+    let config = Config::default().journal_namespace(journal.map(str::to_owned));
     Api::<StorageClass>::all(client.clone())
         .create(
             &PostParams::default(),
@@ -36,7 +55,7 @@ async fn stopped_mid_provision() -> (KubeSim, String) {
         .unwrap();
     let fake = FakeProvisioner::new().script_provision([ProvisionStep::Block]);
     let controller = ProvisionController::new(client.clone(), DRIVER, fake.clone())
-        .config(Config::default().leader_election(None));
+        .config(config.leader_election(None));
     let run = tokio::spawn(controller.run(std::future::pending::<()>()));
     let claim = Api::<PersistentVolumeClaim>::namespaced(client, "default")
         .create(
@@ -75,7 +94,17 @@ fn options(sim: &KubeSim) -> app::UninstallOptions {
 
 async fn journal_objects(sim: &KubeSim) -> usize {
     let params = ListParams::default().labels(JOURNAL_LABEL);
-    let maps: Api<ConfigMap> = Api::all(sim.client());
+    Api::<ConfigMap>::all(sim.client())
+        .list(&params)
+        .await
+        .unwrap()
+        .items
+        .len()
+}
+
+async fn journal_objects_in(sim: &KubeSim, namespace: &str) -> usize {
+    let params = ListParams::default().labels(JOURNAL_LABEL);
+    let maps: Api<ConfigMap> = Api::namespaced(sim.client(), namespace);
     maps.list(&params).await.unwrap().items.len()
 }
 
@@ -111,7 +140,9 @@ async fn uninstall_reports_the_volume_to_check_and_removes_the_journal() {
     assert!(result.is_ok(), "{result:?}: {out}");
     let lease = format!("default/{DRIVER}");
     assert!(
-        out.contains(&format!("the journal of its Lease {lease}\n")),
+        out.contains(&format!(
+            "the journal of its Lease {lease} (ConfigMaps in namespace default)\n"
+        )),
         "{out}"
     );
     assert!(out.contains("journal objects deleted: 1\n"), "{out}");
@@ -203,4 +234,55 @@ async fn a_missing_kubeconfig_is_a_usage_error_naming_it() {
         error.to_string(),
         "--kubeconfig /nonexistent/kubeconfig: no such file"
     );
+}
+
+#[tokio::test]
+async fn uninstall_finds_a_journal_in_a_namespace_of_its_own() {
+    const JOURNAL: &str = "vmware-system-csi-journal";
+    let (sim, in_flight) = stopped_mid_provision_with(Some(JOURNAL)).await;
+    assert_eq!(journal_objects_in(&sim, JOURNAL).await, 1);
+    assert_eq!(journal_objects_in(&sim, "default").await, 0);
+
+    // The controller's namespace alone finds no journal to remove.
+    let mut out = Vec::new();
+    app::uninstall(&options(&sim), |_| None, &mut out)
+        .await
+        .unwrap();
+    let out = String::from_utf8(out).unwrap();
+    assert!(out.contains("journal objects deleted: 0\n"), "{out}");
+    assert_eq!(journal_objects_in(&sim, JOURNAL).await, 1);
+
+    // As the Deployment runs it: JOURNAL_NAMESPACE in the container's environment.
+    let env = |name: &str| (name == "JOURNAL_NAMESPACE").then(|| JOURNAL.to_owned());
+    let mut out = Vec::new();
+    app::uninstall(&options(&sim), env, &mut out).await.unwrap();
+    let out = String::from_utf8(out).unwrap();
+    assert!(
+        out.contains(&format!("(ConfigMaps in namespace {JOURNAL})")),
+        "{out}"
+    );
+    assert!(out.contains("journal objects deleted: 1\n"), "{out}");
+    assert!(
+        out.contains(&format!("check the backend for volume {in_flight}")),
+        "{out}"
+    );
+    assert_eq!(journal_objects_in(&sim, JOURNAL).await, 0);
+
+    // And the flag, which wins over the environment.
+    let (sim, _) = stopped_mid_provision_with(Some(JOURNAL)).await;
+    let kubeconfig = sim.kubeconfig_path().display().to_string();
+    let args = [
+        "vsphere",
+        "uninstall",
+        "--kubeconfig",
+        &kubeconfig,
+        "--journal-namespace",
+        JOURNAL,
+    ];
+    let cli = Cli::parse(args.map(ToOwned::to_owned)).unwrap();
+    let never = || -> std::io::Result<std::future::Pending<()>> { panic!("not for uninstall") };
+    let mut out = Vec::new();
+    let wrong = |name: &str| (name == "JOURNAL_NAMESPACE").then(|| "elsewhere".to_owned());
+    cli.run(wrong, never, &mut out).await.unwrap();
+    assert_eq!(journal_objects_in(&sim, JOURNAL).await, 0);
 }
