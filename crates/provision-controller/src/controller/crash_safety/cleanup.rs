@@ -4,12 +4,11 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::{core::v1::PersistentVolume, storage::v1::StorageClass};
 
 use super::{
     Presence,
     intent::{after_save, holds_no_asset, record_intent, volume_saved, window_secs},
-    plan::LateWindow,
 };
 use crate::{
     ProvisionError, ProvisionOptions,
@@ -24,6 +23,16 @@ use crate::{
     events,
     journal::{self, Entry},
 };
+
+/// Whether a create sent for a claim before may still land (within the driver's
+/// late-asset window), for a cleanup that finds no asset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LateWindow {
+    /// It may: "no asset" is believed only once the window has passed since the first look.
+    Open,
+    /// The entry is settled and due: no create can land any more.
+    Over,
+}
 
 /// What the sync that runs a [`clean_up`] read of the claim's journal entry.
 #[derive(Clone, Copy, Debug)]
@@ -164,65 +173,14 @@ pub(super) async fn clean_up(
             }
         })
         .await;
-    let volume = match answer {
-        Ok(Ok(volume)) => volume,
-        Ok(Err(source)) if holds_no_asset(&source) => None,
-        Ok(Err(source)) => {
-            let state = match source {
-                ProvisionError::InBackground(_) => State::InBackground,
-                _ => State::NoChange,
-            };
-            let err = OpError::Provision {
-                class: class_name,
-                source,
-            };
-            return (state, Err(err));
-        }
-        Err(err) => {
-            let state = match err {
-                calls::CallError::Timeout(_) => State::InBackground,
-                calls::CallError::Panicked(_) => State::NoChange,
-            };
-            return (state, Err(err.into_op("provision (cleanup)")));
-        }
+    let volume = match found_asset(answer, class_name) {
+        Ok(volume) => volume,
+        Err((state, err)) => return (state, Err(err)),
     };
-    if let Some(mut volume) = volume {
-        // Only a claimRef with the claim's uid gets the PV released once the claim is gone.
-        if let Err(err) = volume_object::claim_reference(claim) {
+    if let Some(volume) = volume {
+        if let Err(err) = save_asset(ctx, claim, &class, pv_name, volume, claim_gone).await {
             return (State::NoChange, Err(err));
         }
-        volume_object::ensure_name(&mut volume, pv_name, claim);
-        // The class decides what happens to the asset once the PV is released.
-        let policy = class.reclaim_policy.as_deref().unwrap_or("Delete");
-        let spec = volume.spec.get_or_insert_with(Default::default);
-        spec.persistent_volume_reclaim_policy = Some(policy.to_owned());
-        // This PV exists only to be released and reclaimed: one the API server refuses
-        // for want of an access mode (a driver that copies the claim's, from a claim the
-        // journal describes without them) would keep the asset forever.
-        if spec.access_modes.as_ref().is_none_or(Vec::is_empty) {
-            spec.access_modes = Some(vec!["ReadWriteOnce".to_owned()]);
-        }
-        volume_object::decorate(ctx, claim, &class, &mut volume);
-        let name = volume.metadata.name.clone().unwrap_or_default();
-        tracing::info!(pv = %name, "saving a PV that records the asset; it is reclaimed once released");
-        let events_claim = (!claim_gone).then_some(&*claim.claim);
-        match volume_object::create(ctx, &volume).await {
-            Ok(saved) => after_save(ctx, volume_object::claim_uid(&volume), &saved).await,
-            Err(err) => {
-                if let Some(events_claim) = events_claim {
-                    let note = format!(
-                        "Error saving a PV for the volume of claim {}, which will not get it: {}. Retrying.",
-                        claim.key,
-                        chain(&err)
-                    );
-                    ctx.events
-                        .warning(events_claim, events::PROVISIONING_CLEANUP_FAILED, note)
-                        .await;
-                }
-                return (State::NoChange, Err(err));
-            }
-        }
-        ctx.caches.mark_saved(&name);
     } else {
         // A create sent before (by this or another replica, which may have stopped since
         // and forgotten it) may still land: "none" is believed once it can no longer, a
@@ -255,6 +213,89 @@ pub(super) async fn clean_up(
     // Saved now, or nothing exists: a PV waiting in the background saver is not needed.
     ctx.saver.forget_pending(ctx, pv_name);
     (State::Finished, Ok(Outcome::Done))
+}
+
+/// The asset the driver's answer names (`None`: it holds none for the claim); an error
+/// with what the claim must remember: [`State::InBackground`] while the driver may still
+/// work on it.
+fn found_asset(
+    answer: Result<Result<Option<PersistentVolume>, ProvisionError>, calls::CallError>,
+    class_name: String,
+) -> Result<Option<PersistentVolume>, (State, OpError)> {
+    match answer {
+        Ok(Ok(volume)) => Ok(volume),
+        Ok(Err(source)) if holds_no_asset(&source) => Ok(None),
+        Ok(Err(source)) => {
+            let state = match source {
+                ProvisionError::InBackground(_) => State::InBackground,
+                _ => State::NoChange,
+            };
+            let err = OpError::Provision {
+                class: class_name,
+                source,
+            };
+            Err((state, err))
+        }
+        Err(err) => {
+            let state = match err {
+                calls::CallError::Timeout(_) => State::InBackground,
+                calls::CallError::Panicked(_) => State::NoChange,
+            };
+            Err((state, err.into_op("provision (cleanup)")))
+        }
+    }
+}
+
+/// Saves a PV that records `volume`, the asset the driver found for a claim that will not
+/// get our PV the normal way: named `pv_name`, reclaimed as `class` says, then the driver
+/// hears of it and the entry is settled ([`after_save`]).
+///
+/// # Errors
+/// The claim cannot be referenced, or the PV could not be saved (an event says so on a
+/// live claim).
+async fn save_asset(
+    ctx: &Context,
+    claim: &ClaimView,
+    class: &StorageClass,
+    pv_name: &str,
+    mut volume: PersistentVolume,
+    claim_gone: bool,
+) -> Result<(), OpError> {
+    // Only a claimRef with the claim's uid gets the PV released once the claim is gone.
+    volume_object::claim_reference(claim)?;
+    volume_object::ensure_name(&mut volume, pv_name, claim);
+    // The class decides what happens to the asset once the PV is released.
+    let policy = class.reclaim_policy.as_deref().unwrap_or("Delete");
+    let spec = volume.spec.get_or_insert_with(Default::default);
+    spec.persistent_volume_reclaim_policy = Some(policy.to_owned());
+    // This PV exists only to be released and reclaimed: one the API server refuses
+    // for want of an access mode (a driver that copies the claim's, from a claim the
+    // journal describes without them) would keep the asset forever.
+    if spec.access_modes.as_ref().is_none_or(Vec::is_empty) {
+        spec.access_modes = Some(vec!["ReadWriteOnce".to_owned()]);
+    }
+    volume_object::decorate(ctx, claim, class, &mut volume);
+    let name = volume.metadata.name.clone().unwrap_or_default();
+    tracing::info!(pv = %name, "saving a PV that records the asset; it is reclaimed once released");
+    let events_claim = (!claim_gone).then_some(&*claim.claim);
+    match volume_object::create(ctx, &volume).await {
+        Ok(saved) => after_save(ctx, volume_object::claim_uid(&volume), &saved).await,
+        Err(err) => {
+            if let Some(events_claim) = events_claim {
+                let note = format!(
+                    "Error saving a PV for the volume of claim {}, which will not get it: {}. Retrying.",
+                    claim.key,
+                    chain(&err)
+                );
+                ctx.events
+                    .warning(events_claim, events::PROVISIONING_CLEANUP_FAILED, note)
+                    .await;
+            }
+            return Err(err);
+        }
+    }
+    ctx.caches.mark_saved(&name);
+    Ok(())
 }
 
 /// How long a cleanup that found no asset still waits because of `recorded`'s latest

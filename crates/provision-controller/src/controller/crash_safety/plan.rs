@@ -8,7 +8,7 @@ use k8s_openapi::api::{core::v1::PersistentVolumeClaim, storage::v1::StorageClas
 
 use super::{
     Presence,
-    cleanup::{Seen, clean_up, last_sweep},
+    cleanup::{LateWindow, Seen, clean_up, last_sweep},
     intent::{queue_at, window_secs},
 };
 use crate::{
@@ -53,16 +53,6 @@ fn wanted(ctx: &Context, claim: &ClaimView) -> bool {
             .caches
             .class(&claim.class_name)
             .is_none_or(|c| names.knows(&c.provisioner))
-}
-
-/// Whether a create sent for a claim before may still land (within the driver's
-/// late-asset window), for a cleanup that finds no asset.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum LateWindow {
-    /// It may: "no asset" is believed only once the window has passed since the first look.
-    Open,
-    /// The entry is settled and due: no create can land any more.
-    Over,
 }
 
 /// How [`before_provisioning`] left the claim's sync.
