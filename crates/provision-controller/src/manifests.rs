@@ -169,6 +169,54 @@ impl Options {
 
     fn deployment(&self, metadata: ObjectMeta) -> Deployment {
         let name = self.name();
+        let container = self.container();
+        let serves = self.metrics_port != 0;
+        let selector = labels(&name);
+        let annotations = serves.then(|| {
+            BTreeMap::from([
+                ("prometheus.io/scrape".to_owned(), "true".to_owned()),
+                (
+                    "prometheus.io/port".to_owned(),
+                    self.metrics_port.to_string(),
+                ),
+                ("prometheus.io/path".to_owned(), "/metrics".to_owned()),
+            ])
+        });
+        let (replicas, strategy, affinity) = self.placement(&selector);
+        Deployment {
+            metadata,
+            spec: DeploymentSpec {
+                replicas: Some(replicas),
+                selector: LabelSelector {
+                    match_labels: Some(selector.clone()),
+                    match_expressions: None,
+                },
+                strategy,
+                template: PodTemplateSpec {
+                    metadata: Some(ObjectMeta {
+                        labels: Some(selector),
+                        annotations,
+                        ..ObjectMeta::default()
+                    }),
+                    spec: Some(PodSpec {
+                        service_account_name: Some(name),
+                        // The drain (Config::shutdown_grace, 30 s) and the lease release
+                        // (at most the renew deadline, 10 s) fit before SIGKILL.
+                        termination_grace_period_seconds: Some(45),
+                        affinity,
+                        containers: vec![container],
+                        ..PodSpec::default()
+                    }),
+                },
+                ..DeploymentSpec::default()
+            },
+            status: None,
+        }
+    }
+
+    /// The driver's container: its environment, probes (when it serves metrics),
+    /// resources and a locked-down security context.
+    fn container(&self) -> Container {
         let env = |name: &str, value: &str| EnvVar {
             name: name.into(),
             value: Some(value.into()),
@@ -201,7 +249,7 @@ impl Options {
             ..Probe::default()
         };
         let serves = self.metrics_port != 0;
-        let container = Container {
+        Container {
             name: "driver".into(),
             image: Some(self.image.clone()),
             env: Some(envs),
@@ -240,21 +288,16 @@ impl Options {
                 ..SecurityContext::default()
             }),
             ..Container::default()
-        };
-        let selector = labels(&name);
-        let annotations = serves.then(|| {
-            BTreeMap::from([
-                ("prometheus.io/scrape".to_owned(), "true".to_owned()),
-                (
-                    "prometheus.io/port".to_owned(),
-                    self.metrics_port.to_string(),
-                ),
-                ("prometheus.io/path".to_owned(), "/metrics".to_owned()),
-            ])
-        });
-        // Two replicas on different nodes when they elect a leader; one, stopped before
-        // its replacement starts, when they do not.
-        let (replicas, strategy, affinity) = if self.leader_election {
+        }
+    }
+
+    /// Replicas, update strategy and affinity: two replicas on different nodes when they
+    /// elect a leader; one, stopped before its replacement starts, when they do not.
+    fn placement(
+        &self,
+        selector: &BTreeMap<String, String>,
+    ) -> (i32, Option<DeploymentStrategy>, Option<Affinity>) {
+        if self.leader_election {
             let spread = WeightedPodAffinityTerm {
                 weight: 100,
                 pod_affinity_term: PodAffinityTerm {
@@ -280,35 +323,6 @@ impl Options {
                 rolling_update: None,
             };
             (1, Some(recreate), None)
-        };
-        Deployment {
-            metadata,
-            spec: DeploymentSpec {
-                replicas: Some(replicas),
-                selector: LabelSelector {
-                    match_labels: Some(selector.clone()),
-                    match_expressions: None,
-                },
-                strategy,
-                template: PodTemplateSpec {
-                    metadata: Some(ObjectMeta {
-                        labels: Some(selector),
-                        annotations,
-                        ..ObjectMeta::default()
-                    }),
-                    spec: Some(PodSpec {
-                        service_account_name: Some(name),
-                        // The drain (Config::shutdown_grace, 30 s) and the lease release
-                        // (at most the renew deadline, 10 s) fit before SIGKILL.
-                        termination_grace_period_seconds: Some(45),
-                        affinity,
-                        containers: vec![container],
-                        ..PodSpec::default()
-                    }),
-                },
-                ..DeploymentSpec::default()
-            },
-            status: None,
         }
     }
 }

@@ -272,17 +272,7 @@ impl VsphereConfig {
             key: e.key,
             message: e.message,
         })?;
-        let mut global = Raw {
-            title: "Global".into(),
-            ..Raw::default()
-        };
-        let mut global_seen: Option<usize> = None;
-        let mut labels = Raw {
-            title: "Labels".into(),
-            ..Raw::default()
-        };
-        let mut labels_seen: Option<usize> = None;
-        let mut vcs: Vec<Raw> = Vec::new();
+        let mut sections = Sections::new();
         let mut target = Target::None;
         for item in items {
             match item {
@@ -291,95 +281,18 @@ impl VsphereConfig {
                     name,
                     display,
                     sub,
-                } => {
-                    let title = match &sub {
-                        Some(sub) => format!("{display} {sub:?}"),
-                        None => display.clone(),
-                    };
-                    let duplicate = |first: usize| {
-                        parser.error(
-                            Some(line),
-                            None,
-                            None,
-                            format!("section [{title}] appears twice (first at line {first})"),
-                        )
-                    };
-                    target = match (name.as_str(), sub) {
-                        ("global", None) => {
-                            if let Some(first) = global_seen.replace(line) {
-                                return Err(duplicate(first));
-                            }
-                            global.line = line;
-                            Target::Global
-                        }
-                        ("labels", None) => {
-                            if let Some(first) = labels_seen.replace(line) {
-                                return Err(duplicate(first));
-                            }
-                            Target::Labels
-                        }
-                        ("virtualcenter", Some(host)) => {
-                            if host.trim().is_empty() {
-                                return Err(parser.error(
-                                    Some(line),
-                                    None,
-                                    None,
-                                    "[VirtualCenter \"\"] needs a host name",
-                                ));
-                            }
-                            if let Some(first) = vcs.iter().find(|v| v.host == host) {
-                                return Err(duplicate(first.line));
-                            }
-                            vcs.push(Raw {
-                                line,
-                                title: title.clone(),
-                                host,
-                                values: BTreeMap::new(),
-                            });
-                            Target::VirtualCenter(vcs.len() - 1)
-                        }
-                        ("virtualcenter", None) => {
-                            return Err(parser.error(Some(line), None, None,
-                                "[VirtualCenter] needs a host name, as in [VirtualCenter \"vc.example.com\"]"));
-                        }
-                        _ => {
-                            let message =
-                                format!("{file}:{line}: unknown section [{title}], ignored");
-                            tracing::warn!("{message}");
-                            parser.warnings.push(message);
-                            Target::Unknown
-                        }
-                    };
-                }
+                } => target = sections.open(&mut parser, line, &name, display, sub)?,
                 Item::Variable { line, name, value } => {
-                    let raw = match target {
-                        Target::None => {
-                            return Err(parser.error(
-                                Some(line),
-                                None,
-                                Some(&name),
-                                "key outside of any section",
-                            ));
-                        }
-                        Target::Unknown => continue,
-                        Target::Global => &mut global,
-                        Target::Labels => &mut labels,
-                        Target::VirtualCenter(i) => &mut vcs[i],
-                    };
-                    if let Some((first, _)) = raw.values.get(&name) {
-                        let (first, title) = (*first, raw.title.clone());
-                        return Err(ConfigError::Invalid {
-                            file: file.to_owned(),
-                            line: Some(line),
-                            section: Some(title),
-                            key: Some(name),
-                            message: format!("set twice (first at line {first})"),
-                        });
-                    }
-                    raw.values.insert(name, (line, value));
+                    sections.set(&parser, target, line, name, value)?;
                 }
             }
         }
+        let Sections {
+            global,
+            labels,
+            vcs,
+            ..
+        } = sections;
         parser.warn_unknown(&global, GLOBAL_KEYS);
         for vc in &vcs {
             parser.warn_unknown(vc, VC_KEYS);
@@ -406,6 +319,145 @@ impl VsphereConfig {
                 .collect(),
             warnings: parser.warnings,
         })
+    }
+}
+
+/// The sections read so far, with the line each known one first appeared at.
+struct Sections {
+    global: Raw,
+    global_seen: Option<usize>,
+    labels: Raw,
+    labels_seen: Option<usize>,
+    vcs: Vec<Raw>,
+}
+
+impl Sections {
+    fn new() -> Self {
+        Self {
+            global: Raw {
+                title: "Global".into(),
+                ..Raw::default()
+            },
+            global_seen: None,
+            labels: Raw {
+                title: "Labels".into(),
+                ..Raw::default()
+            },
+            labels_seen: None,
+            vcs: Vec::new(),
+        }
+    }
+
+    /// Opens section `name` (`display` as written, `sub` its quoted part) at `line`: the
+    /// section the keys that follow go to. A known section twice is an error; an unknown
+    /// one is ignored with a warning.
+    fn open(
+        &mut self,
+        parser: &mut Parser<'_>,
+        line: usize,
+        name: &str,
+        display: String,
+        sub: Option<String>,
+    ) -> Result<Target, ConfigError> {
+        let title = match &sub {
+            Some(sub) => format!("{display} {sub:?}"),
+            None => display,
+        };
+        let duplicate = |first: usize| {
+            parser.error(
+                Some(line),
+                None,
+                None,
+                format!("section [{title}] appears twice (first at line {first})"),
+            )
+        };
+        Ok(match (name, sub) {
+            ("global", None) => {
+                if let Some(first) = self.global_seen.replace(line) {
+                    return Err(duplicate(first));
+                }
+                self.global.line = line;
+                Target::Global
+            }
+            ("labels", None) => {
+                if let Some(first) = self.labels_seen.replace(line) {
+                    return Err(duplicate(first));
+                }
+                Target::Labels
+            }
+            ("virtualcenter", Some(host)) => {
+                if host.trim().is_empty() {
+                    return Err(parser.error(
+                        Some(line),
+                        None,
+                        None,
+                        "[VirtualCenter \"\"] needs a host name",
+                    ));
+                }
+                if let Some(first) = self.vcs.iter().find(|v| v.host == host) {
+                    return Err(duplicate(first.line));
+                }
+                self.vcs.push(Raw {
+                    line,
+                    title: title.clone(),
+                    host,
+                    values: BTreeMap::new(),
+                });
+                Target::VirtualCenter(self.vcs.len() - 1)
+            }
+            ("virtualcenter", None) => {
+                return Err(parser.error(
+                    Some(line),
+                    None,
+                    None,
+                    "[VirtualCenter] needs a host name, as in [VirtualCenter \"vc.example.com\"]",
+                ));
+            }
+            _ => {
+                let message = format!("{}:{line}: unknown section [{title}], ignored", parser.file);
+                tracing::warn!("{message}");
+                parser.warnings.push(message);
+                Target::Unknown
+            }
+        })
+    }
+
+    /// Sets key `name` of the `target` section at `line`; a key set twice, or outside of
+    /// any section, is an error.
+    fn set(
+        &mut self,
+        parser: &Parser<'_>,
+        target: Target,
+        line: usize,
+        name: String,
+        value: Option<String>,
+    ) -> Result<(), ConfigError> {
+        let raw = match target {
+            Target::None => {
+                return Err(parser.error(
+                    Some(line),
+                    None,
+                    Some(&name),
+                    "key outside of any section",
+                ));
+            }
+            Target::Unknown => return Ok(()),
+            Target::Global => &mut self.global,
+            Target::Labels => &mut self.labels,
+            Target::VirtualCenter(i) => &mut self.vcs[i],
+        };
+        if let Some((first, _)) = raw.values.get(&name) {
+            let (first, title) = (*first, raw.title.clone());
+            return Err(ConfigError::Invalid {
+                file: parser.file.to_owned(),
+                line: Some(line),
+                section: Some(title),
+                key: Some(name),
+                message: format!("set twice (first at line {first})"),
+            });
+        }
+        raw.values.insert(name, (line, value));
+        Ok(())
     }
 }
 

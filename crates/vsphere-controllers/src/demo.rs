@@ -322,26 +322,64 @@ enum State {
     Deleted,
 }
 
+/// The demo's claims, volumes and CnsVolumeMetadata objects.
+struct Apis {
+    claims: Api<PersistentVolumeClaim>,
+    volumes: Api<PersistentVolume>,
+    metadata: Api<CnsVolumeMetadata>,
+}
+
 async fn steps(
     demo: &mut Demo<'_>,
     options: &DemoOptions,
     kube_sim: &KubeSim,
 ) -> anyhow::Result<Vec<Row>> {
-    let claims_api = Api::<PersistentVolumeClaim>::namespaced(demo.kube.clone(), NAMESPACE);
-    let volumes_api = Api::<PersistentVolume>::all(demo.kube.clone());
-    let metadata_api = Api::<CnsVolumeMetadata>::namespaced(demo.kube.clone(), NAMESPACE);
+    let apis = Apis {
+        claims: Api::namespaced(demo.kube.clone(), NAMESPACE),
+        volumes: Api::all(demo.kube.clone()),
+        metadata: Api::namespaced(demo.kube.clone(), NAMESPACE),
+    };
     let names: Vec<String> = (1..=options.claims)
         .map(|i| format!("demo-claim-{i}"))
         .collect();
     for (i, name) in names.iter().enumerate() {
         let size = SIZES[i % SIZES.len()];
-        claims_api
+        apis.claims
             .create(&PostParams::default(), &claim_object(name, size))
             .await
             .with_context(|| format!("cannot create claim {name}"))?;
         demo.say(name, &format!("created, {size}, class {CLASS}"))?;
     }
+    let rows = provision_and_sync(demo, &apis, &names).await?;
+    demo.line("")?;
+    demo.line(&table(&rows))?;
 
+    if options.serve {
+        let path = kube_sim.kubeconfig_path().display().to_string();
+        demo.line(&format!(
+            "serving; kubeconfig: {path}\n  try: KUBECONFIG={path} kubectl get sc,pvc,pv,cnsvolumemetadatas\n\
+             press Ctrl-C (or send SIGTERM) to stop"
+        ))?;
+        demo.out.flush()?;
+        return Ok(rows);
+    }
+    delete_all(demo, &apis, &rows).await?;
+    let left = demo.cns.volumes().len();
+    demo.line(&format!(
+        "done: {} provisioned, synced and deleted; the CNS simulator holds {left} volumes",
+        plural(rows.len(), "claim")
+    ))?;
+    Ok(rows)
+}
+
+/// Waits until every claim of `names` is bound (then its CnsVolumeMetadata is created)
+/// and its metadata synced to CNS; a row per claim.
+async fn provision_and_sync(
+    demo: &mut Demo<'_>,
+    apis: &Apis,
+    names: &[String],
+) -> anyhow::Result<Vec<Row>> {
+    let (claims_api, volumes_api, metadata_api) = (&apis.claims, &apis.volumes, &apis.metadata);
     let mut rows: Vec<Option<Row>> = vec![None; names.len()];
     let mut states = vec![State::Pending; names.len()];
     let deadline = Instant::now() + demo.timeout;
@@ -349,7 +387,7 @@ async fn steps(
         for (i, name) in names.iter().enumerate() {
             match states[i] {
                 State::Pending => {
-                    let Some(row) = bound_row(&claims_api, &volumes_api, name).await? else {
+                    let Some(row) = bound_row(claims_api, volumes_api, name).await? else {
                         continue;
                     };
                     let message = format!("bound to {}, CNS volume {}", row.pv, row.volume_id);
@@ -376,35 +414,29 @@ async fn steps(
             deadline,
             demo.timeout,
             "claims to be provisioned and synced",
-            &names,
+            names,
             &states,
         )
         .await?;
     }
-    let rows: Vec<Row> = rows.into_iter().flatten().collect();
-    demo.line("")?;
-    demo.line(&table(&rows))?;
+    Ok(rows.into_iter().flatten().collect())
+}
 
-    if options.serve {
-        let path = kube_sim.kubeconfig_path().display().to_string();
-        demo.line(&format!(
-            "serving; kubeconfig: {path}\n  try: KUBECONFIG={path} kubectl get sc,pvc,pv,cnsvolumemetadatas\n\
-             press Ctrl-C (or send SIGTERM) to stop"
-        ))?;
-        demo.out.flush()?;
-        return Ok(rows);
-    }
-
+/// Deletes the CnsVolumeMetadata objects, then each claim once its metadata left CNS,
+/// and waits until its PV and CNS volume are gone.
+async fn delete_all(demo: &mut Demo<'_>, apis: &Apis, rows: &[Row]) -> anyhow::Result<()> {
+    let (claims_api, volumes_api, metadata_api) = (&apis.claims, &apis.volumes, &apis.metadata);
     demo.line(&format!(
         "deleting {} CnsVolumeMetadata objects, then the claims",
         rows.len()
     ))?;
-    for row in &rows {
+    for row in rows {
         metadata_api
             .delete(&format!("{}-pvc", row.claim), &DeleteParams::default())
             .await
             .with_context(|| format!("cannot delete CnsVolumeMetadata of {}", row.claim))?;
     }
+    let mut states = vec![State::Synced; rows.len()];
     let deadline = Instant::now() + demo.timeout;
     while states.iter().any(|s| *s != State::Deleted) {
         for (i, row) in rows.iter().enumerate() {
@@ -441,12 +473,7 @@ async fn steps(
         )
         .await?;
     }
-    let left = demo.cns.volumes().len();
-    demo.line(&format!(
-        "done: {} provisioned, synced and deleted; the CNS simulator holds {left} volumes",
-        plural(rows.len(), "claim")
-    ))?;
-    Ok(rows)
+    Ok(())
 }
 
 /// The row of claim `name` once it is bound to a CSI PV.

@@ -454,37 +454,8 @@ async fn resource(
         name: rp.name.as_deref().or(create_name.as_deref()),
         namespace: rp.namespace.as_deref(),
     };
-    let action = fault::take(&mut shared.faults(), &key, tokio::time::Instant::now());
-    if let Some(action) = action {
-        if !action.latency.is_zero() {
-            tokio::time::sleep(action.latency).await;
-        }
-        if let Some(status) = action.status {
-            let mut err = ApiError::new(status.code, status.reason, status.message);
-            err.details.retry_after_seconds = status.retry_after_seconds;
-            return Err(err);
-        }
-    }
-    let dry_run = match q.get("dryRun").map(String::as_str) {
-        None | Some("") => false,
-        Some("All") => true,
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "unsupported dry run option: {other:?}"
-            )));
-        }
-    };
-    let options_kind = match verb {
-        Verb::Create => "CreateOptions",
-        Verb::Update => "UpdateOptions",
-        _ => "PatchOptions",
-    };
-    let validation = match verb {
-        Verb::Create | Verb::Update | Verb::Patch => {
-            FieldValidation::parse(q.get("fieldValidation").map(String::as_str), options_kind)?
-        }
-        _ => FieldValidation::default(),
-    };
+    inject_fault(shared, &key).await?;
+    let (dry_run, validation) = write_options(verb, q)?;
     let ns = rp.namespace.as_deref().unwrap_or_default();
     let scope = Scope {
         def: &def,
@@ -496,15 +467,6 @@ async fn resource(
     let name = rp.name.as_deref().unwrap_or_default();
     let status_only = rp.subresource.is_some();
     let ok = |code: StatusCode, b: Bytes| Ok(json_response(code, b));
-    let written = |code: StatusCode, b: Bytes, warnings: Vec<String>| {
-        let mut resp = json_response(code, b);
-        for warning in warnings {
-            if let Ok(value) = HeaderValue::from_str(&warning_header(&warning)) {
-                resp.headers_mut().append(header::WARNING, value);
-            }
-        }
-        Ok(resp)
-    };
     let accept = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -565,32 +527,93 @@ async fn resource(
             let stored = shared.write(|s| s.delete(&scope, name, &opts))?;
             ok(StatusCode::OK, stored.bytes.clone())
         }
-        Verb::DeleteCollection => {
-            let opts = DeleteOptions::parse(&body)?;
-            let sel = read::Selectors::from_query(q, &def)?;
-            shared.write(|s| {
-                let names: Vec<(String, String)> = s
-                    .table(&def.key)
-                    .into_iter()
-                    .flat_map(|t| t.iter())
-                    .filter(|(k, o)| {
-                        rp.namespace.as_deref().is_none_or(|n| n == k.0) && sel.matches(o)
-                    })
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                for (obj_ns, obj_name) in names {
-                    let scope = Scope {
-                        ns: &obj_ns,
-                        ..scope
-                    };
-                    s.delete(&scope, &obj_name, &opts)?;
-                }
-                Ok::<_, ApiError>(())
-            })?;
-            let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"});
-            Ok(value_response(&status))
+        Verb::DeleteCollection => delete_collection(shared, &rp, q, &body, scope),
+    }
+}
+
+/// The fault a test scheduled for this request, if any: its latency, then its error.
+async fn inject_fault(shared: &Shared, key: &RequestKey<'_>) -> ApiResult<()> {
+    let action = fault::take(&mut shared.faults(), key, tokio::time::Instant::now());
+    if let Some(action) = action {
+        if !action.latency.is_zero() {
+            tokio::time::sleep(action.latency).await;
+        }
+        if let Some(status) = action.status {
+            let mut err = ApiError::new(status.code, status.reason, status.message);
+            err.details.retry_after_seconds = status.retry_after_seconds;
+            return Err(err);
         }
     }
+    Ok(())
+}
+
+/// A write's options from the query: whether it is a dry run, and its field validation.
+fn write_options(verb: Verb, q: &HashMap<String, String>) -> ApiResult<(bool, FieldValidation)> {
+    let dry_run = match q.get("dryRun").map(String::as_str) {
+        None | Some("") => false,
+        Some("All") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "unsupported dry run option: {other:?}"
+            )));
+        }
+    };
+    let options_kind = match verb {
+        Verb::Create => "CreateOptions",
+        Verb::Update => "UpdateOptions",
+        _ => "PatchOptions",
+    };
+    let validation = match verb {
+        Verb::Create | Verb::Update | Verb::Patch => {
+            FieldValidation::parse(q.get("fieldValidation").map(String::as_str), options_kind)?
+        }
+        _ => FieldValidation::default(),
+    };
+    Ok((dry_run, validation))
+}
+
+/// The answer to a write: the object, with the warnings it raised as `Warning` headers.
+fn written(code: StatusCode, b: Bytes, warnings: Vec<String>) -> ApiResult<Response> {
+    let mut resp = json_response(code, b);
+    for warning in warnings {
+        if let Ok(value) = HeaderValue::from_str(&warning_header(&warning)) {
+            resp.headers_mut().append(header::WARNING, value);
+        }
+    }
+    Ok(resp)
+}
+
+/// Deletes every object of `scope`'s type (in the path's namespace, when it names one)
+/// that the query's selectors match.
+fn delete_collection(
+    shared: &Shared,
+    rp: &ResourcePath,
+    q: &HashMap<String, String>,
+    body: &Bytes,
+    scope: Scope<'_>,
+) -> ApiResult<Response> {
+    let def = scope.def;
+    let opts = DeleteOptions::parse(body)?;
+    let sel = read::Selectors::from_query(q, def)?;
+    shared.write(|s| {
+        let names: Vec<(String, String)> = s
+            .table(&def.key)
+            .into_iter()
+            .flat_map(|t| t.iter())
+            .filter(|(k, o)| rp.namespace.as_deref().is_none_or(|n| n == k.0) && sel.matches(o))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for (obj_ns, obj_name) in names {
+            let scope = Scope {
+                ns: &obj_ns,
+                ..scope
+            };
+            s.delete(&scope, &obj_name, &opts)?;
+        }
+        Ok::<_, ApiError>(())
+    })?;
+    let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"});
+    Ok(value_response(&status))
 }
 
 /// 201 for a write that created its object, 200 for one that changed it.

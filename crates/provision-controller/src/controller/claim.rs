@@ -11,7 +11,7 @@ use std::sync::Arc;
 use super::{
     Context,
     calls::{OpError, Outcome},
-    crash_safety::{self, Presence, Step},
+    crash_safety::{self, Presence},
     provision,
     records::{InProgress, Progress},
 };
@@ -30,19 +30,9 @@ pub(crate) async fn sync_claim(
         return Ok(Outcome::Done);
     };
     let progress = Progress::of(entry.as_ref());
+    let step = |class, guard| provision::provision(ctx, uid, &claim, progress, class, guard);
     let (state, class, result) =
-        match crash_safety::before_provisioning(ctx, &claim, entry.as_ref(), presence).await {
-            Step::Done {
-                state,
-                class,
-                result,
-            } => (state, class, result),
-            Step::Provision { class } => {
-                let (state, result) =
-                    provision::provision(ctx, uid, &claim, progress, class.clone()).await;
-                (state, class, result)
-            }
-        };
+        crash_safety::guarded(ctx, &claim, entry.as_ref(), presence, step).await;
     ctx.records.remember(uid, state, &claim.claim, class);
     result
 }

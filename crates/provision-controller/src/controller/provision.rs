@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::{
     Context,
     calls::{self, OpError, Outcome, Why, api, chain},
-    crash_safety,
+    crash_safety::{Guard, Guarded},
     names::Names,
     records::{Progress, State},
     volume_object::{claim_reference, decorate, ensure_name},
@@ -112,6 +112,7 @@ pub(crate) async fn provision(
     claim: &ClaimView,
     progress: Progress,
     class: Option<Arc<StorageClass>>,
+    guard: Guard<'_>,
 ) -> (State, Result<Outcome, OpError>) {
     let source = data_source_kind(&claim.claim).to_owned();
     // A claim whose provisioning may run in the background is driven until the driver
@@ -153,7 +154,7 @@ pub(crate) async fn provision(
     let start = Instant::now();
     // Boxed, as the cleanups: the flows are large futures, and inline they make each
     // poll's stack frames large enough to overflow a thread's stack in debug builds.
-    let attempt = Box::pin(provision_claim(ctx, claim, progress, class)).await;
+    let attempt = Box::pin(provision_claim(ctx, claim, progress, class, guard)).await;
     let elapsed = start.elapsed();
     match attempt {
         Ok(Attempted::Provisioned) => {
@@ -193,9 +194,9 @@ async fn provision_claim(
     claim: &ClaimView,
     progress: Progress,
     class: Option<Arc<StorageClass>>,
+    guard: Guard<'_>,
 ) -> Attempt {
     let in_progress = progress == Progress::InBackground;
-    let limit = ctx.config.provision_timeout;
     let class_name = claim.class_name.clone();
     let pv_name = ctx.config.volume_namer.name(&claim.claim);
     // Saved, or waiting in the background saver (Go adds it to its volume cache).
@@ -237,27 +238,13 @@ async fn provision_claim(
         .normal(&*claim.claim, events::PROVISIONING, note)
         .await;
 
-    let crash_safe = ctx.config.crash_safe_provisioning;
+    // The driver call, with crash safety around it (the journal names the asset first).
+    let answer = match guard.provision(&class, &options, progress).await {
+        Guarded::Answer(answer) => *answer,
+        Guarded::Stopped(why) => return Ok(Attempted::Stopped(why)),
+        Guarded::Failed(err) => return Err((State::NoChange, err)),
+    };
     let uid = &claim.uid;
-    if crash_safe {
-        if claim.claim.metadata.deletion_timestamp.is_some() && !in_progress {
-            return Ok(Attempted::Stopped("claim is being deleted"));
-        }
-        // The driver may create an asset from now on: the journal names it first.
-        crash_safety::record_intent(ctx, claim, &class, &options.pv_name)
-            .await
-            .map_err(|e| (State::NoChange, e))?;
-    }
-
-    // Only the driver call holds a driver slot: the API writes around it do not.
-    let answer = ctx
-        .driver_slots
-        .provisioning(limit, ctx.driver.provisioner.provision(&options))
-        .await;
-    // A final answer: the driver holds no asset for the claim, nothing to record.
-    if crash_safe && matches!(&answer, Ok(Err(e)) if crash_safety::holds_no_asset(e)) {
-        crash_safety::no_asset(ctx, uid);
-    }
     let mut volume = match answer {
         Ok(Ok(volume)) => volume,
         Ok(Err(ProvisionError::Ignored { reason })) => {
