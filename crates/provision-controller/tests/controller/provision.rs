@@ -310,7 +310,7 @@ async fn a_claim_created_before_its_class_is_provisioned_when_the_class_appears(
     settle().await;
     assert!(env.fake.provision_calls().is_empty());
     env.create_class(fast_class()).await;
-    let start = std::time::Instant::now();
+    let start = tokio::time::Instant::now();
     env.bound_volume("data").await;
     assert!(start.elapsed() < std::time::Duration::from_secs(10));
     env.stop().await;
