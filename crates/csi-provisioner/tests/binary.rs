@@ -18,6 +18,7 @@ use csi_provisioner::{
     csi::controller_service_capability::RpcType,
     testing::{Answer, CsiMethod, MockCsiDriver},
 };
+use kube_client::Api;
 use kube_sim::KubeSim;
 use sidecar::{
     DRIVER, claim_bound, claim_gone, create_claim, delete_claim, eventually, leaks, pv_count,
@@ -224,4 +225,136 @@ async fn a_driver_without_create_delete_volume_exits_1_with_one_line() {
         "it asked the driver"
     );
     assert_eq!(mock.calls(CsiMethod::CreateVolume), 0);
+}
+
+/// A free loopback port (bound and let go).
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+    listener.local_addr().expect("its address").port()
+}
+
+/// `GET path` on the sidecar's HTTP endpoint: status and body.
+async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.ok()?;
+    let raw = String::from_utf8(raw).ok()?;
+    let (head, body) = raw.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
+}
+
+/// The holder of the driver's Lease in `namespace`, once there is one.
+async fn lease_holder(client: &kube_client::Client, namespace: &str) -> Option<String> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), namespace);
+    let lease = leases
+        .get_opt(&csi_provisioner::rbac::lease_name(DRIVER))
+        .await
+        .ok()??;
+    lease.spec?.holder_identity.filter(|h| !h.is_empty())
+}
+
+// Upstream: `--http-endpoint` serves metrics and `/healthz/leader-election`; the Lease is in
+// `--leader-election-namespace`, else the pod's namespace. Here the same address serves
+// metrics, `/healthz` and `/readyz`; the Lease is in the flag's namespace, else
+// POD_NAMESPACE; `--kube-api-qps` and `--kube-api-burst` are accepted, logged as unused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_leader_election_it_serves_its_probes_and_leads_from_the_namespace_it_is_given() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let kubeconfig = dir.path().join("kubeconfig");
+    let log = dir.path().join("sidecar.log");
+    let (sim, mock) = world(KubeSim::builder().kubeconfig_path(&kubeconfig)).await;
+    let client = sim.client();
+    for name in ["team-a", "elsewhere"] {
+        let namespace = k8s_openapi::api::core::v1::Namespace {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+            .create(&Default::default(), &namespace)
+            .await
+            .expect("namespace created");
+    }
+    let logs = || std::fs::read_to_string(&log).unwrap_or_default();
+    let start = |extra: &[&str]| {
+        let port = free_port();
+        let endpoint = format!("--http-endpoint=127.0.0.1:{port}");
+        let mut args = vec![
+            "--csi-address",
+            &*mock.address(),
+            "--kubeconfig",
+            kubeconfig.to_str().expect("a UTF-8 path"),
+            "--leader-election",
+            &endpoint,
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .collect::<Vec<_>>();
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("the log file opens");
+        let child = command(&args, true)
+            .env("POD_NAMESPACE", "team-a")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("the binary starts");
+        (child, port)
+    };
+
+    let (mut first, port) = start(&["--kube-api-qps=50", "--kube-api-burst=100"]);
+    eventually("the sidecar leads from POD_NAMESPACE", STEP, async || {
+        lease_holder(&client, "team-a").await.is_some()
+    })
+    .await;
+    eventually("/readyz answers 200", STEP, async || {
+        http_get(port, "/readyz")
+            .await
+            .is_some_and(|(s, _)| s == 200)
+    })
+    .await;
+    assert_eq!(http_get(port, "/healthz").await.map(|(s, _)| s), Some(200));
+    let (status, metrics) = http_get(port, "/metrics").await.expect("metrics served");
+    assert_eq!(status, 200);
+    assert!(
+        metrics.lines().any(|l| l == "controller_leader 1"),
+        "{metrics}"
+    );
+    create_claim(&client, "data").await;
+    eventually("the claim binds", STEP, async || {
+        claim_bound(&client, "data").await
+    })
+    .await;
+    assert!(
+        logs().contains("--kube-api-qps and --kube-api-burst are accepted and not used"),
+        "{}",
+        logs()
+    );
+    first.start_kill().expect("SIGKILL");
+    let _ = first.wait().await;
+
+    // The flag wins over POD_NAMESPACE.
+    let (mut second, _) = start(&["--leader-election-namespace=elsewhere"]);
+    eventually(
+        "the sidecar leads from the flag's namespace",
+        STEP,
+        async || lease_holder(&client, "elsewhere").await.is_some(),
+    )
+    .await;
+    second.start_kill().expect("SIGKILL");
+    let _ = second.wait().await;
+    assert_eq!(mock.volume_count(), 1);
 }

@@ -521,6 +521,39 @@ async fn a_secret_that_cannot_be_read_is_retried_and_named_without_its_values() 
     );
 }
 
+// Upstream passes a secret's bytes on as they are; CSI secrets are strings, and a lossy
+// conversion would send other credentials than the secret holds.
+#[tokio::test]
+async fn a_secret_value_that_is_not_utf8_is_refused_naming_the_secret_and_key() {
+    let setup = Setup::plain().await;
+    setup.secret("apps", "creds", &[("user", "admin")]).await;
+    let secrets = Api::<Secret>::namespaced(setup.client(), "apps");
+    let mut secret = secrets.get("creds").await.expect("secret read");
+    secret
+        .data
+        .get_or_insert_default()
+        .insert("password".into(), ByteString(vec![0xff, 0xfe, b'x']));
+    secrets
+        .replace("creds", &PostParams::default(), &secret)
+        .await
+        .expect("secret replaced");
+    let class = fast()
+        .parameter("csi.storage.k8s.io/provisioner-secret-name", "creds")
+        .parameter("csi.storage.k8s.io/provisioner-secret-namespace", "apps")
+        .build();
+    let error = setup
+        .provision(class, pvc("data").namespace("apps").build())
+        .await
+        .expect_err("a value that is not text");
+    let message = text(&error);
+    assert!(
+        message.contains("key \"password\" of secret apps/creds is not UTF-8 text"),
+        "{message}"
+    );
+    assert!(!message.contains("admin"), "{message}");
+    assert!(setup.fake.creates().is_empty());
+}
+
 #[tokio::test]
 async fn bad_classes_and_claims_fail_without_a_create() {
     let setup = Setup::plain().await;

@@ -251,6 +251,28 @@ async fn a_deletion_guard_can_veto() {
     env.stop().await;
 }
 
+// Go: a panic in the driver's code kills the process.
+#[tokio::test]
+async fn a_panicking_deletion_guard_fails_that_volume_and_it_is_retried() {
+    let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = Arc::clone(&asked);
+    // No resync: only the retry of the failed sync brings the volume back.
+    let env = Env::start_with(quiet(), FakeProvisioner::new(), move |c| {
+        c.deletion_guard(move |_: &PersistentVolume| {
+            if counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                panic!("deletion guard bug");
+            }
+            true
+        })
+    })
+    .await;
+    create_volume(&env, pv("v").provisioned_by(ME).build(), "Released").await;
+    env.volume_gone("v").await;
+    assert!(asked.load(std::sync::atomic::Ordering::SeqCst) >= 2);
+    assert_eq!(env.fake.delete_calls(), ["v"]);
+    env.stop().await;
+}
+
 #[tokio::test]
 async fn with_the_finalizer_option_the_volume_is_protected_until_its_asset_is_deleted() {
     let env = Env::start(quick().add_finalizer(true), FakeProvisioner::new()).await;
@@ -668,5 +690,81 @@ async fn a_volume_deleted_before_its_release_keeps_our_finalizer_and_is_reclaime
     env.volume_gone("v").await;
     assert_eq!(env.fake.delete_calls(), ["v"]);
     assert!(env.fake.assets().is_empty());
+    env.stop().await;
+}
+
+/// A driver whose delete also deletes the PV and waits until it is gone (another actor
+/// deleting it while the driver works, as `kubectl delete pv` would).
+struct DeletesItsVolume {
+    fake: FakeProvisioner,
+    client: kube_client::Client,
+}
+
+#[async_trait::async_trait]
+impl provision_controller::Provisioner for DeletesItsVolume {
+    async fn provision(
+        &self,
+        options: &provision_controller::ProvisionOptions,
+    ) -> Result<PersistentVolume, provision_controller::ProvisionError> {
+        self.fake.provision(options).await
+    }
+
+    async fn delete(
+        &self,
+        volume: &PersistentVolume,
+    ) -> Result<(), provision_controller::DeleteError> {
+        self.fake.delete(volume).await?;
+        let volumes: kube_client::Api<PersistentVolume> =
+            kube_client::Api::all(self.client.clone());
+        let name = volume.metadata.name.clone().unwrap();
+        volumes.delete(&name, &Default::default()).await.unwrap();
+        eventually(&format!("pv {name} gone"), || {
+            let volumes = volumes.clone();
+            let name = name.clone();
+            async move { volumes.get_opt(&name).await.unwrap().is_none() }
+        })
+        .await;
+        Ok(())
+    }
+}
+
+// Go counts a PV delete answered 404 as a failed deletion; here the PV is gone, which is
+// what the delete was for.
+#[tokio::test]
+async fn deleting_a_volume_already_gone_counts_as_deleted() {
+    let registry = std::sync::Arc::new(std::sync::Mutex::new(
+        prometheus_client::registry::Registry::default(),
+    ));
+    let sim = Env::sim().await;
+    let fake = FakeProvisioner::new();
+    let driver = DeletesItsVolume {
+        fake: fake.clone(),
+        client: sim.client(),
+    };
+    let env = Env::start_on(sim, quiet(), fake, driver, |c| {
+        c.metrics_registry(registry.clone())
+    })
+    .await;
+    create_volume(&env, pv("v").provisioned_by(ME).build(), "Released").await;
+    env.volume_gone("v").await;
+    let encoded = || {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry.lock().unwrap()).unwrap();
+        text
+    };
+    eventually("the deletion counted", || async {
+        encoded().contains("controller_persistentvolume_delete_total{class=\"\"} 1")
+    })
+    .await;
+    settle().await;
+    let text = encoded();
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.starts_with("controller_persistentvolume_delete_failed_total")),
+        "{text}"
+    );
+    assert!(env.events("v", VOLUME_FAILED_DELETE).await.is_empty());
+    assert_eq!(env.fake.delete_calls(), ["v"]);
     env.stop().await;
 }

@@ -288,6 +288,34 @@ async fn a_missing_class_is_retried_until_it_appears() {
     env.stop().await;
 }
 
+// Go has no class handler: the claim waits for its backoff (or a resync). Here retries
+// wait a minute and nothing resyncs, so only the class's own event can bring the claim
+// back in time.
+#[tokio::test]
+async fn a_claim_created_before_its_class_is_provisioned_when_the_class_appears() {
+    let config = quiet().failure_backoff(provision_controller::FailureBackoff::Custom(Arc::new(
+        kube_controller_kit::backoff::ItemExponentialLimiter::new(
+            std::time::Duration::from_secs(60),
+            std::time::Duration::from_secs(60),
+        ),
+    )));
+    let env = Env::start(config, FakeProvisioner::new()).await;
+    env.create_claim(claim("data")).await;
+    // Both annotations the PV controller sets, so that the class's arrival changes nothing
+    // on the claim (no claim event).
+    env.annotate_claim("data", ANN_STORAGE_PROVISIONER, ME)
+        .await;
+    env.annotate_claim("data", "volume.beta.kubernetes.io/storage-provisioner", ME)
+        .await;
+    settle().await;
+    assert!(env.fake.provision_calls().is_empty());
+    env.create_class(fast_class()).await;
+    let start = tokio::time::Instant::now();
+    env.bound_volume("data").await;
+    assert!(start.elapsed() < std::time::Duration::from_secs(10));
+    env.stop().await;
+}
+
 #[tokio::test]
 async fn additional_provisioner_names_are_served() {
     let config = quick().additional_provisioner_names(vec!["example.com/legacy".into()]);
@@ -425,6 +453,30 @@ async fn a_qualifier_can_refuse_a_claim() {
     settle().await;
     assert_eq!(env.fake.provision_calls().len(), 1);
     assert!(asked.load(Ordering::SeqCst) >= 2);
+    env.stop().await;
+}
+
+// Go: a panic in the driver's code kills the process. Here a qualifier that panics
+// answers no for that claim; the others are provisioned.
+#[tokio::test]
+async fn a_panicking_qualifier_counts_as_a_no_and_the_other_claims_are_provisioned() {
+    let env = Env::start_with(quick(), FakeProvisioner::new(), |c| {
+        c.qualifier(|claim: &PersistentVolumeClaim| {
+            assert_ne!(
+                claim.metadata.name.as_deref(),
+                Some("buggy"),
+                "qualifier bug"
+            );
+            true
+        })
+    })
+    .await;
+    env.create_class(fast_class()).await;
+    env.create_claim(claim("buggy")).await;
+    env.create_claim(claim("fine")).await;
+    env.bound_volume("fine").await;
+    settle().await;
+    assert_eq!(env.fake.provision_calls().len(), 1);
     env.stop().await;
 }
 

@@ -248,3 +248,45 @@ async fn a_lease_lost_while_draining_ends_the_drain_at_once_and_is_not_released(
     );
     fake.unblock();
 }
+
+// Go renews the lease on the workers' client (and its QPS limit). Here the client the
+// caller passes allows one request at a time, and a PV create holds that slot for three
+// lease durations: the renewals, on the leader-election client, keep the lease.
+#[tokio::test]
+async fn renewals_on_the_leader_election_client_keep_the_lease_while_the_main_client_is_busy() {
+    let sim = sim().await;
+    let fake = FakeProvisioner::new();
+    let main = kube_controller_kit::client::InFlightLimit::new(std::num::NonZeroUsize::MIN)
+        .wrap(sim.client());
+    let kube_config = kube_client::Config::new(sim.url().parse().unwrap());
+    let controller = ProvisionController::new(main, ME, fake.clone())
+        .asset_lookup(fake.clone())
+        .late_assets(fake.clone())
+        .config(config(Some(election("a"))))
+        .leader_election_client(client::for_leader_election(&kube_config).unwrap());
+    let (stop, stopped) = oneshot::channel();
+    let run = tokio::spawn(controller.run(async {
+        let _ = stopped.await;
+    }));
+    wait_holder(&sim, "a").await;
+    sim.add_fault(
+        kube_sim::FaultRule::new(kube_sim::Verb::Create, "persistentvolumes")
+            .no_status()
+            .latency(LEASE * 3)
+            .always(),
+    );
+    create_claim(&sim, "slow").await;
+    eventually("the driver is called", || async {
+        (!fake.provision_calls().is_empty()).then_some(())
+    })
+    .await;
+    tokio::time::sleep(LEASE * 2).await;
+    assert!(!run.is_finished(), "run ended: the lease was lost");
+    assert_eq!(lease_holder(&sim.client()).await.as_deref(), Some("a"));
+    let _ = stop.send(());
+    let result = tokio::time::timeout(Duration::from_secs(15), run)
+        .await
+        .expect("run returns after shutdown")
+        .expect("run does not panic");
+    assert!(result.is_ok(), "{result:?}");
+}
