@@ -10,7 +10,12 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 /// `testing` (an operator selects them by its text, which docs/production.md gives, and
 /// removes them with [`Uninstall`](crate::Uninstall)).
 #[cfg(any(test, feature = "testing"))]
-pub const JOURNAL_LABEL: &str = crate::journal::JOURNAL_LABEL;
+pub const JOURNAL_LABEL: &str = JOURNAL_LABEL_KEY;
+
+/// The journal's label key (`JOURNAL_LABEL` with the feature `testing`); the domain
+/// is the project's own.
+pub(crate) const JOURNAL_LABEL_KEY: &str =
+    "provisioning-journal.rust-storage-controllers.github.io/lease";
 
 /// On a PV: the provisioner that created it (Go: `annDynamicallyProvisioned`).
 #[doc(alias = "annDynamicallyProvisioned")]

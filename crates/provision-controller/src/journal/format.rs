@@ -11,10 +11,10 @@ use k8s_openapi::{
 };
 use serde::{Deserialize, Serialize};
 
-/// The label every journal object carries, with the lease name (or, when that is no valid
-/// label value, a hash of it) as value. The domain is the project's own.
-pub(crate) const JOURNAL_LABEL: &str =
-    "provisioning-journal.rust-storage-controllers.github.io/lease";
+// The label every journal object carries, with the lease name (or, when that is no valid
+// label value, a hash of it) as value: defined with the other names on objects, in
+// `annotations.rs`, which the journal reads and which reads nothing of the journal.
+pub(crate) use crate::annotations::JOURNAL_LABEL_KEY as JOURNAL_LABEL;
 
 /// The most bytes of data (keys and values) one journal object holds: well under the API
 /// server's 1 MiB limit of a ConfigMap, so an object stays below 512 KiB.
