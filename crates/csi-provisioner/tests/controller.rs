@@ -26,16 +26,19 @@ use provision_controller::{
 };
 use tokio::time::Instant;
 
+/// One replica, and quick retries (the default backoff starts at 15 s).
+fn quick_config() -> Config {
+    Config::default()
+        .leader_election(None)
+        .failure_backoff(FailureBackoff::Custom(Arc::new(
+            ItemExponentialLimiter::new(Duration::from_millis(50), Duration::from_millis(500)),
+        )))
+}
+
 async fn start(fake: &FakeCsi, options: CsiOptions) -> DriverTest {
     let driver = fake.clone();
     DriverTest::start_controller(DRIVER, move |client| {
-        // Quick retries (the default backoff starts at 15 s).
-        let config = Config::default()
-            .leader_election(None)
-            .failure_backoff(FailureBackoff::Custom(Arc::new(
-                ItemExponentialLimiter::new(Duration::from_millis(50), Duration::from_millis(500)),
-            )))
-            .volume_namer(options.volume_namer());
+        let config = quick_config().volume_namer(options.volume_namer());
         let provisioner = CsiProvisioner::new(
             Arc::new(driver),
             client.clone(),
@@ -153,12 +156,7 @@ async fn each_deleted_volume_gets_one_delete_volume_call() {
         .await
         .expect("kube-sim starts");
     let client = sim.client();
-    let config = Config::default()
-        .leader_election(None)
-        .failure_backoff(FailureBackoff::Custom(Arc::new(
-            ItemExponentialLimiter::new(Duration::from_millis(50), Duration::from_millis(500)),
-        )))
-        .add_finalizer(true);
+    let config = quick_config().add_finalizer(true);
     let provisioner = CsiProvisioner::new(
         Arc::new(fake.clone()),
         client.clone(),
